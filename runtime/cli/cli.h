@@ -1,0 +1,20 @@
+/*
+ * cli.h: the subcommands of the moet-hybrid binary. Each takes the arguments after its name
+ * (argv[0] is the subcommand name, for getopt) and returns the process exit status; only
+ * main() exits. Errors print one line "moet-hybrid <cmd>: <detail>" to stderr.
+ */
+#ifndef MOET_CLI_H
+#define MOET_CLI_H
+
+int moet_cli_inspect(int argc, char **argv);
+int moet_cli_gen_checkpoint(int argc, char **argv);
+int moet_cli_logits(int argc, char **argv);
+int moet_cli_generate(int argc, char **argv);
+
+/* Prints "moet-hybrid <cmd>: <moet_errmsg() or code name>" to stderr; returns 1. */
+int moet_cli_fail(const char *cmd, int code);
+
+/* Parses "1,2,3" into a malloc'd array of *out_n token ids. Returns 0 or MOET_EINVAL. */
+int moet_cli_parse_tokens(const char *s, int64_t **out, int64_t *out_n);
+
+#endif

@@ -1,0 +1,62 @@
+/*
+ * moet_model.h: the model graph of the DeepSeek-V3 family over a checkpoint read in place,
+ * and a sequence's KV cache.
+ *
+ *   tokens -> embed -> [ layer l: x += attn(rmsnorm(x)); x += mlp_or_moe(rmsnorm(x)) ] x L
+ *          -> rmsnorm -> lm_head -> logits
+ *
+ * The routed experts are computed by the contract kernel straight from the checkpoint's
+ * bytes; every other weight is read in place too (FP8 weights with their block scales through
+ * the same contract dot). Results are deterministic and batch-invariant: a token's logits do
+ * not depend on how many tokens are passed in one call.
+ */
+#ifndef MOET_MODEL_H
+#define MOET_MODEL_H
+
+#include <stdint.h>
+
+#include "moet_ckpt.h"
+#include "moet_config.h"
+
+typedef struct moet_model moet_model;
+typedef struct moet_kv moet_kv;
+
+/*
+ * Opens the checkpoint directory DIR: config.json, the shards, and every tensor the graph
+ * needs, with its shape checked against config.json. MTP layers (model.layers.L for L >=
+ * num_hidden_layers) are accepted and skipped. Returns 0 and *out, or a negative code with a
+ * one-line detail in moet_errmsg() naming the file, tensor or field.
+ */
+int moet_model_open(const char *dir, moet_model **out);
+
+/* Accepts NULL. */
+void moet_model_close(moet_model *m);
+
+/* Borrowed; valid while the model is open. */
+const moet_config *moet_model_config(const moet_model *m);
+const moet_ckpt *moet_model_ckpt(const moet_model *m);
+
+/* A KV cache for one sequence of at most max_tokens positions. */
+int moet_kv_create(const moet_model *m, int64_t max_tokens, moet_kv **out);
+void moet_kv_destroy(moet_kv *kv);
+int64_t moet_kv_len(const moet_kv *kv);
+
+/*
+ * Runs n_tok tokens of one sequence at positions moet_kv_len(kv) ... + n_tok - 1, appends
+ * them to the cache, and writes logits [n_tok][vocab_size] to out_logits (or, when out_logits
+ * is NULL, computes no logits). Token ids must be in [0, vocab_size). Errors: MOET_ERANGE
+ * (token id, cache full), MOET_ENOMEM. Not thread-safe for one kv; different kvs may run
+ * concurrently.
+ */
+int moet_model_forward(moet_model *m, moet_kv *kv, const int64_t *tokens, int64_t n_tok,
+		       float *out_logits);
+
+/*
+ * Greedy decoding: feeds `prompt` then appends max_new argmax tokens (ties: lowest id) to
+ * out_ids (capacity max_new). Stops early after eos_token_id when stop_at_eos. *out_n gets
+ * the count.
+ */
+int moet_model_generate(moet_model *m, const int64_t *prompt, int64_t n_prompt, int64_t max_new,
+			int stop_at_eos, int64_t *out_ids, int64_t *out_n);
+
+#endif

@@ -1,0 +1,92 @@
+/*
+ * moet_test.c: shared test helpers (see moet_test.h).
+ */
+#include "moet_test.h"
+
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+int moet_test_failures;
+
+int moet_test_done(const char *name)
+{
+	if (moet_test_failures) {
+		printf("%s: %d check(s) failed\n", name, moet_test_failures);
+		return 1;
+	}
+	printf("%s: ok\n", name);
+	return 0;
+}
+
+static const char *env_or(const char *name, const char *dflt)
+{
+	const char *v = getenv(name);
+	return (v && v[0]) ? v : dflt;
+}
+
+const char *moet_test_source_dir(void) { return env_or("MOET_SOURCE_DIR", "."); }
+const char *moet_test_bin(void) { return env_or("MOET_BIN", "moet-hybrid"); }
+const char *moet_test_shared_dir(void) { return env_or("MOET_SHARED_DIR", "../shared"); }
+const char *moet_test_tmp_dir(void) { return env_or("MOET_TMP", "/tmp"); }
+
+char *moet_test_mkdtemp(const char *tag)
+{
+	size_t n = strlen(moet_test_tmp_dir()) + strlen(tag) + 64;
+	char *p = malloc(n);
+	if (!p)
+		return NULL;
+	snprintf(p, n, "%s/%s-%ld-XXXXXX", moet_test_tmp_dir(), tag, (long)getpid());
+	if (!mkdtemp(p)) {
+		free(p);
+		return NULL;
+	}
+	return p;
+}
+
+int moet_test_run(const char *cmd, char **out_text)
+{
+	size_t n = strlen(cmd) + 16;
+	char *full = malloc(n);
+	if (!full)
+		return -1;
+	snprintf(full, n, "(%s) 2>&1", cmd);
+	FILE *p = popen(full, "r");
+	free(full);
+	if (!p)
+		return -1;
+	size_t cap = 4096, len = 0;
+	char *buf = malloc(cap);
+	size_t got;
+	while (buf && (got = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+		len += got;
+		if (cap - len < 2) {
+			char *nb = realloc(buf, cap * 2);
+			if (!nb) {
+				free(buf);
+				buf = NULL;
+				break;
+			}
+			buf = nb;
+			cap *= 2;
+		}
+	}
+	if (buf)
+		buf[len] = '\0';
+	int st = pclose(p);
+	if (out_text)
+		*out_text = buf;
+	else
+		free(buf);
+	return (st >= 0 && WIFEXITED(st)) ? WEXITSTATUS(st) : -1;
+}
+
+int moet_test_write_file(const char *path, const void *data, size_t n)
+{
+	FILE *f = fopen(path, "wb");
+	if (!f)
+		return -1;
+	size_t w = fwrite(data, 1, n, f);
+	return (fclose(f) == 0 && w == n) ? 0 : -1;
+}
