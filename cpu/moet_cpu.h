@@ -30,4 +30,50 @@ void moet_matvec_ref(const moet_mat *w, const float *v, float *y);
 int moet_expert_ffn_ref(const moet_mat *gate, const moet_mat *up, const moet_mat *down,
 			const float *x, int64_t n_tok, float *scratch, float *y);
 
+/*
+ * Dense-path kernels of the CPU reference backend. These are outside the placement contract:
+ * each is deterministic and works row by row (batch-invariant), with float sums accumulated
+ * in binary64 in index order and rounded once.
+ */
+
+/* out[i] = w[i] * (x[i] / sqrt(mean(x^2) + eps)), the mean accumulated in binary64.
+ * out may alias x. */
+void moet_rmsnorm_ref(const float *x, const float *w, int64_t n, double eps, float *out);
+
+/*
+ * Rotary embedding of one head's rope part (d = 2 * n_freq values) at one position, in place.
+ * cos_t/sin_t[n_freq] hold cos(pos * inv_freq[i]) * attention_factor and the same for sin.
+ * interleave = 1 (the published checkpoints): pairs (x[2i], x[2i+1]) rotate together and the
+ * result is stored de-interleaved: out[i] = a cos - b sin, out[i + n_freq] = b cos + a sin.
+ * interleave = 0: pairs (x[i], x[i + n_freq]) (the rotate-half layout).
+ */
+void moet_rope_ref(float *x, int64_t n_freq, const float *cos_t, const float *sin_t,
+		   int interleave);
+
+/*
+ * Causal attention of one query head over n_pos cached positions:
+ *   s[p] = (q . k_p) * scale, w = softmax(s) (exp_c, max-subtracted), out = sum_p w[p] v_p.
+ * k rows are k_stride floats apart, v rows v_stride apart; q and k have d_qk values, v and
+ * out d_v. scratch holds n_pos floats.
+ */
+void moet_attend_ref(const float *q, const float *k, int64_t k_stride, const float *v,
+		     int64_t v_stride, int64_t n_pos, int64_t d_qk, int64_t d_v, float scale,
+		     float *scratch, float *out);
+
+/*
+ * Expert selection of the noaux_tc router (DeepSeek-V3), for one token.
+ *   biased[e] = score[e] + bias[e]   (score = sigmoid of the router logit)
+ *   n_group > 1: group score = sum of the two largest biased scores of the group (the one
+ *                score if a group has one expert); the topk_group best groups stay eligible
+ *   the top_k eligible experts by biased score, in canonical order: descending biased score,
+ *   ties by lower expert id (groups likewise by lower group id).
+ *   weight[i] = score[e_i] (/ (sum of the k scores, in canonical order, + 1e-20) when
+ *   norm_topk_prob) * routed_scaling_factor, in binary32.
+ * out_ids[top_k], out_w[top_k]; scratch holds n_exp + n_group floats. Pure; thread-safe.
+ */
+void moet_router_select_ref(const float *score, const float *bias, int64_t n_exp,
+			    int64_t n_group, int64_t topk_group, int64_t top_k, int norm_topk_prob,
+			    float routed_scaling_factor, float *scratch, int32_t *out_ids,
+			    float *out_w);
+
 #endif

@@ -11,6 +11,7 @@
 #define MOET_CONFIG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define MOET_CONFIG_NAME_BYTES 64

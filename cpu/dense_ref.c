@@ -1,0 +1,66 @@
+/*
+ * dense_ref.c: the dense-path kernels of the CPU reference backend (RMSNorm, RoPE, one
+ * head's attention).
+ *
+ * NOTE: outside the placement contract, these only need to be deterministic and
+ * batch-invariant: each works on one row, sums run in index order in binary64 and are
+ * rounded to binary32 once. The exponential is exp_c, the contract's, so that any backend
+ * can repeat these bits if it wants to.
+ */
+#include "moet_cpu.h"
+
+#include <math.h>
+
+#include "moet_expc.h"
+
+void moet_rmsnorm_ref(const float *x, const float *w, int64_t n, double eps, float *out)
+{
+	double ss = 0.0;
+	for (int64_t i = 0; i < n; i++)
+		ss += (double)x[i] * (double)x[i];
+	float inv = (float)(1.0 / sqrt(ss / (double)n + eps));
+	for (int64_t i = 0; i < n; i++)
+		out[i] = w[i] * (x[i] * inv);
+}
+
+void moet_rope_ref(float *x, int64_t n_freq, const float *cos_t, const float *sin_t,
+		   int interleave)
+{
+	float a[256], b[256]; /* qk_rope_head_dim <= 512 (checked by the model loader) */
+	for (int64_t i = 0; i < n_freq; i++) {
+		a[i] = interleave ? x[2 * i] : x[i];
+		b[i] = interleave ? x[2 * i + 1] : x[i + n_freq];
+	}
+	for (int64_t i = 0; i < n_freq; i++) {
+		x[i] = a[i] * cos_t[i] - b[i] * sin_t[i];
+		x[i + n_freq] = b[i] * cos_t[i] + a[i] * sin_t[i];
+	}
+}
+
+void moet_attend_ref(const float *q, const float *k, int64_t k_stride, const float *v,
+		     int64_t v_stride, int64_t n_pos, int64_t d_qk, int64_t d_v, float scale,
+		     float *scratch, float *out)
+{
+	float mx = -INFINITY;
+	for (int64_t p = 0; p < n_pos; p++) {
+		const float *kp = k + p * k_stride;
+		double dot = 0.0;
+		for (int64_t d = 0; d < d_qk; d++)
+			dot += (double)q[d] * (double)kp[d];
+		float s = (float)dot * scale;
+		scratch[p] = s;
+		if (s > mx)
+			mx = s;
+	}
+	double sum = 0.0;
+	for (int64_t p = 0; p < n_pos; p++) {
+		scratch[p] = moet_exp_c(scratch[p] - mx);
+		sum += scratch[p];
+	}
+	for (int64_t d = 0; d < d_v; d++) {
+		double acc = 0.0;
+		for (int64_t p = 0; p < n_pos; p++)
+			acc += (double)scratch[p] * (double)v[p * v_stride + d];
+		out[d] = (float)(acc / sum);
+	}
+}

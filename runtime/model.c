@@ -1,0 +1,335 @@
+/*
+ * model.c: opening a model: config.json, the checkpoint, and the binding of every tensor the
+ * graph needs, each checked against the shape config.json implies.
+ *
+ * Names follow the published DeepSeek-V3 checkpoints (model.layers.L.self_attn.q_a_proj,
+ * model.layers.L.mlp.experts.E.gate_proj, ...). A linear weight stored as F8_E4M3 needs its
+ * weight_scale_inv [ceil(rows/128)][ceil(cols/128)] (F32); BF16 or F32 weights need none.
+ * Layers L >= num_hidden_layers (DeepSeek-V3's multi-token-prediction layer 61) are never
+ * looked up, so they are accepted and skipped.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_int.h"
+#include "moet_err.h"
+
+#define NAME_BYTES 256
+#define PREFIX_BYTES 96 /* "model.layers.L.self_attn": leaves room for any suffix */
+
+static int64_t cdiv(int64_t a, int64_t b)
+{
+	return (a + b - 1) / b;
+}
+
+/* Binds `prefix`.weight [rows x cols] (and its scale) as a moet_mat. */
+static int bind_linear(const moet_ckpt *ck, const char *prefix, int64_t rows, int64_t cols,
+		       moet_mat *out)
+{
+	char name[NAME_BYTES];
+	const moet_tensor *t, *s;
+	int64_t shape[2] = { rows, cols };
+	int rc;
+	snprintf(name, sizeof(name), "%s.weight", prefix);
+	rc = moet_ckpt_find(ck, name, MOET_DT_INVALID, 2, shape, &t);
+	if (rc)
+		return rc;
+	if (t->dtype != MOET_DT_F8_E4M3 && t->dtype != MOET_DT_BF16 && t->dtype != MOET_DT_F32)
+		return moet_err(MOET_EUNSUP, "%s: tensor %s has dtype %s; linear weights must be "
+				"F8_E4M3, BF16 or F32", moet_ckpt_shard_path(ck, t->shard), name,
+				moet_dtype_name(t->dtype));
+	*out = (moet_mat){ .dtype = t->dtype, .rows = rows, .cols = cols, .data = t->data };
+	if (t->dtype != MOET_DT_F8_E4M3)
+		return 0;
+	int64_t sshape[2] = { cdiv(rows, MOET_BLOCK), cdiv(cols, MOET_BLOCK) };
+	snprintf(name, sizeof(name), "%s.weight_scale_inv", prefix);
+	rc = moet_ckpt_find(ck, name, MOET_DT_F32, 2, sshape, &s);
+	if (rc)
+		return rc;
+	out->scale_inv = s->data;
+	return 0;
+}
+
+/* Decodes a 1-D vector tensor of n values (BF16, F16 or F32) into a new binary32 array. */
+static int load_vector(const moet_ckpt *ck, const char *name, int64_t n, float **out)
+{
+	const moet_tensor *t;
+	int64_t shape[1] = { n };
+	int rc = moet_ckpt_find(ck, name, MOET_DT_INVALID, 1, shape, &t);
+	if (rc)
+		return rc;
+	float *v = malloc((size_t)n * sizeof(float));
+	if (!v)
+		return moet_err(MOET_ENOMEM, "%s: %lld floats", name, (long long)n);
+	for (int64_t i = 0; i < n; i++) {
+		switch (t->dtype) {
+		case MOET_DT_BF16: v[i] = moet_dec_bf16(((const uint16_t *)t->data)[i]); break;
+		case MOET_DT_F16: v[i] = moet_dec_f16(((const uint16_t *)t->data)[i]); break;
+		case MOET_DT_F32: v[i] = ((const float *)t->data)[i]; break;
+		default:
+			free(v);
+			return moet_err(MOET_EUNSUP, "%s: tensor %s has dtype %s; expected BF16, "
+					"F16 or F32", moet_ckpt_shard_path(ck, t->shard), name,
+					moet_dtype_name(t->dtype));
+		}
+	}
+	*out = v;
+	return 0;
+}
+
+static int bind_ffn(const moet_ckpt *ck, const char *prefix, int64_t inter, int64_t hidden,
+		    moet_expert_w *out)
+{
+	char name[NAME_BYTES];
+	int rc;
+	snprintf(name, sizeof(name), "%s.gate_proj", prefix);
+	if ((rc = bind_linear(ck, name, inter, hidden, &out->gate)))
+		return rc;
+	snprintf(name, sizeof(name), "%s.up_proj", prefix);
+	if ((rc = bind_linear(ck, name, inter, hidden, &out->up)))
+		return rc;
+	snprintf(name, sizeof(name), "%s.down_proj", prefix);
+	return bind_linear(ck, name, hidden, inter, &out->down);
+}
+
+static int bind_attention(const moet_model *m, int64_t l, moet_layer_w *lw)
+{
+	const moet_config *c = &m->cfg;
+	const int64_t H = c->hidden_size, nh = c->num_attention_heads;
+	char p[PREFIX_BYTES], name[NAME_BYTES];
+	int rc;
+	snprintf(p, sizeof(p), "model.layers.%lld.self_attn", (long long)l);
+	if (c->q_lora_rank > 0) {
+		snprintf(name, sizeof(name), "%s.q_a_proj", p);
+		if ((rc = bind_linear(m->ck, name, c->q_lora_rank, H, &lw->q_a)))
+			return rc;
+		snprintf(name, sizeof(name), "%s.q_a_layernorm.weight", p);
+		if ((rc = load_vector(m->ck, name, c->q_lora_rank, &lw->q_a_norm)))
+			return rc;
+		snprintf(name, sizeof(name), "%s.q_b_proj", p);
+		if ((rc = bind_linear(m->ck, name, nh * moet_config_qk_head_dim(c), c->q_lora_rank,
+				      &lw->q_b)))
+			return rc;
+	} else {
+		snprintf(name, sizeof(name), "%s.q_proj", p);
+		if ((rc = bind_linear(m->ck, name, nh * moet_config_qk_head_dim(c), H, &lw->q_proj)))
+			return rc;
+	}
+	snprintf(name, sizeof(name), "%s.kv_a_proj_with_mqa", p);
+	if ((rc = bind_linear(m->ck, name, c->kv_lora_rank + c->qk_rope_head_dim, H, &lw->kv_a)))
+		return rc;
+	snprintf(name, sizeof(name), "%s.kv_a_layernorm.weight", p);
+	if ((rc = load_vector(m->ck, name, c->kv_lora_rank, &lw->kv_a_norm)))
+		return rc;
+	snprintf(name, sizeof(name), "%s.kv_b_proj", p);
+	if ((rc = bind_linear(m->ck, name, nh * (c->qk_nope_head_dim + c->v_head_dim),
+			      c->kv_lora_rank, &lw->kv_b)))
+		return rc;
+	snprintf(name, sizeof(name), "%s.o_proj", p);
+	return bind_linear(m->ck, name, H, nh * c->v_head_dim, &lw->o);
+}
+
+static int bind_moe(const moet_model *m, int64_t l, moet_layer_w *lw)
+{
+	const moet_config *c = &m->cfg;
+	const int64_t H = c->hidden_size, E = c->n_routed_experts;
+	char p[PREFIX_BYTES], name[NAME_BYTES];
+	int rc;
+	snprintf(p, sizeof(p), "model.layers.%lld.mlp", (long long)l);
+	snprintf(name, sizeof(name), "%s.gate", p);
+	if ((rc = bind_linear(m->ck, name, E, H, &lw->router)))
+		return rc;
+	snprintf(name, sizeof(name), "%s.gate.e_score_correction_bias", p);
+	if (moet_ckpt_get(m->ck, name)) {
+		if ((rc = load_vector(m->ck, name, E, &lw->router_bias)))
+			return rc;
+	} else {
+		/* NOTE: noaux_tc checkpoints carry the bias; without it selection is unbiased. */
+		lw->router_bias = calloc((size_t)E, sizeof(float));
+		if (!lw->router_bias)
+			return moet_err(MOET_ENOMEM, "router bias");
+	}
+	lw->experts = calloc((size_t)E, sizeof(*lw->experts));
+	if (!lw->experts)
+		return moet_err(MOET_ENOMEM, "%lld expert views", (long long)E);
+	for (int64_t e = 0; e < E; e++) {
+		snprintf(name, sizeof(name), "%s.experts.%lld", p, (long long)e);
+		if ((rc = bind_ffn(m->ck, name, c->moe_intermediate_size, H, &lw->experts[e])))
+			return rc;
+	}
+	if (c->n_shared_experts > 0) {
+		lw->has_shared = 1;
+		snprintf(name, sizeof(name), "%s.shared_experts", p);
+		return bind_ffn(m->ck, name, c->n_shared_experts * c->moe_intermediate_size, H,
+				&lw->mlp);
+	}
+	return 0;
+}
+
+static int bind_layer(const moet_model *m, int64_t l, moet_layer_w *lw)
+{
+	const moet_config *c = &m->cfg;
+	char name[NAME_BYTES];
+	int rc;
+	snprintf(name, sizeof(name), "model.layers.%lld.input_layernorm.weight", (long long)l);
+	if ((rc = load_vector(m->ck, name, c->hidden_size, &lw->in_norm)))
+		return rc;
+	snprintf(name, sizeof(name), "model.layers.%lld.post_attention_layernorm.weight",
+		 (long long)l);
+	if ((rc = load_vector(m->ck, name, c->hidden_size, &lw->post_norm)))
+		return rc;
+	if ((rc = bind_attention(m, l, lw)))
+		return rc;
+	lw->is_moe = moet_config_is_moe_layer(c, l);
+	if (lw->is_moe)
+		return bind_moe(m, l, lw);
+	snprintf(name, sizeof(name), "model.layers.%lld.mlp", (long long)l);
+	return bind_ffn(m->ck, name, c->intermediate_size, c->hidden_size, &lw->mlp);
+}
+
+static int check_config(const moet_config *c, const char *dir)
+{
+	if (c->qk_rope_head_dim % 2 || c->qk_rope_head_dim > 512)
+		return moet_err(MOET_EUNSUP, "%s/config.json: field qk_rope_head_dim %lld: must be "
+				"even and at most 512", dir, (long long)c->qk_rope_head_dim);
+	if (c->num_key_value_heads != c->num_attention_heads)
+		return moet_err(MOET_EUNSUP, "%s/config.json: field num_key_value_heads %lld: MLA "
+				"needs num_attention_heads (%lld)", dir,
+				(long long)c->num_key_value_heads, (long long)c->num_attention_heads);
+	if (c->n_routed_experts > MOET_MODEL_MAX_EXPERTS)
+		return moet_err(MOET_EUNSUP, "%s/config.json: field n_routed_experts %lld: at most "
+				"%d are supported", dir, (long long)c->n_routed_experts,
+				MOET_MODEL_MAX_EXPERTS);
+	if (c->num_experts_per_tok > MOET_MODEL_MAX_TOPK)
+		return moet_err(MOET_EUNSUP, "%s/config.json: field num_experts_per_tok %lld: at "
+				"most %d are supported", dir, (long long)c->num_experts_per_tok,
+				MOET_MODEL_MAX_TOPK);
+	if (c->fp8 && (c->fp8_block_rows != MOET_BLOCK || c->fp8_block_cols != MOET_BLOCK))
+		return moet_err(MOET_EUNSUP, "%s/config.json: field quantization_config."
+				"weight_block_size [%lld, %lld]: only [128, 128] is supported", dir,
+				(long long)c->fp8_block_rows, (long long)c->fp8_block_cols);
+	return 0;
+}
+
+int moet_model_open(const char *dir, moet_model **out)
+{
+	moet_model *m = calloc(1, sizeof(*m));
+	char path[4096];
+	int rc;
+	if (!m)
+		return moet_err(MOET_ENOMEM, "model");
+	snprintf(path, sizeof(path), "%s/config.json", dir);
+	if ((rc = moet_config_load(path, &m->cfg)))
+		goto fail;
+	if ((rc = check_config(&m->cfg, dir)))
+		goto fail;
+	if ((rc = moet_ckpt_open(dir, &m->ck)))
+		goto fail;
+	const moet_config *c = &m->cfg;
+	int64_t eshape[2] = { c->vocab_size, c->hidden_size };
+	if ((rc = moet_ckpt_find(m->ck, "model.embed_tokens.weight", MOET_DT_INVALID, 2, eshape,
+				 &m->embed)))
+		goto fail;
+	if (m->embed->dtype != MOET_DT_BF16 && m->embed->dtype != MOET_DT_F32 &&
+	    m->embed->dtype != MOET_DT_F16) {
+		rc = moet_err(MOET_EUNSUP, "%s: tensor model.embed_tokens.weight has dtype %s; "
+			      "expected BF16, F16 or F32", moet_ckpt_shard_path(m->ck, m->embed->shard),
+			      moet_dtype_name(m->embed->dtype));
+		goto fail;
+	}
+	if ((rc = bind_linear(m->ck, c->tie_word_embeddings ? "model.embed_tokens" : "lm_head",
+			      c->vocab_size, c->hidden_size, &m->lm_head)))
+		goto fail;
+	if (m->lm_head.dtype == MOET_DT_F16) {
+		rc = moet_err(MOET_EUNSUP, "lm_head.weight: F16 is not supported");
+		goto fail;
+	}
+	if ((rc = load_vector(m->ck, "model.norm.weight", c->hidden_size, &m->final_norm)))
+		goto fail;
+	m->layers = calloc((size_t)c->num_hidden_layers, sizeof(*m->layers));
+	if (!m->layers) {
+		rc = moet_err(MOET_ENOMEM, "layers");
+		goto fail;
+	}
+	for (int64_t l = 0; l < c->num_hidden_layers; l++)
+		if ((rc = bind_layer(m, l, &m->layers[l])))
+			goto fail;
+	if ((rc = moet_rope_init(m)))
+		goto fail;
+	*out = m;
+	return 0;
+fail:
+	moet_model_close(m);
+	return rc;
+}
+
+void moet_model_close(moet_model *m)
+{
+	if (!m)
+		return;
+	if (m->layers) {
+		for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++) {
+			moet_layer_w *lw = &m->layers[l];
+			free(lw->in_norm);
+			free(lw->post_norm);
+			free(lw->q_a_norm);
+			free(lw->kv_a_norm);
+			free(lw->router_bias);
+			free(lw->experts);
+		}
+		free(m->layers);
+	}
+	free(m->final_norm);
+	free(m->inv_freq);
+	moet_ckpt_close(m->ck);
+	free(m);
+}
+
+const moet_config *moet_model_config(const moet_model *m)
+{
+	return &m->cfg;
+}
+
+const moet_ckpt *moet_model_ckpt(const moet_model *m)
+{
+	return m->ck;
+}
+
+int moet_kv_create(const moet_model *m, int64_t max_tokens, moet_kv **out)
+{
+	const moet_config *c = &m->cfg;
+	moet_kv *kv = calloc(1, sizeof(*kv));
+	if (!kv || max_tokens <= 0)
+		goto fail;
+	kv->max_tokens = max_tokens;
+	kv->n_layers = c->num_hidden_layers;
+	kv->k_row = c->num_attention_heads * moet_config_qk_head_dim(c);
+	kv->v_row = c->num_attention_heads * c->v_head_dim;
+	size_t per = (size_t)kv->n_layers * (size_t)max_tokens;
+	kv->k = malloc(per * (size_t)kv->k_row * sizeof(float));
+	kv->v = malloc(per * (size_t)kv->v_row * sizeof(float));
+	if (!kv->k || !kv->v)
+		goto fail;
+	*out = kv;
+	return 0;
+fail:
+	moet_kv_destroy(kv);
+	if (max_tokens <= 0)
+		return moet_err(MOET_EINVAL, "KV cache of %lld tokens", (long long)max_tokens);
+	return moet_err(MOET_ENOMEM, "KV cache of %lld tokens", (long long)max_tokens);
+}
+
+void moet_kv_destroy(moet_kv *kv)
+{
+	if (!kv)
+		return;
+	free(kv->k);
+	free(kv->v);
+	free(kv);
+}
+
+int64_t moet_kv_len(const moet_kv *kv)
+{
+	return kv->len;
+}
