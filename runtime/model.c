@@ -23,6 +23,24 @@ static int64_t cdiv(int64_t a, int64_t b)
 	return (a + b - 1) / b;
 }
 
+/* Is t's shape the 2-D grid g, or g with its extent-1 dimensions dropped? */
+static int is_squeezed_grid(const moet_tensor *t, const int64_t g[2])
+{
+	int64_t sq[2];
+	int n = 0;
+	for (int i = 0; i < 2; i++)
+		if (g[i] != 1)
+			sq[n++] = g[i];
+	if (t->ndim == 2)
+		return t->shape[0] == g[0] && t->shape[1] == g[1];
+	if (t->ndim != n)
+		return 0;
+	for (int i = 0; i < n; i++)
+		if (t->shape[i] != sq[i])
+			return 0;
+	return 1;
+}
+
 /* Binds `prefix`.weight [rows x cols] (and its scale) as a moet_mat. */
 static int bind_linear(const moet_ckpt *ck, const char *prefix, int64_t rows, int64_t cols,
 		       moet_mat *out)
@@ -44,8 +62,12 @@ static int bind_linear(const moet_ckpt *ck, const char *prefix, int64_t rows, in
 		return 0;
 	int64_t sshape[2] = { cdiv(rows, MOET_BLOCK), cdiv(cols, MOET_BLOCK) };
 	snprintf(name, sizeof(name), "%s.weight_scale_inv", prefix);
-	rc = moet_ckpt_find(ck, name, MOET_DT_F32, 2, sshape, &s);
-	if (rc)
+	s = moet_ckpt_get(ck, name);
+	/* NOTE: transformers' FP8 save path (5.x) writes per-expert scales squeezed: shape []
+	 * for a [1, 1] block grid, [2] for [1, 2]. The bytes are the same row-major grid, so a
+	 * shape equal to the grid with its extent-1 dimensions dropped is accepted too. */
+	if (!(s && s->dtype == MOET_DT_F32 && is_squeezed_grid(s, sshape)) &&
+	    (rc = moet_ckpt_find(ck, name, MOET_DT_F32, 2, sshape, &s)))
 		return rc;
 	out->scale_inv = s->data;
 	return 0;

@@ -1,12 +1,78 @@
-/* cli_generate.c: placeholder until the subcommand lands (fails with EUNSUP). */
+/*
+ * cli_generate.c: `moet-hybrid generate`: token ids in, greedy continuation ids out.
+ */
+#include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "cli.h"
 #include "moet_err.h"
+#include "moet_model.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: moet-hybrid generate --model DIR --tokens ID,ID,... [--max-new N] "
+		   "[--ignore-eos]\n\n"
+		   "Runs the prompt through the model and prints the greedy continuation (argmax,\n"
+		   "ties to the lowest id) as comma-separated token ids on one line.\n\n"
+		   "  --model DIR     checkpoint directory (config.json + safetensors shards)\n"
+		   "  --tokens IDS    prompt token ids, comma-separated\n"
+		   "  --max-new N     tokens to generate (default 16)\n"
+		   "  --ignore-eos    do not stop at the model's eos_token_id\n");
+}
 
 int moet_cli_generate(int argc, char **argv)
 {
-	(void)argc;
-	return moet_cli_fail(argv[0], moet_err(MOET_EUNSUP, "not implemented yet"));
+	static const struct option opts[] = {
+		{ "model", required_argument, NULL, 'm' },
+		{ "tokens", required_argument, NULL, 't' },
+		{ "max-new", required_argument, NULL, 'n' },
+		{ "ignore-eos", no_argument, NULL, 'e' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	const char *model_dir = NULL, *tokens = NULL;
+	long long max_new = 16;
+	int stop_at_eos = 1, c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'm': model_dir = optarg; break;
+		case 't': tokens = optarg; break;
+		case 'n': {
+			char *end;
+			max_new = strtoll(optarg, &end, 10);
+			if (*end || max_new < 1 || max_new > 1000000)
+				return moet_cli_fail("generate", moet_err(MOET_EINVAL, "--max-new '%s' "
+						     "must be an integer in [1, 1000000]", optarg));
+			break;
+		}
+		case 'e': stop_at_eos = 0; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (!model_dir || !tokens) {
+		usage(stderr);
+		return 2;
+	}
+	int64_t *prompt = NULL, n_prompt = 0, *out = NULL, n_out = 0;
+	moet_model *m = NULL;
+	int rc = moet_cli_parse_tokens(tokens, &prompt, &n_prompt);
+	if (!rc)
+		rc = moet_model_open(model_dir, &m);
+	if (!rc && !(out = malloc((size_t)max_new * sizeof(*out))))
+		rc = moet_err(MOET_ENOMEM, "output ids");
+	if (!rc)
+		rc = moet_model_generate(m, prompt, n_prompt, max_new, stop_at_eos, out, &n_out);
+	if (!rc) {
+		for (int64_t i = 0; i < n_out; i++)
+			printf("%s%lld", i ? "," : "", (long long)out[i]);
+		printf("\n");
+	}
+	free(out);
+	free(prompt);
+	moet_model_close(m);
+	return rc ? moet_cli_fail("generate", rc) : 0;
 }
