@@ -1,12 +1,72 @@
-/* cli_logits.c: placeholder until the subcommand lands (fails with EUNSUP). */
+/*
+ * cli_logits.c: `moet-hybrid logits`: token ids in, float32 logits [T, vocab] out as .npy.
+ */
+#include <getopt.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "cli.h"
 #include "moet_err.h"
+#include "moet_model.h"
+#include "moet_npy.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: moet-hybrid logits --model DIR --tokens ID,ID,... --out FILE.npy\n\n"
+		   "Runs the tokens as one sequence (positions 0..T-1) and writes the logits of\n"
+		   "every position as a float32 NumPy array of shape [T, vocab_size].\n\n"
+		   "  --model DIR     checkpoint directory (config.json + safetensors shards)\n"
+		   "  --tokens IDS    token ids, comma-separated\n"
+		   "  --out FILE      output .npy file\n");
+}
 
 int moet_cli_logits(int argc, char **argv)
 {
-	(void)argc;
-	return moet_cli_fail(argv[0], moet_err(MOET_EUNSUP, "not implemented yet"));
+	static const struct option opts[] = {
+		{ "model", required_argument, NULL, 'm' },
+		{ "tokens", required_argument, NULL, 't' },
+		{ "out", required_argument, NULL, 'o' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	const char *model_dir = NULL, *tokens = NULL, *out_path = NULL;
+	int c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'm': model_dir = optarg; break;
+		case 't': tokens = optarg; break;
+		case 'o': out_path = optarg; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (!model_dir || !tokens || !out_path) {
+		usage(stderr);
+		return 2;
+	}
+	int64_t *ids = NULL, n = 0;
+	moet_model *m = NULL;
+	moet_kv *kv = NULL;
+	float *logits = NULL;
+	int rc = moet_cli_parse_tokens(tokens, &ids, &n);
+	if (!rc)
+		rc = moet_model_open(model_dir, &m);
+	if (!rc)
+		rc = moet_kv_create(m, n, &kv);
+	const int64_t V = rc ? 0 : moet_model_config(m)->vocab_size;
+	if (!rc && !(logits = malloc((size_t)(n * V) * sizeof(float))))
+		rc = moet_err(MOET_ENOMEM, "logits [%lld, %lld]", (long long)n, (long long)V);
+	if (!rc)
+		rc = moet_model_forward(m, kv, ids, n, logits);
+	if (!rc) {
+		int64_t shape[2] = { n, V };
+		rc = moet_npy_write(out_path, MOET_DT_F32, 2, shape, logits);
+	}
+	free(logits);
+	free(ids);
+	moet_kv_destroy(kv);
+	moet_model_close(m);
+	return rc ? moet_cli_fail("logits", rc) : 0;
 }
