@@ -31,6 +31,53 @@ int moet_expert_ffn_ref(const moet_mat *gate, const moet_mat *up, const moet_mat
 			const float *x, int64_t n_tok, float *scratch, float *y);
 
 /*
+ * ---- Kernel variants ------------------------------------------------------------------------
+ * One table per instruction set, all variants returning the bits of the scalar reference
+ * (docs/numerics.md). moet_cpu_kernels_get() picks the best variant this CPU runs, once; the
+ * environment variable MOET_KERNEL_EXPERT=ref|avx512 overrides the choice (a variant the CPU
+ * cannot run falls back to ref). All functions are pure and thread-safe; callers split rows
+ * over threads freely, since every (row, token) result has its own fixed order.
+ */
+
+/* y[t * y_stride + (r - r0)] = D(W, r, x + t * x_stride) for r0 <= r < r1, 0 <= t < n_tok. */
+typedef void (*moet_rows_fn)(const moet_mat *w, int64_t r0, int64_t r1, const float *x,
+			     int64_t x_stride, int64_t n_tok, float *y, int64_t y_stride);
+
+/* h[t * h_stride + (i - r0)] = silu_c(D(gate, i, x_t)) * D(up, i, x_t), for r0 <= i < r1. */
+typedef void (*moet_gate_up_fn)(const moet_mat *gate, const moet_mat *up, int64_t r0,
+				int64_t r1, const float *x, int64_t x_stride, int64_t n_tok,
+				float *h, int64_t h_stride);
+
+/* out[i] = f(in[i]) for i < n (exp_c or silu_c); out may alias in. */
+typedef void (*moet_vec_fn)(const float *in, float *out, int64_t n);
+
+typedef struct moet_cpu_kernels {
+	const char *isa;         /* "ref", "avx512" */
+	moet_rows_fn rows;
+	moet_gate_up_fn gate_up;
+	moet_vec_fn exp_c;
+	moet_vec_fn silu_c;
+} moet_cpu_kernels;
+
+/* The variant in use (best supported, or per MOET_KERNEL_EXPERT). Never NULL. */
+const moet_cpu_kernels *moet_cpu_kernels_get(void);
+
+/* A variant by name ("ref", "avx512"); NULL if not built or not supported by this CPU. */
+const moet_cpu_kernels *moet_cpu_kernels_named(const char *isa);
+
+/* The scalar reference variant (the specification). */
+extern const moet_cpu_kernels moet_cpu_kernels_ref;
+
+/*
+ * The contract expert FFN through kernel table k: h = gate_up(x) for all I rows, then
+ * y = canon(rows(down, h)). x [n_tok][H], y [n_tok][H]; scratch holds n_tok x I floats.
+ * Returns 0 or MOET_ESHAPE (matrices do not chain). Single-threaded; the CPU executor splits
+ * the same two steps over its threads.
+ */
+int moet_expert_ffn(const moet_cpu_kernels *k, const moet_mat *gate, const moet_mat *up,
+		    const moet_mat *down, const float *x, int64_t n_tok, float *scratch, float *y);
+
+/*
  * Dense-path kernels of the CPU reference backend. These are outside the placement contract:
  * each is deterministic and works row by row (batch-invariant), with float sums accumulated
  * in binary64 in index order and rounded once.

@@ -10,7 +10,8 @@
  * [k_nope | v] per head = kv_b(rmsnorm(c)); RoPE on q's rope part and on k_pe (shared by all
  * heads); scores over positions <= the token's, softmax, weighted sum of v; o_proj.
  * MoE, per token: router scores, selection (moet_router_select_ref), each selected expert by
- * the contract kernel, the canonical combine routed[j] = fma(w_i, y_i[j], routed[j]) over
+ * the contract kernel (the variant moet_cpu_kernels_get() picks: all give the reference's
+ * bits), the canonical combine routed[j] = fma(w_i, y_i[j], routed[j]) over
  * i = 0..k-1, plus the shared experts.
  *
  * Every token's arithmetic depends only on its own row and the cache, so the result does not
@@ -165,9 +166,10 @@ static int ffn_token(const moet_model *m, const moet_layer_w *lw, const float *h
 	const moet_config *c = &m->cfg;
 	const int64_t H = c->hidden_size, E = c->n_routed_experts, k = c->num_experts_per_tok;
 	int rc;
+	const moet_cpu_kernels *kern = moet_cpu_kernels_get();
 	if (!lw->is_moe)
-		return moet_expert_ffn_ref(&lw->mlp.gate, &lw->mlp.up, &lw->mlp.down, h, 1, w->ffn,
-					   out);
+		return moet_expert_ffn(kern, &lw->mlp.gate, &lw->mlp.up, &lw->mlp.down, h, 1, w->ffn,
+				       out);
 	for (int64_t e = 0; e < E; e++) {
 		float logit = moet_dot_ref(&lw->router, e, h);
 		w->scores[e] = 1.0f / (1.0f + moet_exp_c(-logit));
@@ -181,14 +183,14 @@ static int ffn_token(const moet_model *m, const moet_layer_w *lw, const float *h
 		w->routed[j] = 0.0f;
 	for (int64_t i = 0; i < k; i++) {
 		const moet_expert_w *ex = &lw->experts[ids[i]];
-		if ((rc = moet_expert_ffn_ref(&ex->gate, &ex->up, &ex->down, h, 1, w->ffn, w->y)))
+		if ((rc = moet_expert_ffn(kern, &ex->gate, &ex->up, &ex->down, h, 1, w->ffn, w->y)))
 			return rc;
 		for (int64_t j = 0; j < H; j++)
 			w->routed[j] = MOET_FMA(wts[i], w->y[j], w->routed[j]);
 	}
 	if (lw->has_shared) {
-		if ((rc = moet_expert_ffn_ref(&lw->mlp.gate, &lw->mlp.up, &lw->mlp.down, h, 1,
-					      w->ffn, out)))
+		if ((rc = moet_expert_ffn(kern, &lw->mlp.gate, &lw->mlp.up, &lw->mlp.down, h, 1,
+					  w->ffn, out)))
 			return rc;
 		for (int64_t j = 0; j < H; j++)
 			out[j] = moet_canon_nan(w->routed[j] + out[j]);
