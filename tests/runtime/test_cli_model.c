@@ -25,7 +25,7 @@ static int count_lines(const char *s)
 
 int main(void)
 {
-	char fx[4096], path[4096], cmd[16384], toks[8192] = "", want[1024] = "";
+	char fx[2048], path[4096], cmd[16384], toks[8192] = "", want[1024] = "";
 	snprintf(fx, sizeof(fx), "%s/tests/oracle/fixtures/groups", moet_test_source_dir());
 	snprintf(path, sizeof(path), "%s/fixture.json", fx);
 	json_t *j = json_load_file(path, 0, NULL);
@@ -94,7 +94,7 @@ int main(void)
 		{ "logits --help", 0, "usage" },
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-		char args[1024];
+		char args[4096];
 		const char *at = strstr(bad[i].args, "FX");
 		if (at)
 			snprintf(args, sizeof(args), "%.*s%s%s", (int)(at - bad[i].args), bad[i].args,

@@ -1,0 +1,170 @@
+/*
+ * test_model.c: the CPU reference model on a synthetic tiny checkpoint.
+ *   - batch invariance: the prompt in one call, token by token, and in uneven chunks give
+ *     bit-identical logits (memcmp); a second run gives the same bits (determinism);
+ *   - generate's first token is the argmax of the forward pass's last row;
+ *   - bad input: token out of range, KV cache full;
+ *   - config.json disagreeing with the tensors: a shape mismatch names the shard and tensor,
+ *     a tensor the config implies but the checkpoint lacks is named as missing;
+ *   - layers past num_hidden_layers (DeepSeek-V3's MTP layer) are accepted and skipped.
+ * (Agreement with transformers is tests/oracle's job.)
+ */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "moet_err.h"
+#include "moet_gen.h"
+#include "moet_model.h"
+#include "moet_test.h"
+
+#define T 12
+
+/* A copy of `src` whose config.json has `key` set to `value`; shards are symlinked. */
+static char *variant(const char *src, const char *tag, const char *key, json_int_t value)
+{
+	char *dir = moet_test_mkdtemp(tag);
+	char path[4096], target[4096];
+	const char *files[] = { "model.safetensors.index.json" };
+	if (!dir)
+		return NULL;
+	snprintf(path, sizeof(path), "%s/config.json", src);
+	json_t *cfg = json_load_file(path, 0, NULL);
+	if (!cfg)
+		return NULL;
+	json_object_set_new(cfg, key, json_integer(value));
+	snprintf(path, sizeof(path), "%s/config.json", dir);
+	json_dump_file(cfg, path, JSON_INDENT(2));
+	json_decref(cfg);
+	for (size_t i = 0; i < 1; i++) {
+		snprintf(path, sizeof(path), "%s/%s", dir, files[i]);
+		snprintf(target, sizeof(target), "%s/%s", src, files[i]);
+		if (symlink(target, path))
+			return NULL;
+	}
+	for (int s = 1; s < 100; s++) {
+		for (int n = 1; n < 100; n++) {
+			snprintf(target, sizeof(target), "%s/model-%05d-of-%05d.safetensors", src, s, n);
+			if (access(target, F_OK) == 0) {
+				snprintf(path, sizeof(path), "%s/model-%05d-of-%05d.safetensors", dir, s, n);
+				if (symlink(target, path))
+					return NULL;
+			}
+		}
+	}
+	return dir;
+}
+
+static void logits_of(moet_model *m, const int64_t *tok, const int *chunks, float *out)
+{
+	const int64_t V = moet_model_config(m)->vocab_size;
+	moet_kv *kv = NULL;
+	CHECK(moet_kv_create(m, T, &kv) == 0, "kv: %s", moet_errmsg());
+	for (int i = 0, at = 0; at < T; at += chunks[i], i++)
+		CHECK(moet_model_forward(m, kv, tok + at, chunks[i], out + at * V) == 0,
+		      "forward: %s", moet_errmsg());
+	moet_kv_destroy(kv);
+}
+
+int main(void)
+{
+	char *dir = moet_test_mkdtemp("model-tiny");
+	moet_gen_params gp;
+	moet_gen_params_init(&gp);
+	gp.seed = 7;
+	gp.shard_mb = 1; /* several shards */
+	CHECK(dir && moet_gen_checkpoint(dir, &gp) == 0, "gen: %s", moet_errmsg());
+	if (moet_test_failures)
+		return moet_test_done("test_model");
+
+	moet_model *m = NULL;
+	CHECK(moet_model_open(dir, &m) == 0, "open: %s", moet_errmsg());
+	if (!m)
+		return moet_test_done("test_model");
+	const int64_t V = moet_model_config(m)->vocab_size;
+	int64_t tok[T];
+	for (int i = 0; i < T; i++)
+		tok[i] = (i * 131 + 7) % V;
+	float *a = malloc((size_t)(T * V) * sizeof(float));
+	float *b = malloc((size_t)(T * V) * sizeof(float));
+	float *c = malloc((size_t)(T * V) * sizeof(float));
+	float *d = malloc((size_t)(T * V) * sizeof(float));
+	const int all[] = { T }, ones[] = { 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1 };
+	const int uneven[] = { 5, 4, 3 };
+	logits_of(m, tok, all, a);
+	logits_of(m, tok, ones, b);
+	logits_of(m, tok, uneven, c);
+	logits_of(m, tok, all, d);
+	CHECK(memcmp(a, b, (size_t)(T * V) * sizeof(float)) == 0, "one call vs token by token");
+	CHECK(memcmp(a, c, (size_t)(T * V) * sizeof(float)) == 0, "one call vs chunks 5,4,3");
+	CHECK(memcmp(a, d, (size_t)(T * V) * sizeof(float)) == 0, "repeat run differs");
+	int finite = 1;
+	float mx = 0;
+	for (int64_t i = 0; i < T * V; i++) {
+		finite &= (a[i] == a[i]) && a[i] - a[i] == 0;
+		mx = a[i] > mx ? a[i] : mx;
+	}
+	CHECK(finite && mx > 0, "logits finite and not all zero (max %g)", mx);
+
+	int64_t out[4], n_out = 0, best = 0;
+	const float *last = a + (T - 1) * V;
+	for (int64_t v = 1; v < V; v++)
+		if (last[v] > last[best])
+			best = v;
+	CHECK(moet_model_generate(m, tok, T, 4, 0, out, &n_out) == 0 && n_out == 4, "generate");
+	CHECK(out[0] == best, "generate's first token %lld, argmax %lld", (long long)out[0],
+	      (long long)best);
+
+	moet_kv *kv = NULL;
+	int64_t badtok = V;
+	CHECK(moet_kv_create(m, 2, &kv) == 0, "kv");
+	CHECK(moet_model_forward(m, kv, &badtok, 1, NULL) == MOET_ERANGE, "token out of range");
+	CHECK(strstr(moet_errmsg(), "vocabulary") != NULL, "message: %s", moet_errmsg());
+	CHECK(moet_model_forward(m, kv, tok, 3, NULL) == MOET_ERANGE, "cache full");
+	moet_kv_destroy(kv);
+	moet_model_close(m);
+
+	/* config.json that disagrees with the tensors */
+	const moet_config *cfg0 = NULL;
+	moet_model *m0 = NULL;
+	CHECK(moet_model_open(dir, &m0) == 0, "reopen");
+	cfg0 = moet_model_config(m0);
+	char *vs = variant(dir, "model-shape", "moe_intermediate_size",
+			   cfg0->moe_intermediate_size * 2);
+	char *vm = variant(dir, "model-missing", "first_k_dense_replace", 0);
+	char *vt = variant(dir, "model-mtp", "num_hidden_layers", cfg0->num_hidden_layers - 1);
+	moet_model_close(m0);
+	moet_model *mx2 = NULL;
+	int rc = moet_model_open(vs, &mx2);
+	CHECK(rc == MOET_ESHAPE, "shape mismatch: rc %d (%s)", rc, moet_errmsg());
+	CHECK(strstr(moet_errmsg(), "experts.0.gate_proj.weight") &&
+	      strstr(moet_errmsg(), ".safetensors"), "shape message: %s", moet_errmsg());
+	moet_model_close(mx2);
+	mx2 = NULL;
+	rc = moet_model_open(vm, &mx2);
+	CHECK(rc == MOET_ENOTFOUND, "missing tensor: rc %d (%s)", rc, moet_errmsg());
+	CHECK(strstr(moet_errmsg(), "model.layers.0.mlp.gate.weight") &&
+	      strstr(moet_errmsg(), "missing"), "missing message: %s", moet_errmsg());
+	moet_model_close(mx2);
+	mx2 = NULL;
+	/* the last layer's tensors stay in the shards but are past num_hidden_layers */
+	rc = moet_model_open(vt, &mx2);
+	CHECK(rc == 0, "extra layers past num_hidden_layers: %s", moet_errmsg());
+	if (mx2) {
+		moet_kv *kv2 = NULL;
+		CHECK(moet_kv_create(mx2, T, &kv2) == 0 &&
+		      moet_model_forward(mx2, kv2, tok, T, a) == 0, "forward with skipped layer");
+		moet_kv_destroy(kv2);
+	}
+	moet_model_close(mx2);
+	free(vs);
+	free(vm);
+	free(vt);
+	free(a);
+	free(b);
+	free(c);
+	free(d);
+	free(dir);
+	return moet_test_done("test_model");
+}
