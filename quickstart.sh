@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-PKGS=(build-essential cmake ninja-build pkg-config libjansson-dev)
+PKGS=(build-essential cmake ninja-build pkg-config libjansson-dev libhwloc-dev)
 
 need_pkgs() {
 	local missing=()
@@ -43,6 +43,7 @@ demo)
 	demo_dir=${MOET_DEMO_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/moet-hybrid/demo-tiny}
 	if [ ! -f "$demo_dir/config.json" ]; then
 		echo "quickstart: writing the demo checkpoint (synthetic, untrained) to $demo_dir" >&2
+		mkdir -p "$(dirname "$demo_dir")"
 		build/moet-hybrid gen-checkpoint --preset tiny --seed 1 --out "$demo_dir" --quiet
 	fi
 	build/moet-hybrid inspect --model "$demo_dir"
