@@ -16,8 +16,6 @@
  */
 #include "moet_cpu.h"
 
-#include "moet_err.h"
-#include "moet_expc.h"
 
 #define LANES 16
 #define STEPS (MOET_BLOCK / LANES)
@@ -77,23 +75,12 @@ void moet_matvec_ref(const moet_mat *w, const float *v, float *y)
 int moet_expert_ffn_ref(const moet_mat *gate, const moet_mat *up, const moet_mat *down,
 			const float *x, int64_t n_tok, float *scratch, float *y)
 {
-	const int64_t I = gate->rows, H = gate->cols;
-	if (up->rows != I || up->cols != H || down->cols != I)
-		return moet_err(MOET_ESHAPE, "expert matrices do not chain: gate %lldx%lld, up "
-				"%lldx%lld, down %lldx%lld", (long long)gate->rows,
-				(long long)gate->cols, (long long)up->rows, (long long)up->cols,
-				(long long)down->rows, (long long)down->cols);
-	float *h = scratch;
+	/* NOTE: one token at a time so that scratch needs only gate->rows floats. */
 	for (int64_t t = 0; t < n_tok; t++) {
-		const float *xt = x + t * H;
-		float *yt = y + t * down->rows;
-		for (int64_t i = 0; i < I; i++) {
-			float g = moet_dot_ref(gate, i, xt);
-			float u = moet_dot_ref(up, i, xt);
-			h[i] = moet_silu_c(g) * u;
-		}
-		for (int64_t j = 0; j < down->rows; j++)
-			yt[j] = moet_canon_nan(moet_dot_ref(down, j, h));
+		int rc = moet_expert_ffn(&moet_cpu_kernels_ref, gate, up, down, x + t * gate->cols, 1,
+					 scratch, y + t * down->rows);
+		if (rc)
+			return rc;
 	}
 	return 0;
 }

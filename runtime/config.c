@@ -17,7 +17,6 @@
  * NOTE: JSON null counts as absent (transformers writes None as null, e.g. q_lora_rank) —
  * a default applies, or the required-field error.
  */
-#include <stddef.h> /* NOTE: before moet_config.h, which uses size_t (fixed there since) */
 
 #include "moet_config.h"
 
@@ -30,6 +29,7 @@
 #include <sys/stat.h>
 
 #include "moet_err.h"
+#include "moet_json.h"
 
 #define CONFIG_MAX_BYTES (16u << 20)
 #define GEOMETRY_MAX ((int64_t)1 << 31) /* keeps products of two extents inside int64 */
@@ -38,20 +38,6 @@ typedef struct ctx {
 	const char *label;
 	const char *pfx; /* "" or "rope_scaling." etc. */
 } ctx;
-
-static const char *json_kind(const json_t *v)
-{
-	switch (json_typeof(v)) {
-	case JSON_OBJECT: return "object";
-	case JSON_ARRAY: return "array";
-	case JSON_STRING: return "string";
-	case JSON_INTEGER: return "integer";
-	case JSON_REAL: return "number";
-	case JSON_TRUE:
-	case JSON_FALSE: return "boolean";
-	default: return "null";
-	}
-}
 
 static const json_t *get(const json_t *o, const char *k)
 {
@@ -68,7 +54,7 @@ static int missing(const ctx *c, const char *k)
 static int wrong_type(const ctx *c, const char *k, const json_t *v, const char *want)
 {
 	return moet_err(MOET_EINVAL, "%s: field %s%s: is a JSON %s, expected %s", c->label,
-			c->pfx, k, json_kind(v), want);
+			c->pfx, k, moet_json_kind(v), want);
 }
 
 static int get_int(const ctx *c, const json_t *o, const char *k, int required, int64_t dflt,
@@ -446,7 +432,7 @@ int moet_config_parse(const char *label, const char *text, size_t n_bytes, moet_
 	}
 	if (!json_is_object(root)) {
 		rc = moet_err(MOET_EFORMAT, "%s: the top level is a JSON %s, not an object", label,
-			      json_kind(root));
+			      moet_json_kind(root));
 		goto fail;
 	}
 	if ((rc = check_identity(&c, root, &cf)) || (rc = read_fields(&c, root, &cf)) ||

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "moet_err.h"
+#include "moet_json.h"
 
 #define NAME_SHOW_BYTES 200 /* longest piece of a file-supplied string shown in an error */
 
@@ -72,20 +73,6 @@ static void format_shape(const int64_t *shape, int ndim, char *buf, size_t n)
 		snprintf(buf + len, n - len, "]");
 }
 
-static const char *json_kind(const json_t *v)
-{
-	switch (json_typeof(v)) {
-	case JSON_OBJECT: return "object";
-	case JSON_ARRAY: return "array";
-	case JSON_STRING: return "string";
-	case JSON_INTEGER: return "integer";
-	case JSON_REAL: return "number";
-	case JSON_TRUE:
-	case JSON_FALSE: return "boolean";
-	default: return "null";
-	}
-}
-
 static int check_metadata(const char *file, const json_t *meta)
 {
 	const char *key;
@@ -93,11 +80,11 @@ static int check_metadata(const char *file, const json_t *meta)
 	char kb[NAME_SHOW_BYTES];
 	if (!json_is_object(meta))
 		return moet_err(MOET_EFORMAT, "%s: __metadata__ is a JSON %s, not an object of "
-			       "strings", file, json_kind(meta));
+			       "strings", file, moet_json_kind(meta));
 	json_object_foreach((json_t *)meta, key, v) {
 		if (!json_is_string(v))
 			return moet_err(MOET_EFORMAT, "%s: __metadata__ key %s is a JSON %s, not a "
-				       "string", file, shown(key, kb, sizeof(kb)), json_kind(v));
+				       "string", file, shown(key, kb, sizeof(kb)), moet_json_kind(v));
 	}
 	return 0;
 }
@@ -110,14 +97,14 @@ static int parse_entry(const char *file, const char *name, const json_t *e, cons
 	const char *nm = shown(name, nb, sizeof(nb));
 	if (!json_is_object(e))
 		return moet_err(MOET_EFORMAT, "%s: tensor %s: entry is a JSON %s, not an object",
-			       file, nm, json_kind(e));
+			       file, nm, moet_json_kind(e));
 
 	const json_t *jd = json_object_get(e, "dtype");
 	if (!jd)
 		return moet_err(MOET_EFORMAT, "%s: tensor %s: dtype is missing", file, nm);
 	if (!json_is_string(jd))
 		return moet_err(MOET_EFORMAT, "%s: tensor %s: dtype is a JSON %s, not a string",
-			       file, nm, json_kind(jd));
+			       file, nm, moet_json_kind(jd));
 	t->dtype = moet_dtype_parse(json_string_value(jd));
 	if (t->dtype == MOET_DT_INVALID)
 		return moet_err(MOET_EFORMAT, "%s: tensor %s: unknown dtype \"%s\"", file, nm,
@@ -129,7 +116,7 @@ static int parse_entry(const char *file, const char *name, const json_t *e, cons
 		return moet_err(MOET_EFORMAT, "%s: tensor %s: shape is missing", file, nm);
 	if (!json_is_array(js))
 		return moet_err(MOET_EFORMAT, "%s: tensor %s: shape is a JSON %s, not an array",
-			       file, nm, json_kind(js));
+			       file, nm, moet_json_kind(js));
 	if (json_array_size(js) > MOET_CKPT_MAX_DIMS)
 		return moet_err(MOET_EFORMAT, "%s: tensor %s: shape has %zu dimensions, more than "
 			       "%d", file, nm, json_array_size(js), MOET_CKPT_MAX_DIMS);
@@ -141,7 +128,7 @@ static int parse_entry(const char *file, const char *name, const json_t *e, cons
 		if (!json_is_integer(x))
 			return moet_err(MOET_EFORMAT,
 					"%s: tensor %s: shape[%d] is a JSON %s, not an "
-				       "integer", file, nm, d, json_kind(x));
+				       "integer", file, nm, d, moet_json_kind(x));
 		json_int_t v = json_integer_value(x);
 		if (v < 0)
 			return moet_err(MOET_EFORMAT, "%s: tensor %s: shape[%d] is negative (%lld)",
@@ -271,7 +258,7 @@ int moet_safetensors_parse(const char *file_name, const uint8_t *buf, size_t n_b
 	}
 	if (!json_is_object(root)) {
 		rc = moet_err(MOET_EFORMAT, "%s: header is a JSON %s, not an object", file_name,
-			      json_kind(root));
+			      moet_json_kind(root));
 		goto fail;
 	}
 
