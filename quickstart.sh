@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-PKGS=(build-essential cmake ninja-build pkg-config libjansson-dev libhwloc-dev)
+PKGS=(build-essential cmake ninja-build pkg-config libjansson-dev libhwloc-dev libnuma-dev)
 
 need_pkgs() {
 	local missing=()
