@@ -18,6 +18,7 @@ static const struct {
 	{ "inspect", moet_cli_inspect, "summarize and validate a checkpoint" },
 	{ "gen-checkpoint", moet_cli_gen_checkpoint,
 	  "write a synthetic checkpoint in the published layout" },
+	{ "bench", moet_cli_bench, "benchmarks against measured ceilings (bench --help)" },
 };
 
 static void usage(FILE *f)

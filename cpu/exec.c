@@ -1,0 +1,558 @@
+/*
+ * exec.c: the CPU expert executor of moet_cpuexec.h.
+ *
+ * NOTE: plain pthreads, not an OpenMP team. The properties the executor needs are explicit
+ * here and implicit (or missing) in libgomp: (1) each worker bound to a chosen core of a
+ * chosen NUMA node, per executor, where OMP_PLACES/OMP_PROC_BIND are process-wide settings
+ * read once; (2) several executors in one process (one per NUMA node) with teams of their
+ * own; (3) destroy joins the threads, where libgomp keeps its pool until exit, so a create/
+ * destroy loop can be checked for leaks; (4) failures (binding, FP environment) returned as
+ * codes from create, never a runtime abort; (5) a dispatcher-free design: the workers take
+ * batches from the queue themselves, so a submit costs one lock and one broadcast and no
+ * extra thread sits between the caller (later a CUDA host callback) and the team.
+ *
+ * Batches: a fixed ring of max_pending slots. submit fills a free slot (copy of the jobs,
+ * the work plan, reset claim counters) and gives it the next ticket; every worker runs
+ * tickets 1, 2, 3, ... in order, so all agree on the current batch without a dispatcher:
+ *
+ *   worker w:  wait for slot(ticket == next)  ->  phase 1 items  ->  barrier
+ *              ->  phase 2 items  ->  FP check  ->  barrier (serial thread: slot DONE)
+ *
+ * Items are claimed with an atomic counter (dynamic balance; a claimed item is computed by
+ * one worker, whole, in the kernel's order, so the claim order never changes bits).
+ *   rows split:     phase 1 item = (job, chunk of gate/up rows): h = silu(g) * u
+ *                   phase 2 item = (job, chunk of down rows): y = canon(D(down, h))
+ *   experts split:  phase 1 item = one whole job (moet_expert_ffn on that worker)
+ * A slot stays PENDING until every worker has passed its final barrier, and becomes FREE
+ * only when its ticket is waited for, so no worker can see a reused slot.
+ */
+#include <errno.h>
+#include <fenv.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
+#include "moet_cpuexec.h"
+#include "moet_err.h"
+#include "moet_hd.h"
+
+#define MAX_WORKERS 4096
+#define H_ALIGN 16 /* floats: each job's h starts on a 64-byte line */
+
+enum { SLOT_FREE, SLOT_PENDING, SLOT_DONE };
+
+typedef struct slot {
+	int state;                /* SLOT_*, under mu */
+	int waited;               /* a thread is waiting for it (under mu) */
+	uint64_t ticket;
+	int n_jobs, split;
+	moet_cpuexec_job *jobs;   /* [max_jobs] */
+	int64_t *h_off;           /* [max_jobs]: job j's h at scratch + h_off[j] */
+	int64_t *pre1, *pre2;     /* [max_jobs + 1]: prefix sums of items per job */
+	int64_t chunk1, chunk2;   /* rows per item in phases 1 and 2 */
+	void (*fn)(void *, int, int);
+	void *fn_arg;
+	atomic_llong claim1, claim2;
+	atomic_int rc;            /* first worker error, 0 if none */
+	char msg[256];            /* its detail, written by the worker that set rc */
+} slot;
+
+typedef struct team_worker {
+	struct moet_cpuexec *ex;
+	int idx;
+} team_worker;
+
+struct moet_cpuexec {
+	moet_topo *own_topo;
+	const moet_topo *topo;
+	const moet_cpu_kernels *k;
+	int n_thr, n_started, split, max_jobs, max_pending;
+	int64_t max_tok, max_inter;
+	int *cores;
+	pthread_t *thr;
+	team_worker *wk;
+	float *scratch;
+	slot *slots;
+	pthread_mutex_t mu;
+	pthread_cond_t work_cv, done_cv, start_cv;
+	pthread_barrier_t bar;
+	int bar_ok, mu_ok;
+	uint64_t next_ticket;
+	int stop, go, n_ready, start_rc;
+	char start_msg[256];
+};
+
+/* 0 if this thread's FP environment is the contract's, else MOET_EINVAL with `why` filled. */
+static int fpenv_check(char *why, size_t n)
+{
+	const char *bad = NULL;
+	unsigned csr = 0;
+#if defined(__x86_64__) || defined(__i386__)
+	csr = _mm_getcsr();
+	if (csr & 0x8000u)
+		bad = "flush-to-zero (FTZ) is on";
+	else if (csr & 0x0040u)
+		bad = "denormals-are-zero (DAZ) is on";
+	else if (csr & 0x6000u)
+		bad = "the SSE rounding mode is not round-to-nearest";
+#endif
+	if (!bad && fegetround() != FE_TONEAREST)
+		bad = "the rounding mode is not round-to-nearest";
+	if (!bad)
+		return 0;
+	snprintf(why, n, "%s (MXCSR 0x%04x); the numerics contract needs round-to-nearest-even "
+		 "without FTZ/DAZ on every worker (was the program built with -ffast-math?)", bad,
+		 csr);
+	return MOET_EINVAL;
+}
+
+static int64_t find_job(const int64_t *pre, int n_jobs, int64_t item)
+{
+	int lo = 0, hi = n_jobs - 1; /* largest j with pre[j] <= item */
+	while (lo < hi) {
+		int mid = (lo + hi + 1) / 2;
+		if (pre[mid] <= item)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	return lo;
+}
+
+static void item1(moet_cpuexec *ex, slot *s, int64_t it)
+{
+	int64_t j = find_job(s->pre1, s->n_jobs, it);
+	const moet_cpuexec_job *jb = &s->jobs[j];
+	const int64_t I = jb->gate.rows, H = jb->gate.cols;
+	float *h = ex->scratch + s->h_off[j];
+	if (s->split == MOET_CPUEXEC_SPLIT_EXPERTS) {
+		/* shapes were checked at submit; moet_expert_ffn cannot fail here */
+		(void)moet_expert_ffn(ex->k, &jb->gate, &jb->up, &jb->down, jb->x, jb->n_tok, h,
+				      jb->y);
+		return;
+	}
+	int64_t r0 = (it - s->pre1[j]) * s->chunk1, r1 = r0 + s->chunk1;
+	if (r1 > I)
+		r1 = I;
+	ex->k->gate_up(&jb->gate, &jb->up, r0, r1, jb->x, H, jb->n_tok, h + r0, I);
+}
+
+static void item2(moet_cpuexec *ex, slot *s, int64_t it)
+{
+	int64_t j = find_job(s->pre2, s->n_jobs, it);
+	const moet_cpuexec_job *jb = &s->jobs[j];
+	const int64_t I = jb->gate.rows, H = jb->down.rows;
+	const float *h = ex->scratch + s->h_off[j];
+	int64_t r0 = (it - s->pre2[j]) * s->chunk2, r1 = r0 + s->chunk2;
+	if (r1 > H)
+		r1 = H;
+	ex->k->rows(&jb->down, r0, r1, h, I, jb->n_tok, jb->y + r0, H);
+	for (int64_t t = 0; t < jb->n_tok; t++)
+		for (int64_t r = r0; r < r1; r++)
+			jb->y[t * H + r] = moet_canon_nan(jb->y[t * H + r]);
+}
+
+static void run_batch(moet_cpuexec *ex, slot *s, int w)
+{
+	if (s->fn) {
+		s->fn(s->fn_arg, w, ex->n_thr);
+	} else {
+		int64_t it;
+		while ((it = atomic_fetch_add(&s->claim1, 1)) < s->pre1[s->n_jobs])
+			item1(ex, s, it);
+	}
+	pthread_barrier_wait(&ex->bar);
+	if (!s->fn && s->split == MOET_CPUEXEC_SPLIT_ROWS) {
+		int64_t it;
+		while ((it = atomic_fetch_add(&s->claim2, 1)) < s->pre2[s->n_jobs])
+			item2(ex, s, it);
+	}
+	char why[200];
+	if (fpenv_check(why, sizeof(why))) {
+		int zero = 0;
+		if (atomic_compare_exchange_strong(&s->rc, &zero, MOET_EINVAL))
+			snprintf(s->msg, sizeof(s->msg), "CPU worker %d (core %d) after batch %llu: %s",
+				 w, ex->cores[w], (unsigned long long)s->ticket, why);
+	}
+	if (pthread_barrier_wait(&ex->bar) == PTHREAD_BARRIER_SERIAL_THREAD) {
+		pthread_mutex_lock(&ex->mu);
+		s->state = SLOT_DONE;
+		pthread_cond_broadcast(&ex->done_cv);
+		pthread_mutex_unlock(&ex->mu);
+	}
+}
+
+static slot *find_pending(moet_cpuexec *ex, uint64_t ticket)
+{
+	for (int i = 0; i < ex->max_pending; i++)
+		if (ex->slots[i].state == SLOT_PENDING && ex->slots[i].ticket == ticket)
+			return &ex->slots[i];
+	return NULL;
+}
+
+static void *worker_main(void *arg)
+{
+	team_worker *wk = arg;
+	moet_cpuexec *ex = wk->ex;
+	const int w = wk->idx;
+	char why[200] = "";
+	int rc = moet_topo_bind_core(ex->topo, ex->cores[w]);
+	if (rc)
+		snprintf(why, sizeof(why), "%s", moet_errmsg());
+	else
+		rc = fpenv_check(why, sizeof(why));
+	pthread_mutex_lock(&ex->mu);
+	if (rc && !ex->start_rc) {
+		ex->start_rc = rc;
+		snprintf(ex->start_msg, sizeof(ex->start_msg), "CPU worker %d (core %d): %s", w,
+			 ex->cores[w], why);
+	}
+	ex->n_ready++;
+	pthread_cond_broadcast(&ex->start_cv);
+	while (!ex->go && !ex->stop)
+		pthread_cond_wait(&ex->start_cv, &ex->mu);
+	pthread_mutex_unlock(&ex->mu);
+
+	uint64_t next = 1;
+	for (;;) {
+		slot *s;
+		pthread_mutex_lock(&ex->mu);
+		while (!(s = find_pending(ex, next)) && !ex->stop)
+			pthread_cond_wait(&ex->work_cv, &ex->mu);
+		pthread_mutex_unlock(&ex->mu);
+		if (!s)
+			break;
+		run_batch(ex, s, w);
+		next++;
+	}
+	return NULL;
+}
+
+static void stop_and_join(moet_cpuexec *ex)
+{
+	pthread_mutex_lock(&ex->mu);
+	ex->stop = 1;
+	pthread_cond_broadcast(&ex->work_cv);
+	pthread_cond_broadcast(&ex->start_cv);
+	pthread_mutex_unlock(&ex->mu);
+	for (int i = 0; i < ex->n_started; i++)
+		pthread_join(ex->thr[i], NULL);
+	ex->n_started = 0;
+}
+
+void moet_cpuexec_destroy(moet_cpuexec *ex)
+{
+	if (!ex)
+		return;
+	if (ex->mu_ok) {
+		stop_and_join(ex);
+		pthread_mutex_destroy(&ex->mu);
+		pthread_cond_destroy(&ex->work_cv);
+		pthread_cond_destroy(&ex->done_cv);
+		pthread_cond_destroy(&ex->start_cv);
+	}
+	if (ex->bar_ok)
+		pthread_barrier_destroy(&ex->bar);
+	for (int i = 0; ex->slots && i < ex->max_pending; i++) {
+		free(ex->slots[i].jobs);
+		free(ex->slots[i].h_off);
+		free(ex->slots[i].pre1);
+		free(ex->slots[i].pre2);
+	}
+	free(ex->slots);
+	free(ex->scratch);
+	free(ex->cores);
+	free(ex->thr);
+	free(ex->wk);
+	moet_topo_destroy(ex->own_topo);
+	free(ex);
+}
+
+static int alloc_tables(moet_cpuexec *ex)
+{
+	const size_t mj = (size_t)ex->max_jobs;
+	ex->slots = calloc((size_t)ex->max_pending, sizeof(slot));
+	if (!ex->slots)
+		return moet_err(MOET_ENOMEM, "CPU executor: %d batch slots", ex->max_pending);
+	for (int i = 0; i < ex->max_pending; i++) {
+		slot *s = &ex->slots[i];
+		s->jobs = calloc(mj, sizeof(*s->jobs));
+		s->h_off = calloc(mj, sizeof(int64_t));
+		s->pre1 = calloc(mj + 1, sizeof(int64_t));
+		s->pre2 = calloc(mj + 1, sizeof(int64_t));
+		if (!s->jobs || !s->h_off || !s->pre1 || !s->pre2)
+			return moet_err(MOET_ENOMEM, "CPU executor: slots for %d jobs", ex->max_jobs);
+	}
+	size_t n = (size_t)(ex->max_tok * ex->max_inter) + mj * H_ALIGN;
+	size_t bytes = (n * sizeof(float) + 63) & ~(size_t)63;
+	if (!(ex->scratch = aligned_alloc(64, bytes)))
+		return moet_err(MOET_ENOMEM, "CPU executor: %zu bytes of h scratch (max_tok %lld x "
+				"max_inter %lld)", bytes, (long long)ex->max_tok,
+				(long long)ex->max_inter);
+	memset(ex->scratch, 0, bytes);
+	return 0;
+}
+
+static int start_team(moet_cpuexec *ex)
+{
+	if (pthread_mutex_init(&ex->mu, NULL))
+		return moet_err(MOET_ENOMEM, "CPU executor: mutex");
+	pthread_cond_init(&ex->work_cv, NULL);
+	pthread_cond_init(&ex->done_cv, NULL);
+	pthread_cond_init(&ex->start_cv, NULL);
+	ex->mu_ok = 1;
+	if (pthread_barrier_init(&ex->bar, NULL, (unsigned)ex->n_thr))
+		return moet_err(MOET_ENOMEM, "CPU executor: barrier of %d", ex->n_thr);
+	ex->bar_ok = 1;
+	for (int i = 0; i < ex->n_thr; i++) {
+		ex->wk[i] = (team_worker){ .ex = ex, .idx = i };
+		int e = pthread_create(&ex->thr[i], NULL, worker_main, &ex->wk[i]);
+		if (e)
+			return moet_err(MOET_EIO, "CPU executor: starting worker %d of %d: %s", i,
+					ex->n_thr, strerror(e));
+		ex->n_started++;
+	}
+	pthread_mutex_lock(&ex->mu);
+	while (ex->n_ready < ex->n_started)
+		pthread_cond_wait(&ex->start_cv, &ex->mu);
+	int rc = ex->start_rc;
+	if (!rc) {
+		ex->go = 1;
+		pthread_cond_broadcast(&ex->start_cv);
+	}
+	pthread_mutex_unlock(&ex->mu);
+	return rc ? moet_err(rc, "%s", ex->start_msg) : 0;
+}
+
+int moet_cpuexec_create(const moet_cpuexec_opts *opts, moet_cpuexec **out)
+{
+	*out = NULL;
+	moet_cpuexec_opts o = opts ? *opts : (moet_cpuexec_opts){ 0 };
+	if (o.max_tok < 0 || o.max_inter < 0 || o.max_jobs < 0 || o.max_pending < 0 ||
+	    o.n_threads < 0 || o.split < MOET_CPUEXEC_SPLIT_AUTO ||
+	    o.split > MOET_CPUEXEC_SPLIT_EXPERTS)
+		return moet_err(MOET_EINVAL, "CPU executor: negative or unknown option");
+	moet_cpuexec *ex = calloc(1, sizeof(*ex));
+	int rc;
+	if (!ex)
+		return moet_err(MOET_ENOMEM, "CPU executor");
+	ex->max_tok = o.max_tok ? o.max_tok : 256;
+	ex->max_inter = o.max_inter ? o.max_inter : 2048;
+	ex->max_jobs = o.max_jobs ? o.max_jobs : 64;
+	ex->max_pending = o.max_pending ? o.max_pending : 8;
+	ex->split = o.split == MOET_CPUEXEC_SPLIT_AUTO ? MOET_CPUEXEC_SPLIT_ROWS : o.split;
+	ex->k = o.kernels ? o.kernels : moet_cpu_kernels_get();
+	ex->next_ticket = 1;
+	if (ex->max_tok > ((int64_t)1 << 40) / ex->max_inter) {
+		rc = moet_err(MOET_ERANGE, "CPU executor: max_tok %lld x max_inter %lld is too "
+			      "large a scratch", (long long)ex->max_tok, (long long)ex->max_inter);
+		goto fail;
+	}
+	ex->topo = o.topo;
+	if (!ex->topo) {
+		if ((rc = moet_topo_load(&ex->own_topo)))
+			goto fail;
+		ex->topo = ex->own_topo;
+	}
+	if (!(ex->cores = calloc(MAX_WORKERS, sizeof(int)))) {
+		rc = moet_err(MOET_ENOMEM, "CPU executor");
+		goto fail;
+	}
+	if ((rc = moet_topo_select_cores(ex->topo, o.node, o.n_threads, ex->cores, MAX_WORKERS,
+					 &ex->n_thr)))
+		goto fail;
+	ex->thr = calloc((size_t)ex->n_thr, sizeof(pthread_t));
+	ex->wk = calloc((size_t)ex->n_thr, sizeof(team_worker));
+	if (!ex->thr || !ex->wk) {
+		rc = moet_err(MOET_ENOMEM, "CPU executor: %d workers", ex->n_thr);
+		goto fail;
+	}
+	if ((rc = alloc_tables(ex)) || (rc = start_team(ex)))
+		goto fail;
+	*out = ex;
+	return 0;
+fail:
+	moet_cpuexec_destroy(ex);
+	return rc;
+}
+
+static int mat_ok(const moet_mat *m)
+{
+	return (m->dtype == MOET_DT_F8_E4M3 || m->dtype == MOET_DT_BF16 ||
+		m->dtype == MOET_DT_F32) && m->rows > 0 && m->cols > 0 && m->data;
+}
+
+static int check_job(const moet_cpuexec *ex, const moet_cpuexec_job *jb, int j)
+{
+	if (jb->n_tok < 0)
+		return moet_err(MOET_EINVAL, "CPU batch job %d: n_tok %lld is negative", j,
+				(long long)jb->n_tok);
+	if (!mat_ok(&jb->gate) || !mat_ok(&jb->up) || !mat_ok(&jb->down))
+		return moet_err(MOET_ESHAPE, "CPU batch job %d: a matrix is empty, has no data or "
+				"a dtype other than F8_E4M3, BF16, F32", j);
+	const int64_t I = jb->gate.rows, H = jb->gate.cols;
+	if (jb->up.rows != I || jb->up.cols != H || jb->down.rows != H || jb->down.cols != I)
+		return moet_err(MOET_ESHAPE, "CPU batch job %d: expert matrices do not chain: gate "
+				"%lldx%lld, up %lldx%lld, down %lldx%lld", j, (long long)I,
+				(long long)H, (long long)jb->up.rows, (long long)jb->up.cols,
+				(long long)jb->down.rows, (long long)jb->down.cols);
+	if (I > ex->max_inter)
+		return moet_err(MOET_ERANGE, "CPU batch job %d: intermediate size %lld exceeds the "
+				"executor's max_inter %lld", j, (long long)I,
+				(long long)ex->max_inter);
+	if (jb->n_tok > 0 && (!jb->x || !jb->y))
+		return moet_err(MOET_EINVAL, "CPU batch job %d: x or y is NULL", j);
+	return 0;
+}
+
+/* rows per item: about 4 items per worker over the phase, a multiple of 16, in [16, 512] */
+static int64_t chunk_rows(int64_t total_rows, int n_thr)
+{
+	int64_t c = (total_rows + 4 * (int64_t)n_thr - 1) / (4 * (int64_t)n_thr);
+	c = (c + 15) / 16 * 16;
+	return c < 16 ? 16 : c > 512 ? 512 : c;
+}
+
+/* Fills slot s with the plan of a validated batch. */
+static void plan(moet_cpuexec *ex, slot *s, const moet_cpuexec_job *jobs, int n_jobs)
+{
+	int64_t rows1 = 0, rows2 = 0, off = 0;
+	if (n_jobs)
+		memcpy(s->jobs, jobs, (size_t)n_jobs * sizeof(*jobs));
+	s->n_jobs = n_jobs;
+	s->split = ex->split;
+	s->fn = NULL;
+	for (int j = 0; j < n_jobs; j++) {
+		s->h_off[j] = off;
+		off += (jobs[j].n_tok * jobs[j].gate.rows + H_ALIGN - 1) / H_ALIGN * H_ALIGN;
+		if (jobs[j].n_tok) {
+			rows1 += jobs[j].gate.rows;
+			rows2 += jobs[j].down.rows;
+		}
+	}
+	s->chunk1 = chunk_rows(rows1, ex->n_thr);
+	s->chunk2 = chunk_rows(rows2, ex->n_thr);
+	s->pre1[0] = s->pre2[0] = 0;
+	for (int j = 0; j < n_jobs; j++) {
+		int64_t n1 = 0, n2 = 0;
+		if (jobs[j].n_tok && s->split == MOET_CPUEXEC_SPLIT_EXPERTS) {
+			n1 = 1;
+		} else if (jobs[j].n_tok) {
+			n1 = (jobs[j].gate.rows + s->chunk1 - 1) / s->chunk1;
+			n2 = (jobs[j].down.rows + s->chunk2 - 1) / s->chunk2;
+		}
+		s->pre1[j + 1] = s->pre1[j] + n1;
+		s->pre2[j + 1] = s->pre2[j] + n2;
+	}
+}
+
+/* Under mu: a free slot, or NULL with the detail set. */
+static slot *take_slot(moet_cpuexec *ex)
+{
+	for (int i = 0; i < ex->max_pending; i++)
+		if (ex->slots[i].state == SLOT_FREE)
+			return &ex->slots[i];
+	moet_err(MOET_ERANGE, "CPU executor: %d batches outstanding (max_pending): wait for one "
+		 "before submitting more", ex->max_pending);
+	return NULL;
+}
+
+/* Under mu: gives s the next ticket and wakes the team. */
+static uint64_t enqueue(moet_cpuexec *ex, slot *s)
+{
+	atomic_store(&s->claim1, 0);
+	atomic_store(&s->claim2, 0);
+	atomic_store(&s->rc, 0);
+	s->msg[0] = '\0';
+	s->waited = 0;
+	s->ticket = ex->next_ticket++;
+	s->state = SLOT_PENDING;
+	pthread_cond_broadcast(&ex->work_cv);
+	return s->ticket;
+}
+
+int moet_cpuexec_submit(moet_cpuexec *ex, const moet_cpuexec_job *jobs, int n_jobs,
+			uint64_t *out_ticket)
+{
+	*out_ticket = 0;
+	if (n_jobs < 0 || (n_jobs > 0 && !jobs))
+		return moet_err(MOET_EINVAL, "CPU batch: %d jobs at %p", n_jobs, (const void *)jobs);
+	if (n_jobs > ex->max_jobs)
+		return moet_err(MOET_ERANGE, "CPU batch: %d jobs exceed the executor's max_jobs %d",
+				n_jobs, ex->max_jobs);
+	int64_t tok = 0;
+	for (int j = 0; j < n_jobs; j++) {
+		int rc = check_job(ex, &jobs[j], j);
+		if (rc)
+			return rc;
+		tok += jobs[j].n_tok;
+	}
+	if (tok > ex->max_tok)
+		return moet_err(MOET_ERANGE, "CPU batch: %lld tokens in all exceed the executor's "
+				"max_tok %lld", (long long)tok, (long long)ex->max_tok);
+	pthread_mutex_lock(&ex->mu);
+	slot *s = take_slot(ex);
+	if (s) {
+		plan(ex, s, jobs, n_jobs);
+		*out_ticket = enqueue(ex, s);
+	}
+	pthread_mutex_unlock(&ex->mu);
+	return s ? 0 : MOET_ERANGE;
+}
+
+int moet_cpuexec_wait(moet_cpuexec *ex, uint64_t ticket)
+{
+	pthread_mutex_lock(&ex->mu);
+	slot *s = NULL;
+	for (int i = 0; i < ex->max_pending && !s; i++)
+		if (ex->slots[i].state != SLOT_FREE && ex->slots[i].ticket == ticket &&
+		    !ex->slots[i].waited)
+			s = &ex->slots[i];
+	if (!s) {
+		pthread_mutex_unlock(&ex->mu);
+		return moet_err(MOET_EINVAL, "CPU executor: ticket %llu is unknown or already "
+				"waited for", (unsigned long long)ticket);
+	}
+	s->waited = 1;
+	while (s->state != SLOT_DONE)
+		pthread_cond_wait(&ex->done_cv, &ex->mu);
+	int rc = atomic_load(&s->rc);
+	if (rc)
+		moet_err(rc, "%s", s->msg);
+	s->state = SLOT_FREE;
+	pthread_mutex_unlock(&ex->mu);
+	return rc;
+}
+
+int moet_cpuexec_run(moet_cpuexec *ex, void (*fn)(void *arg, int worker, int n_workers),
+		     void *arg)
+{
+	if (!fn)
+		return moet_err(MOET_EINVAL, "CPU executor: run with no function");
+	pthread_mutex_lock(&ex->mu);
+	slot *s = take_slot(ex);
+	uint64_t ticket = 0;
+	if (s) {
+		s->n_jobs = 0;
+		s->pre1[0] = s->pre2[0] = 0;
+		s->fn = fn;
+		s->fn_arg = arg;
+		ticket = enqueue(ex, s);
+	}
+	pthread_mutex_unlock(&ex->mu);
+	return s ? moet_cpuexec_wait(ex, ticket) : MOET_ERANGE;
+}
+
+int moet_cpuexec_n_threads(const moet_cpuexec *ex) { return ex->n_thr; }
+const moet_topo *moet_cpuexec_topo(const moet_cpuexec *ex) { return ex->topo; }
+const moet_cpu_kernels *moet_cpuexec_kernels(const moet_cpuexec *ex) { return ex->k; }
+
+int moet_cpuexec_worker_core(const moet_cpuexec *ex, int worker)
+{
+	return (worker >= 0 && worker < ex->n_thr) ? ex->cores[worker] : -1;
+}

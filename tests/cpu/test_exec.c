@@ -1,0 +1,494 @@
+/*
+ * test_exec.c: the CPU expert executor (cpu/exec.c) against moet_expert_ffn with the scalar
+ * reference table, single-threaded: random FP8 (with block scales) and BF16 experts, partial
+ * 128-blocks, batches of 1..16 experts with 1..64 tokens, 1, 2 and 3 workers, both splits,
+ * outputs memcmp-equal. Also: batches in flight at once, two submitting threads, workers bound
+ * where the topology says, error paths (shapes, limits, tickets, FTZ/DAZ at create and a
+ * kernel that changes MXCSR), and create/destroy in a loop (leaks show under MOET_SANITIZE).
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
+
+#include "moet_cpu.h"
+#include "moet_cpuexec.h"
+#include "moet_dtype.h"
+#include "moet_err.h"
+#include "moet_test.h"
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+
+static uint64_t next_u64(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+
+static float uniform(float lo, float hi)
+{
+	return lo + (hi - lo) * (float)((next_u64() >> 40) * 0x1p-24);
+}
+
+typedef struct expert {
+	moet_mat gate, up, down;
+	void *buf[6];
+} expert;
+
+static moet_mat make_mat(moet_dtype dt, int64_t rows, int64_t cols, void **data, void **scale)
+{
+	moet_mat m = { .dtype = dt, .rows = rows, .cols = cols };
+	size_t n = (size_t)(rows * cols);
+	if (dt == MOET_DT_F8_E4M3) {
+		uint8_t *d = malloc(n);
+		for (size_t i = 0; i < n; i++) {
+			uint8_t c = (uint8_t)next_u64();
+			d[i] = (c & 0x7F) == 0x7F ? (uint8_t)(c ^ 0x01) : c; /* no NaN codes */
+		}
+		size_t ns = (size_t)(((rows + 127) / 128) * ((cols + 127) / 128));
+		float *s = malloc(ns * sizeof(float));
+		for (size_t i = 0; i < ns; i++)
+			s[i] = uniform(0x1p-12f, 0x1p-8f);
+		m.data = d;
+		m.scale_inv = s;
+		*data = d;
+		*scale = s;
+	} else {
+		uint16_t *d = malloc(n * sizeof(uint16_t));
+		for (size_t i = 0; i < n; i++)
+			d[i] = moet_enc_bf16(uniform(-0.08f, 0.08f));
+		m.data = d;
+		*data = d;
+		*scale = NULL;
+	}
+	return m;
+}
+
+static void make_expert(expert *e, moet_dtype dt, int64_t H, int64_t I)
+{
+	e->gate = make_mat(dt, I, H, &e->buf[0], &e->buf[1]);
+	e->up = make_mat(dt, I, H, &e->buf[2], &e->buf[3]);
+	e->down = make_mat(dt, H, I, &e->buf[4], &e->buf[5]);
+}
+
+static void free_expert(expert *e)
+{
+	for (int i = 0; i < 6; i++)
+		free(e->buf[i]);
+}
+
+typedef struct batch {
+	int n;
+	expert ex[16];
+	moet_cpuexec_job jobs[16];
+	float *x[16], *y[16], *want[16];
+} batch;
+
+/* A batch of n experts of dtype dt at H x I, token counts in [1, max_tok_each]. */
+static void make_batch(batch *b, int n, moet_dtype dt, int64_t H, int64_t I, int max_tok_each)
+{
+	b->n = n;
+	for (int j = 0; j < n; j++) {
+		int64_t T = 1 + (int64_t)(next_u64() % (uint64_t)max_tok_each);
+		make_expert(&b->ex[j], dt, H, I);
+		b->x[j] = malloc((size_t)(T * H) * sizeof(float));
+		b->y[j] = malloc((size_t)(T * H) * sizeof(float));
+		b->want[j] = malloc((size_t)(T * H) * sizeof(float));
+		for (int64_t i = 0; i < T * H; i++)
+			b->x[j][i] = uniform(-2.0f, 2.0f);
+		if (j == 1)
+			b->x[j][0] = moet_bits_f32(0x7FC01234u); /* token 0 of job 1 gives NaN out */
+		float *scratch = malloc((size_t)(T * I) * sizeof(float));
+		int rc = moet_expert_ffn(&moet_cpu_kernels_ref, &b->ex[j].gate, &b->ex[j].up,
+					 &b->ex[j].down, b->x[j], T, scratch, b->want[j]);
+		CHECK(rc == 0, "reference FFN: %s", moet_errmsg());
+		free(scratch);
+		b->jobs[j] = (moet_cpuexec_job){ .gate = b->ex[j].gate, .up = b->ex[j].up,
+						 .down = b->ex[j].down, .x = b->x[j], .y = b->y[j],
+						 .n_tok = T };
+	}
+}
+
+static void clear_outputs(batch *b)
+{
+	for (int j = 0; j < b->n; j++)
+		memset(b->y[j], 0xAB, (size_t)(b->jobs[j].n_tok * b->ex[j].gate.cols) * sizeof(float));
+}
+
+static int check_outputs(const batch *b, const char *what)
+{
+	for (int j = 0; j < b->n; j++) {
+		size_t n = (size_t)(b->jobs[j].n_tok * b->ex[j].gate.cols);
+		if (!memcmp(b->y[j], b->want[j], n * sizeof(float)))
+			continue;
+		for (size_t i = 0; i < n; i++)
+			if (moet_f32_bits(b->y[j][i]) != moet_f32_bits(b->want[j][i])) {
+				CHECK(0, "%s: job %d element %zu: 0x%08x, reference 0x%08x", what, j,
+				      i, moet_f32_bits(b->y[j][i]), moet_f32_bits(b->want[j][i]));
+				return 1;
+			}
+	}
+	return 0;
+}
+
+static void free_batch(batch *b)
+{
+	for (int j = 0; j < b->n; j++) {
+		free_expert(&b->ex[j]);
+		free(b->x[j]);
+		free(b->y[j]);
+		free(b->want[j]);
+	}
+}
+
+static moet_cpuexec *make_exec(int n_threads, int split, const moet_cpu_kernels *k)
+{
+	moet_cpuexec *ex = NULL;
+	moet_cpuexec_opts o = { .n_threads = n_threads, .max_tok = 1024, .max_inter = 384,
+				.max_jobs = 16, .max_pending = 4, .split = split, .kernels = k };
+	int rc = moet_cpuexec_create(&o, &ex);
+	CHECK(rc == 0 && ex, "create (%d threads): %s", n_threads, moet_errmsg());
+	return ex;
+}
+
+static void run_and_check(moet_cpuexec *ex, batch *b, const char *what)
+{
+	uint64_t tk = 0;
+	clear_outputs(b);
+	int rc = moet_cpuexec_submit(ex, b->jobs, b->n, &tk);
+	CHECK(rc == 0 && tk, "%s: submit: %s", what, moet_errmsg());
+	rc = rc ? rc : moet_cpuexec_wait(ex, tk);
+	CHECK(rc == 0, "%s: wait: %s", what, moet_errmsg());
+	check_outputs(b, what);
+}
+
+/* bit identity over shapes, dtypes, batch sizes, thread counts and splits */
+static void identity(void)
+{
+	static const struct {
+		moet_dtype dt;
+		int64_t H, I;
+		int n_exp, max_tok;
+	} cases[] = {
+		{ MOET_DT_F8_E4M3, 256, 128, 1, 1 },  { MOET_DT_F8_E4M3, 200, 72, 8, 1 },
+		{ MOET_DT_F8_E4M3, 300, 160, 16, 4 }, { MOET_DT_F8_E4M3, 136, 384, 3, 64 },
+		{ MOET_DT_BF16, 192, 96, 4, 8 },      { MOET_DT_BF16, 130, 50, 16, 2 },
+		{ MOET_DT_BF16, 64, 300, 2, 64 },
+	};
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		batch b;
+		make_batch(&b, cases[c].n_exp, cases[c].dt, cases[c].H, cases[c].I,
+			   cases[c].max_tok);
+		for (int thr = 1; thr <= 3; thr++)
+			for (int split = MOET_CPUEXEC_SPLIT_ROWS; split <= MOET_CPUEXEC_SPLIT_EXPERTS;
+			     split++) {
+				moet_cpuexec *ex = make_exec(thr, split, &moet_cpu_kernels_ref);
+				if (!ex)
+					continue;
+				char what[160];
+				snprintf(what, sizeof(what), "case %zu (%s %lldx%lld, %d experts), %d "
+					 "threads, split %d", c, moet_dtype_name(cases[c].dt),
+					 (long long)cases[c].H, (long long)cases[c].I,
+					 cases[c].n_exp, thr, split);
+				run_and_check(ex, &b, what);
+				moet_cpuexec_destroy(ex);
+			}
+		free_batch(&b);
+	}
+}
+
+/* several batches in flight; waited for out of order; a job with no tokens */
+static void in_flight(void)
+{
+	batch b[3];
+	for (int i = 0; i < 3; i++)
+		make_batch(&b[i], 2 + i, MOET_DT_F8_E4M3, 160, 96, 5);
+	b[2].jobs[0].n_tok = 0; /* still valid: nothing to compute */
+	moet_cpuexec *ex = make_exec(2, MOET_CPUEXEC_SPLIT_AUTO, NULL);
+	if (!ex)
+		goto out;
+	uint64_t tk[3];
+	for (int i = 0; i < 3; i++) {
+		clear_outputs(&b[i]);
+		CHECK(moet_cpuexec_submit(ex, b[i].jobs, b[i].n, &tk[i]) == 0, "submit %d", i);
+	}
+	CHECK(tk[0] < tk[1] && tk[1] < tk[2], "tickets increase");
+	for (int i = 2; i >= 0; i--)
+		CHECK(moet_cpuexec_wait(ex, tk[i]) == 0, "wait %d: %s", i, moet_errmsg());
+	check_outputs(&b[0], "in flight 0");
+	check_outputs(&b[1], "in flight 1");
+	for (int j = 1; j < b[2].n; j++) { /* job 0 had no tokens */
+		size_t n = (size_t)(b[2].jobs[j].n_tok * 160);
+		CHECK(!memcmp(b[2].y[j], b[2].want[j], n * sizeof(float)), "in flight 2 job %d", j);
+	}
+	CHECK(moet_cpuexec_wait(ex, tk[1]) == MOET_EINVAL, "a ticket waited for twice");
+	CHECK(moet_cpuexec_wait(ex, 12345) == MOET_EINVAL, "an unknown ticket");
+	moet_cpuexec_destroy(ex);
+out:
+	for (int i = 0; i < 3; i++)
+		free_batch(&b[i]);
+}
+
+typedef struct submitter {
+	moet_cpuexec *ex;
+	batch *b;
+	int fails;
+} submitter;
+
+static void *submit_loop(void *arg)
+{
+	submitter *s = arg;
+	for (int it = 0; it < 15; it++) {
+		uint64_t tk;
+		clear_outputs(s->b);
+		if (moet_cpuexec_submit(s->ex, s->b->jobs, s->b->n, &tk) ||
+		    moet_cpuexec_wait(s->ex, tk))
+			s->fails++;
+		for (int j = 0; j < s->b->n; j++)
+			s->fails += !!memcmp(s->b->y[j], s->b->want[j],
+					     (size_t)(s->b->jobs[j].n_tok * 128) * sizeof(float));
+	}
+	return NULL;
+}
+
+static void two_submitters(void)
+{
+	batch b[2];
+	make_batch(&b[0], 3, MOET_DT_F8_E4M3, 128, 64, 3);
+	make_batch(&b[1], 5, MOET_DT_BF16, 128, 96, 2);
+	moet_cpuexec *ex = make_exec(3, MOET_CPUEXEC_SPLIT_ROWS, NULL);
+	if (ex) {
+		submitter s[2] = { { ex, &b[0], 0 }, { ex, &b[1], 0 } };
+		pthread_t t[2];
+		for (int i = 0; i < 2; i++)
+			pthread_create(&t[i], NULL, submit_loop, &s[i]);
+		for (int i = 0; i < 2; i++)
+			pthread_join(t[i], NULL);
+		CHECK(s[0].fails == 0 && s[1].fails == 0, "concurrent submits: %d and %d failures",
+		      s[0].fails, s[1].fails);
+	}
+	moet_cpuexec_destroy(ex);
+	free_batch(&b[0]);
+	free_batch(&b[1]);
+}
+
+typedef struct where {
+	int cpu[8];
+	int n_workers;
+} where;
+
+static void record_cpu(void *arg, int w, int n)
+{
+	where *p = arg;
+	p->cpu[w] = sched_getcpu();
+	if (w == 0)
+		p->n_workers = n;
+}
+
+/* workers run on the cores the topology mapping names (3 workers: the third shares) */
+static void binding(void)
+{
+	moet_cpuexec *ex = make_exec(3, 0, NULL);
+	if (!ex)
+		return;
+	where p = { { 0 }, 0 };
+	CHECK(moet_cpuexec_run(ex, record_cpu, &p) == 0, "run: %s", moet_errmsg());
+	CHECK(p.n_workers == 3 && moet_cpuexec_n_threads(ex) == 3, "3 workers");
+	const moet_topo *t = moet_cpuexec_topo(ex);
+	for (int w = 0; w < 3; w++)
+		CHECK(p.cpu[w] == moet_topo_core_pu(t, moet_cpuexec_worker_core(ex, w)),
+		      "worker %d on CPU %d, bound to PU %d", w, p.cpu[w],
+		      moet_topo_core_pu(t, moet_cpuexec_worker_core(ex, w)));
+	CHECK(moet_cpuexec_worker_core(ex, 3) == -1, "worker out of range");
+	CHECK(moet_cpuexec_run(ex, NULL, NULL) == MOET_EINVAL, "run without a function");
+	moet_cpuexec_destroy(ex);
+
+	/* a synthetic two-package machine: the mapping, without real binding */
+	moet_topo *syn = NULL;
+	CHECK(moet_topo_load_synthetic("pack:2 numa:2 core:4 pu:1", NULL, &syn) == 0, "synthetic");
+	moet_cpuexec_opts o = { .topo = syn, .node = MOET_TOPO_ALL_NODES, .n_threads = 5 };
+	if (syn && moet_cpuexec_create(&o, &ex) == 0) {
+		static const int want[5] = { 0, 4, 8, 12, 1 };
+		for (int w = 0; w < 5; w++)
+			CHECK(moet_cpuexec_worker_core(ex, w) == want[w], "synthetic worker %d: core "
+			      "%d", w, moet_cpuexec_worker_core(ex, w));
+		batch b;
+		make_batch(&b, 4, MOET_DT_F8_E4M3, 128, 128, 3);
+		run_and_check(ex, &b, "synthetic topology, 5 workers");
+		free_batch(&b);
+		moet_cpuexec_destroy(ex);
+	} else {
+		CHECK(0, "create on a synthetic topology: %s", moet_errmsg());
+	}
+	o.node = 2;
+	o.n_threads = 0;
+	if (syn && moet_cpuexec_create(&o, &ex) == 0) {
+		CHECK(moet_cpuexec_n_threads(ex) == 4 && moet_cpuexec_worker_core(ex, 0) == 8,
+		      "node 2: 4 workers from core 8");
+		moet_cpuexec_destroy(ex);
+	}
+	o.node = 4;
+	CHECK(moet_cpuexec_create(&o, &ex) == MOET_EINVAL && !ex, "node 4 of 4");
+	moet_topo_destroy(syn);
+}
+
+static void errors(void)
+{
+	batch b;
+	make_batch(&b, 3, MOET_DT_F8_E4M3, 128, 64, 4);
+	moet_cpuexec *ex = NULL;
+	moet_cpuexec_opts o = { .n_threads = 2, .max_tok = 8, .max_inter = 64, .max_jobs = 3,
+				.max_pending = 2 };
+	CHECK(moet_cpuexec_create(&o, &ex) == 0, "create: %s", moet_errmsg());
+	if (!ex) {
+		free_batch(&b);
+		return;
+	}
+	uint64_t tk = 99;
+	moet_cpuexec_job bad[3];
+	memcpy(bad, b.jobs, sizeof(bad));
+	bad[1].down.cols = 65;
+	CHECK(moet_cpuexec_submit(ex, bad, 3, &tk) == MOET_ESHAPE && tk == 0, "down cols 65");
+	CHECK(strstr(moet_errmsg(), "job 1") != NULL, "detail names the job: %s", moet_errmsg());
+	memcpy(bad, b.jobs, sizeof(bad));
+	bad[2].up.rows = 63;
+	CHECK(moet_cpuexec_submit(ex, bad, 3, &tk) == MOET_ESHAPE, "up rows 63");
+	memcpy(bad, b.jobs, sizeof(bad));
+	bad[0].gate.dtype = MOET_DT_F16;
+	CHECK(moet_cpuexec_submit(ex, bad, 3, &tk) == MOET_ESHAPE, "F16 weights");
+	memcpy(bad, b.jobs, sizeof(bad));
+	bad[0].up.data = NULL;
+	CHECK(moet_cpuexec_submit(ex, bad, 3, &tk) == MOET_ESHAPE, "no weight data");
+	memcpy(bad, b.jobs, sizeof(bad));
+	bad[0].x = NULL;
+	CHECK(moet_cpuexec_submit(ex, bad, 3, &tk) == MOET_EINVAL, "x NULL");
+	memcpy(bad, b.jobs, sizeof(bad));
+	bad[0].n_tok = -1;
+	CHECK(moet_cpuexec_submit(ex, bad, 3, &tk) == MOET_EINVAL, "n_tok -1");
+	memcpy(bad, b.jobs, sizeof(bad));
+	bad[0].n_tok = 3, bad[1].n_tok = 3, bad[2].n_tok = 3;
+	CHECK(moet_cpuexec_submit(ex, bad, 3, &tk) == MOET_ERANGE, "9 tokens, max_tok 8");
+	CHECK(strstr(moet_errmsg(), "max_tok") != NULL, "detail: %s", moet_errmsg());
+	CHECK(moet_cpuexec_submit(ex, b.jobs, 4, &tk) == MOET_ERANGE, "4 jobs, max_jobs 3");
+	CHECK(moet_cpuexec_submit(ex, NULL, 1, &tk) == MOET_EINVAL, "jobs NULL");
+	CHECK(moet_cpuexec_submit(ex, b.jobs, -1, &tk) == MOET_EINVAL, "-1 jobs");
+	batch wide;
+	make_batch(&wide, 1, MOET_DT_BF16, 64, 80, 1);
+	CHECK(moet_cpuexec_submit(ex, wide.jobs, 1, &tk) == MOET_ERANGE, "I 80 > max_inter 64");
+	/* max_pending 2: a third outstanding batch is refused, then accepted after a wait */
+	uint64_t t1, t2, t3;
+	CHECK(moet_cpuexec_submit(ex, b.jobs, 1, &t1) == 0, "first: %s", moet_errmsg());
+	CHECK(moet_cpuexec_submit(ex, b.jobs + 1, 1, &t2) == 0, "second: %s", moet_errmsg());
+	CHECK(moet_cpuexec_submit(ex, b.jobs + 2, 1, &t3) == MOET_ERANGE && t3 == 0, "third");
+	CHECK(moet_cpuexec_wait(ex, t1) == 0, "wait first");
+	CHECK(moet_cpuexec_submit(ex, b.jobs + 2, 1, &t3) == 0, "third after a wait");
+	CHECK(moet_cpuexec_submit(ex, NULL, 0, &tk) == MOET_ERANGE, "an empty batch, queue full");
+	CHECK(moet_cpuexec_wait(ex, t2) == 0 && moet_cpuexec_wait(ex, t3) == 0, "wait");
+	CHECK(moet_cpuexec_submit(ex, NULL, 0, &tk) == 0 && moet_cpuexec_wait(ex, tk) == 0,
+	      "an empty batch");
+	check_outputs(&b, "one job per batch");
+	moet_cpuexec_destroy(ex);
+	free_batch(&wide);
+	free_batch(&b);
+
+	o = (moet_cpuexec_opts){ .n_threads = -1 };
+	CHECK(moet_cpuexec_create(&o, &ex) == MOET_EINVAL && !ex, "-1 threads");
+	o = (moet_cpuexec_opts){ .split = 7 };
+	CHECK(moet_cpuexec_create(&o, &ex) == MOET_EINVAL && !ex, "split 7");
+	o = (moet_cpuexec_opts){ .max_tok = (int64_t)1 << 40, .max_inter = 4096 };
+	CHECK(moet_cpuexec_create(&o, &ex) == MOET_ERANGE && !ex, "huge scratch");
+	o = (moet_cpuexec_opts){ .node = 5 };
+	CHECK(moet_cpuexec_create(&o, &ex) == MOET_EINVAL && !ex, "node 5");
+}
+
+#if defined(__x86_64__)
+/* Creation with FTZ or DAZ on in the creating thread (inherited by the workers) fails. */
+static void fp_environment(void)
+{
+	const unsigned csr = _mm_getcsr();
+	static const struct {
+		unsigned bits;
+		const char *word;
+	} bad[] = { { 0x8000u, "flush-to-zero" }, { 0x0040u, "denormals-are-zero" },
+		    { 0x6000u, "round-to-nearest" } };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		moet_cpuexec *ex = NULL;
+		moet_cpuexec_opts o = { .n_threads = 2 };
+		_mm_setcsr(csr | bad[i].bits);
+		int rc = moet_cpuexec_create(&o, &ex);
+		_mm_setcsr(csr);
+		CHECK(rc == MOET_EINVAL && !ex, "MXCSR |= 0x%x: create gave %d", bad[i].bits, rc);
+		CHECK(strstr(moet_errmsg(), bad[i].word) && strstr(moet_errmsg(), "worker"),
+		      "detail: %s", moet_errmsg());
+		moet_cpuexec_destroy(ex);
+	}
+}
+
+static void gate_up_sets_ftz(const moet_mat *gate, const moet_mat *up, int64_t r0, int64_t r1,
+			     const float *x, int64_t x_stride, int64_t n_tok, float *h,
+			     int64_t h_stride)
+{
+	moet_cpu_kernels_ref.gate_up(gate, up, r0, r1, x, x_stride, n_tok, h, h_stride);
+	_mm_setcsr(_mm_getcsr() | 0x8000u);
+}
+
+/* A kernel variant that leaves FTZ on fails its batch (wait's error code). */
+static void kernel_breaks_mxcsr(void)
+{
+	moet_cpu_kernels k = moet_cpu_kernels_ref;
+	k.isa = "ftz-test";
+	k.gate_up = gate_up_sets_ftz;
+	moet_cpuexec *ex = make_exec(2, MOET_CPUEXEC_SPLIT_ROWS, &k);
+	if (!ex)
+		return;
+	CHECK(moet_cpuexec_kernels(ex) == &k, "kernel table in use");
+	batch b;
+	make_batch(&b, 2, MOET_DT_F8_E4M3, 128, 128, 2);
+	uint64_t tk;
+	CHECK(moet_cpuexec_submit(ex, b.jobs, 2, &tk) == 0, "submit");
+	int rc = moet_cpuexec_wait(ex, tk);
+	CHECK(rc == MOET_EINVAL, "wait gave %d", rc);
+	CHECK(strstr(moet_errmsg(), "flush-to-zero") != NULL, "detail: %s", moet_errmsg());
+	moet_cpuexec_destroy(ex);
+	free_batch(&b);
+}
+#endif
+
+static void create_destroy_loop(void)
+{
+	batch b;
+	make_batch(&b, 2, MOET_DT_BF16, 128, 64, 2);
+	for (int i = 0; i < 25; i++) {
+		moet_cpuexec *ex = make_exec(1 + i % 3, 0, NULL);
+		if (!ex)
+			break;
+		if (i % 5 == 0) {
+			uint64_t tk;
+			CHECK(moet_cpuexec_submit(ex, b.jobs, 2, &tk) == 0, "submit");
+			/* destroy finishes the batch nobody waits for */
+		}
+		moet_cpuexec_destroy(ex);
+	}
+	moet_cpuexec_destroy(NULL);
+	free_batch(&b);
+}
+
+int main(void)
+{
+	identity();
+	in_flight();
+	two_submitters();
+	binding();
+	errors();
+#if defined(__x86_64__)
+	fp_environment();
+	kernel_breaks_mxcsr();
+#endif
+	create_destroy_loop();
+	return moet_test_done("test_exec");
+}
