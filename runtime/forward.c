@@ -14,8 +14,10 @@
  * bits), the canonical combine routed[j] = fma(w_i, y_i[j], routed[j]) over
  * i = 0..k-1, plus the shared experts.
  *
- * Every token's arithmetic depends only on its own row and the cache, so the result does not
- * depend on how tokens are split into calls (batch invariance; tested bit for bit).
+ * A batch holds several sequences (moet_seq_step), each with its own cache and positions:
+ * every token's arithmetic depends only on its own row and its own cache, so the result does
+ * not depend on how tokens are split into calls or which sequences share a batch (batch
+ * invariance; tested bit for bit).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -57,7 +59,7 @@ static int64_t max3(int64_t a, int64_t b, int64_t c)
 	return m > c ? m : c;
 }
 
-static int work_alloc(const moet_model *m, const moet_kv *kv, int64_t n, work *w)
+static int work_alloc(const moet_model *m, int64_t max_tokens, int64_t n, work *w)
 {
 	const moet_config *c = &m->cfg;
 	const int64_t H = c->hidden_size, nh = c->num_attention_heads;
@@ -79,7 +81,7 @@ static int work_alloc(const moet_model *m, const moet_kv *kv, int64_t n, work *w
 	w->rscratch = malloc((size_t)(E + c->n_group + 1) * sizeof(float));
 	w->cos_t = malloc((size_t)(c->qk_rope_head_dim / 2 + 1) * sizeof(float));
 	w->sin_t = malloc((size_t)(c->qk_rope_head_dim / 2 + 1) * sizeof(float));
-	w->att_s = malloc((size_t)kv->max_tokens * sizeof(float));
+	w->att_s = malloc((size_t)max_tokens * sizeof(float));
 	if (!w->h || !w->q || !w->lora || !w->kvb || !w->attn || !w->out || !w->ffn || !w->y ||
 	    !w->routed || !w->scores || !w->rscratch || !w->cos_t || !w->sin_t || !w->att_s) {
 		work_free(w);
@@ -137,23 +139,30 @@ static void mla_project(const moet_model *m, const moet_layer_w *lw, moet_kv *kv
 	}
 }
 
-static void attention(const moet_model *m, const moet_layer_w *lw, moet_kv *kv, int64_t l,
-		      int64_t pos0, int64_t n, work *w)
+/* Where each row of a batch belongs: its sequence's cache and its position there. */
+typedef struct row_desc {
+	moet_kv *kv;
+	int64_t pos;
+} row_desc;
+
+static void attention(const moet_model *m, const moet_layer_w *lw, int64_t l,
+		      const row_desc *rows, int64_t n, work *w)
 {
 	const moet_config *c = &m->cfg;
 	const int64_t H = c->hidden_size, nh = c->num_attention_heads;
 	const int64_t qk = moet_config_qk_head_dim(c), vd = c->v_head_dim;
-	const float *kbase = kv->k + (size_t)l * (size_t)kv->max_tokens * (size_t)kv->k_row;
-	const float *vbase = kv->v + (size_t)l * (size_t)kv->max_tokens * (size_t)kv->v_row;
-	/* NOTE: all n tokens' K/V enter the cache before any token attends; token t then sees
-	 * positions 0 .. pos0 + t only, exactly as if the tokens came one call each. */
+	/* NOTE: every row's K/V enters its sequence's cache before any row attends; a row then
+	 * sees positions 0 .. its own only, exactly as if each token came in a call of its own. */
 	for (int64_t t = 0; t < n; t++)
-		mla_project(m, lw, kv, l, pos0 + t, w->h + t * H, w->q + t * nh * qk, w);
+		mla_project(m, lw, rows[t].kv, l, rows[t].pos, w->h + t * H, w->q + t * nh * qk, w);
 	for (int64_t t = 0; t < n; t++) {
+		const moet_kv *kv = rows[t].kv;
+		const float *kbase = kv->k + (size_t)l * (size_t)kv->max_tokens * (size_t)kv->k_row;
+		const float *vbase = kv->v + (size_t)l * (size_t)kv->max_tokens * (size_t)kv->v_row;
 		const float *q = w->q + t * nh * qk;
 		for (int64_t hd = 0; hd < nh; hd++)
 			moet_attend_ref(q + hd * qk, kbase + hd * qk, kv->k_row, vbase + hd * vd,
-					kv->v_row, pos0 + t + 1, qk, vd, m->softmax_scale, w->att_s,
+					kv->v_row, rows[t].pos + 1, qk, vd, m->softmax_scale, w->att_s,
 					w->attn + (t * nh + hd) * vd);
 		moet_matvec_ref(&lw->o, w->attn + t * nh * vd, w->out + t * H);
 	}
@@ -201,60 +210,106 @@ static int ffn_token(const moet_model *m, const moet_layer_w *lw, const float *h
 	return 0;
 }
 
-int moet_model_forward(moet_model *m, moet_kv *kv, const int64_t *tokens, int64_t n_tok,
-		       float *out_logits)
+/* Validates a batch and counts its rows; the largest cache sizes the attention scratch. */
+static int check_batch(const moet_model *m, const moet_seq_step *steps, int n_steps,
+		       int64_t *out_rows, int64_t *out_max_tokens)
+{
+	const int64_t V = m->cfg.vocab_size;
+	int64_t rows = 0, max_tokens = 1;
+	for (int s = 0; s < n_steps; s++) {
+		const moet_seq_step *st = &steps[s];
+		if (!st->kv || st->n_tok < 0 || (st->n_tok > 0 && !st->tokens))
+			return moet_err(MOET_EINVAL, "batch entry %d: no cache, or no tokens", s);
+		for (int r = 0; r < s; r++)
+			if (steps[r].kv == st->kv && st->n_tok > 0)
+				return moet_err(MOET_EINVAL, "batch entries %d and %d share a KV cache",
+						r, s);
+		for (int64_t t = 0; t < st->n_tok; t++)
+			if (st->tokens[t] < 0 || st->tokens[t] >= V)
+				return moet_err(MOET_ERANGE, "token %lld at index %lld is outside the "
+						"vocabulary [0, %lld)", (long long)st->tokens[t],
+						(long long)t, (long long)V);
+		if (st->kv->len + st->n_tok > st->kv->max_tokens)
+			return moet_err(MOET_ERANGE, "KV cache full: %lld + %lld tokens > %lld",
+					(long long)st->kv->len, (long long)st->n_tok,
+					(long long)st->kv->max_tokens);
+		rows += st->n_tok;
+		if (st->kv->max_tokens > max_tokens)
+			max_tokens = st->kv->max_tokens;
+	}
+	*out_rows = rows;
+	*out_max_tokens = max_tokens;
+	return 0;
+}
+
+int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_steps)
 {
 	const moet_config *c = &m->cfg;
-	const int64_t H = c->hidden_size, V = c->vocab_size, pos0 = kv->len;
-	work w;
+	const int64_t H = c->hidden_size, V = c->vocab_size;
+	int64_t n = 0, max_tokens = 0;
+	work w = { 0 };
 	float *x = NULL;
-	int rc;
-	if (n_tok <= 0)
-		return 0;
-	for (int64_t t = 0; t < n_tok; t++)
-		if (tokens[t] < 0 || tokens[t] >= V)
-			return moet_err(MOET_ERANGE, "token %lld at index %lld is outside the "
-					"vocabulary [0, %lld)", (long long)tokens[t], (long long)t,
-					(long long)V);
-	if (pos0 + n_tok > kv->max_tokens)
-		return moet_err(MOET_ERANGE, "KV cache full: %lld + %lld tokens > %lld",
-				(long long)pos0, (long long)n_tok, (long long)kv->max_tokens);
-	if ((rc = work_alloc(m, kv, n_tok, &w)))
+	row_desc *rows = NULL;
+	int rc = check_batch(m, steps, n_steps, &n, &max_tokens);
+	if (rc || n == 0)
 		return rc;
-	x = malloc((size_t)(n_tok * H) * sizeof(float));
-	if (!x) {
-		rc = moet_err(MOET_ENOMEM, "activations of %lld tokens", (long long)n_tok);
+	if ((rc = work_alloc(m, max_tokens, n, &w)))
+		return rc;
+	x = malloc((size_t)(n * H) * sizeof(float));
+	rows = malloc((size_t)n * sizeof(*rows));
+	if (!x || !rows) {
+		rc = moet_err(MOET_ENOMEM, "activations of %lld tokens", (long long)n);
 		goto out;
 	}
-	for (int64_t t = 0; t < n_tok; t++)
-		embed_row(m, tokens[t], x + t * H);
+	for (int s = 0, t = 0; s < n_steps; s++)
+		for (int64_t i = 0; i < steps[s].n_tok; i++, t++) {
+			rows[t] = (row_desc){ steps[s].kv, steps[s].kv->len + i };
+			embed_row(m, steps[s].tokens[i], x + t * H);
+		}
 	for (int64_t l = 0; l < c->num_hidden_layers; l++) {
 		const moet_layer_w *lw = &m->layers[l];
-		for (int64_t t = 0; t < n_tok; t++)
+		for (int64_t t = 0; t < n; t++)
 			moet_rmsnorm_ref(x + t * H, lw->in_norm, H, c->rms_norm_eps, w.h + t * H);
-		attention(m, lw, kv, l, pos0, n_tok, &w);
-		for (int64_t i = 0; i < n_tok * H; i++)
+		attention(m, lw, l, rows, n, &w);
+		for (int64_t i = 0; i < n * H; i++)
 			x[i] = x[i] + w.out[i];
-		for (int64_t t = 0; t < n_tok; t++) {
+		for (int64_t t = 0; t < n; t++) {
 			moet_rmsnorm_ref(x + t * H, lw->post_norm, H, c->rms_norm_eps, w.h + t * H);
 			if ((rc = ffn_token(m, lw, w.h + t * H, w.out + t * H, &w)))
 				goto out;
 		}
-		for (int64_t i = 0; i < n_tok * H; i++)
+		for (int64_t i = 0; i < n * H; i++)
 			x[i] = x[i] + w.out[i];
 	}
-	kv->len = pos0 + n_tok;
-	if (out_logits) {
-		for (int64_t t = 0; t < n_tok; t++) {
+	for (int s = 0, t = 0; s < n_steps; s++) {
+		const moet_seq_step *st = &steps[s];
+		for (int64_t i = 0; i < st->n_tok; i++, t++) {
+			float *dst = NULL;
+			if (st->out_logits && !st->last_only)
+				dst = st->out_logits + i * V;
+			else if (st->out_logits && i == st->n_tok - 1)
+				dst = st->out_logits;
+			if (!dst)
+				continue;
 			moet_rmsnorm_ref(x + t * H, m->final_norm, H, c->rms_norm_eps, w.h);
-			moet_matvec_ref(&m->lm_head, w.h, out_logits + t * V);
+			moet_matvec_ref(&m->lm_head, w.h, dst);
 		}
+		st->kv->len += st->n_tok;
 	}
 	rc = 0;
 out:
+	free(rows);
 	free(x);
 	work_free(&w);
 	return rc;
+}
+
+int moet_model_forward(moet_model *m, moet_kv *kv, const int64_t *tokens, int64_t n_tok,
+		       float *out_logits)
+{
+	moet_seq_step st = { .kv = kv, .tokens = tokens, .n_tok = n_tok,
+			     .out_logits = out_logits };
+	return moet_model_forward_batch(m, &st, 1);
 }
 
 int moet_model_generate(moet_model *m, const int64_t *prompt, int64_t n_prompt, int64_t max_new,
@@ -270,25 +325,25 @@ int moet_model_generate(moet_model *m, const int64_t *prompt, int64_t n_prompt, 
 		return moet_err(MOET_EINVAL, "generate: empty prompt");
 	if ((rc = moet_kv_create(m, n_prompt + max_new, &kv)))
 		return rc;
-	logits = malloc((size_t)(n_prompt * V) * sizeof(float));
+	logits = malloc((size_t)V * sizeof(float));
 	if (!logits) {
 		rc = moet_err(MOET_ENOMEM, "logits");
 		goto out;
 	}
-	if ((rc = moet_model_forward(m, kv, prompt, n_prompt, logits)))
-		goto out;
-	const float *last = logits + (n_prompt - 1) * V;
+	moet_seq_step st = { .kv = kv, .tokens = prompt, .n_tok = n_prompt, .out_logits = logits,
+			     .last_only = 1 };
 	for (int64_t i = 0; i < max_new; i++) {
+		if ((rc = moet_model_forward_batch(m, &st, 1)))
+			goto out;
 		int64_t best = 0;
 		for (int64_t v = 1; v < V; v++)
-			if (last[v] > last[best])
+			if (logits[v] > logits[best])
 				best = v;
 		out_ids[(*out_n)++] = best;
 		if ((stop_at_eos && best == c->eos_token_id) || i + 1 == max_new)
 			break;
-		if ((rc = moet_model_forward(m, kv, &best, 1, logits)))
-			goto out;
-		last = logits;
+		st.tokens = &out_ids[*out_n - 1];
+		st.n_tok = 1;
 	}
 out:
 	free(logits);

@@ -51,6 +51,24 @@ int64_t moet_kv_len(const moet_kv *kv);
 int moet_model_forward(moet_model *m, moet_kv *kv, const int64_t *tokens, int64_t n_tok,
 		       float *out_logits);
 
+/* One sequence's part of a batch. */
+typedef struct moet_seq_step {
+	moet_kv *kv;           /* the sequence's cache; tokens go to positions kv->len .. */
+	const int64_t *tokens; /* n_tok ids in [0, vocab_size) */
+	int64_t n_tok;
+	float *out_logits;     /* [n_tok][vocab] (or [vocab] with last_only), or NULL: none */
+	int last_only;         /* logits of the last token only */
+} moet_seq_step;
+
+/*
+ * Runs a batch of sequences in one pass (ragged lengths, each at its own positions) and
+ * advances each cache by its n_tok. Each sequence's logits are bit-identical to running it
+ * alone (batch invariance). Two entries must not share a cache. Errors as for
+ * moet_model_forward, naming the entry; on error no cache advances (a failed batch may leave
+ * K/V rows written past kv->len, which the next call overwrites).
+ */
+int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_steps);
+
 /*
  * Greedy decoding: feeds `prompt` then appends max_new argmax tokens (ties: lowest id) to
  * out_ids (capacity max_new). Stops early after eos_token_id when stop_at_eos. *out_n gets

@@ -6,7 +6,10 @@
  *   - bad input: token out of range, KV cache full;
  *   - config.json disagreeing with the tensors: a shape mismatch names the shard and tensor,
  *     a tensor the config implies but the checkpoint lacks is named as missing;
- *   - layers past num_hidden_layers (DeepSeek-V3's MTP layer) are accepted and skipped.
+ *   - layers past num_hidden_layers (DeepSeek-V3's MTP layer) are accepted and skipped;
+ *   - real batching: three sequences with ragged lengths at different positions in one
+ *     moet_model_forward_batch give each sequence's solo logits bit for bit; last_only gives
+ *     the last row; two entries sharing a cache are refused.
  * (Agreement with transformers is tests/oracle's job.)
  */
 #include <jansson.h>
@@ -67,6 +70,56 @@ static void logits_of(moet_model *m, const int64_t *tok, const int *chunks, floa
 	moet_kv_destroy(kv);
 }
 
+/* Sequence s: a history of hist[s] tokens run alone first, then new[s] tokens. */
+static void test_batch(moet_model *m, const int64_t *tok)
+{
+	const int64_t V = moet_model_config(m)->vocab_size;
+	const int64_t hist[3] = { 5, 0, 2 }, nnew[3] = { 3, 7, 1 };
+	moet_kv *solo[3], *bat[3];
+	float *want[3], *got[3], *last[3];
+	moet_seq_step steps[3];
+	for (int s = 0; s < 3; s++) {
+		const int64_t *h = tok + s, *nw = tok + s + hist[s];
+		want[s] = malloc((size_t)(nnew[s] * V) * sizeof(float));
+		got[s] = malloc((size_t)(nnew[s] * V) * sizeof(float));
+		last[s] = malloc((size_t)V * sizeof(float));
+		CHECK(moet_kv_create(m, T, &solo[s]) == 0 && moet_kv_create(m, T, &bat[s]) == 0,
+		      "kv");
+		if (hist[s]) {
+			CHECK(moet_model_forward(m, solo[s], h, hist[s], NULL) == 0, "history");
+			CHECK(moet_model_forward(m, bat[s], h, hist[s], NULL) == 0, "history");
+		}
+		CHECK(moet_model_forward(m, solo[s], nw, nnew[s], want[s]) == 0, "solo: %s",
+		      moet_errmsg());
+		steps[s] = (moet_seq_step){ .kv = bat[s], .tokens = nw, .n_tok = nnew[s],
+					    .out_logits = got[s] };
+	}
+	CHECK(moet_model_forward_batch(m, steps, 3) == 0, "batch: %s", moet_errmsg());
+	for (int s = 0; s < 3; s++) {
+		CHECK(memcmp(want[s], got[s], (size_t)(nnew[s] * V) * sizeof(float)) == 0,
+		      "sequence %d: batched logits differ from its solo run", s);
+		CHECK(moet_kv_len(bat[s]) == hist[s] + nnew[s], "cache length");
+	}
+	/* last_only: one more token for sequences 0 and 2 */
+	moet_seq_step two[2] = {
+		{ .kv = bat[0], .tokens = tok, .n_tok = 1, .out_logits = last[0], .last_only = 1 },
+		{ .kv = bat[2], .tokens = tok + 1, .n_tok = 1, .out_logits = last[2], .last_only = 1 },
+	};
+	CHECK(moet_model_forward_batch(m, two, 2) == 0, "last_only batch");
+	CHECK(moet_model_forward(m, solo[0], tok, 1, want[0]) == 0, "solo step");
+	CHECK(memcmp(want[0], last[0], (size_t)V * sizeof(float)) == 0, "last_only row");
+	moet_seq_step dup[2] = { { .kv = bat[1], .tokens = tok, .n_tok = 1 },
+				 { .kv = bat[1], .tokens = tok, .n_tok = 1 } };
+	CHECK(moet_model_forward_batch(m, dup, 2) == MOET_EINVAL, "shared cache refused");
+	for (int s = 0; s < 3; s++) {
+		moet_kv_destroy(solo[s]);
+		moet_kv_destroy(bat[s]);
+		free(want[s]);
+		free(got[s]);
+		free(last[s]);
+	}
+}
+
 int main(void)
 {
 	char *dir = moet_test_mkdtemp("model-tiny");
@@ -115,6 +168,8 @@ int main(void)
 	CHECK(moet_model_generate(m, tok, T, 4, 0, out, &n_out) == 0 && n_out == 4, "generate");
 	CHECK(out[0] == best, "generate's first token %lld, argmax %lld", (long long)out[0],
 	      (long long)best);
+
+	test_batch(m, tok);
 
 	moet_kv *kv = NULL;
 	int64_t badtok = V;
