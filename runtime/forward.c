@@ -143,6 +143,8 @@ static void mla_project(const moet_model *m, const moet_layer_w *lw, moet_kv *kv
 typedef struct row_desc {
 	moet_kv *kv;
 	int64_t pos;
+	int seq;        /* batch entry */
+	int prefill;    /* the entry runs more than one token */
 } row_desc;
 
 static void attention(const moet_model *m, const moet_layer_w *lw, int64_t l,
@@ -168,10 +170,11 @@ static void attention(const moet_model *m, const moet_layer_w *lw, int64_t l,
 	}
 }
 
-/* Dense MLP or MoE of one token: h -> out. */
-static int ffn_token(const moet_model *m, const moet_layer_w *lw, const float *h, float *out,
-		     work *w)
+/* Dense MLP or MoE of one token (layer l, batch row rd): h -> out. */
+static int ffn_token(const moet_model *m, int64_t l, const row_desc *rd, const float *h,
+		     float *out, work *w)
 {
+	const moet_layer_w *lw = &m->layers[l];
 	const moet_config *c = &m->cfg;
 	const int64_t H = c->hidden_size, E = c->n_routed_experts, k = c->num_experts_per_tok;
 	int rc;
@@ -188,6 +191,12 @@ static int ffn_token(const moet_model *m, const moet_layer_w *lw, const float *h
 	moet_router_select_ref(w->scores, lw->router_bias, E, c->n_group, c->topk_group, k,
 			       c->norm_topk_prob, (float)c->routed_scaling_factor, w->rscratch, ids,
 			       wts);
+	if (m->route_fn) {
+		moet_route_event ev = { .layer = l, .seq = rd->seq, .pos = rd->pos,
+					.is_prefill = rd->prefill, .top_k = (int)k, .ids = ids,
+					.weights = wts };
+		m->route_fn(m->route_ctx, &ev);
+	}
 	for (int64_t j = 0; j < H; j++)
 		w->routed[j] = 0.0f;
 	for (int64_t i = 0; i < k; i++) {
@@ -263,7 +272,8 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 	}
 	for (int s = 0, t = 0; s < n_steps; s++)
 		for (int64_t i = 0; i < steps[s].n_tok; i++, t++) {
-			rows[t] = (row_desc){ steps[s].kv, steps[s].kv->len + i };
+			rows[t] = (row_desc){ steps[s].kv, steps[s].kv->len + i, s,
+					      steps[s].n_tok > 1 };
 			embed_row(m, steps[s].tokens[i], x + t * H);
 		}
 	for (int64_t l = 0; l < c->num_hidden_layers; l++) {
@@ -275,7 +285,7 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 			x[i] = x[i] + w.out[i];
 		for (int64_t t = 0; t < n; t++) {
 			moet_rmsnorm_ref(x + t * H, lw->post_norm, H, c->rms_norm_eps, w.h + t * H);
-			if ((rc = ffn_token(m, lw, w.h + t * H, w.out + t * H, &w)))
+			if ((rc = ffn_token(m, l, &rows[t], w.h + t * H, w.out + t * H, &w)))
 				goto out;
 		}
 		for (int64_t i = 0; i < n * H; i++)

@@ -313,6 +313,12 @@ const moet_config *moet_model_config(const moet_model *m)
 	return &m->cfg;
 }
 
+void moet_model_set_route_observer(moet_model *m, moet_route_fn fn, void *ctx)
+{
+	m->route_fn = fn;
+	m->route_ctx = ctx;
+}
+
 const moet_ckpt *moet_model_ckpt(const moet_model *m)
 {
 	return m->ck;

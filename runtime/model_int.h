@@ -53,6 +53,8 @@ struct moet_model {
 	float *inv_freq;          /* [rope/2], binary32 as transformers computes them */
 	float rope_attn_factor;   /* multiplies cos and sin (yarn attention factor) */
 	float softmax_scale;      /* qk_head^-0.5 x mscale^2 */
+	moet_route_fn route_fn;   /* optional observer of routing decisions */
+	void *route_ctx;
 };
 
 struct moet_kv {

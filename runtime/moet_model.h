@@ -69,6 +69,23 @@ typedef struct moet_seq_step {
  */
 int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_steps);
 
+/* One routing decision, as the router made it (canonical order). */
+typedef struct moet_route_event {
+	int64_t layer;
+	int seq;               /* index of the batch entry (moet_seq_step) */
+	int64_t pos;           /* position of the token in its sequence */
+	int is_prefill;        /* the entry ran more than one token in this call */
+	int top_k;
+	const int32_t *ids;    /* [top_k] expert ids, canonical order; borrowed for the call */
+	const float *weights;  /* [top_k] routing weights (normalized x routed_scaling_factor) */
+} moet_route_event;
+
+typedef void (*moet_route_fn)(void *ctx, const moet_route_event *ev);
+
+/* Calls fn for every (MoE layer, token) routing decision of later forward calls, from the
+ * thread running the forward pass; NULL turns it off. For `profile` (routing statistics). */
+void moet_model_set_route_observer(moet_model *m, moet_route_fn fn, void *ctx);
+
 /*
  * Greedy decoding: feeds `prompt` then appends max_new argmax tokens (ties: lowest id) to
  * out_ids (capacity max_new). Stops early after eos_token_id when stop_at_eos. *out_n gets

@@ -13,6 +13,7 @@
  * (Agreement with transformers is tests/oracle's job.)
  */
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -67,6 +68,58 @@ static void logits_of(moet_model *m, const int64_t *tok, const int *chunks, floa
 	for (int i = 0, at = 0; at < T; at += chunks[i], i++)
 		CHECK(moet_model_forward(m, kv, tok + at, chunks[i], out + at * V) == 0,
 		      "forward: %s", moet_errmsg());
+	moet_kv_destroy(kv);
+}
+
+typedef struct route_count {
+	int events, prefill, bad;
+	int64_t layers_seen;
+	const moet_config *cfg;
+} route_count;
+
+static void on_route(void *ctx, const moet_route_event *ev)
+{
+	route_count *rc = ctx;
+	const moet_config *c = rc->cfg;
+	double sum = 0;
+	rc->events++;
+	rc->prefill += ev->is_prefill;
+	rc->layers_seen |= (int64_t)1 << ev->layer;
+	for (int i = 0; i < ev->top_k; i++) {
+		sum += ev->weights[i];
+		for (int j = 0; j < i; j++)
+			rc->bad += ev->ids[i] == ev->ids[j];
+		rc->bad += ev->ids[i] < 0 || ev->ids[i] >= c->n_routed_experts;
+	}
+	rc->bad += ev->top_k != c->num_experts_per_tok;
+	if (c->norm_topk_prob)
+		rc->bad += fabs(sum - c->routed_scaling_factor) > 1e-5 * c->routed_scaling_factor;
+}
+
+/* The route observer sees every (MoE layer, token) decision exactly once. */
+static void test_route_observer(moet_model *m, const int64_t *tok)
+{
+	const moet_config *c = moet_model_config(m);
+	route_count rc = { .cfg = c };
+	int64_t moe_layers = 0, moe_mask = 0;
+	for (int64_t l = 0; l < c->num_hidden_layers; l++)
+		if (moet_config_is_moe_layer(c, l)) {
+			moe_layers++;
+			moe_mask |= (int64_t)1 << l;
+		}
+	moet_kv *kv = NULL;
+	CHECK(moet_kv_create(m, T, &kv) == 0, "kv");
+	moet_model_set_route_observer(m, on_route, &rc);
+	CHECK(moet_model_forward(m, kv, tok, 4, NULL) == 0, "prefill");
+	CHECK(moet_model_forward(m, kv, tok + 4, 1, NULL) == 0, "decode");
+	moet_model_set_route_observer(m, NULL, NULL);
+	CHECK(moet_model_forward(m, kv, tok + 5, 1, NULL) == 0, "unobserved");
+	CHECK(rc.events == 5 * moe_layers, "events %d, want %lld", rc.events,
+	      (long long)(5 * moe_layers));
+	CHECK(rc.prefill == 4 * moe_layers, "prefill events %d", rc.prefill);
+	CHECK(rc.layers_seen == moe_mask, "layers seen %llx want %llx",
+	      (unsigned long long)rc.layers_seen, (unsigned long long)moe_mask);
+	CHECK(rc.bad == 0, "%d malformed routing events", rc.bad);
 	moet_kv_destroy(kv);
 }
 
@@ -170,6 +223,7 @@ int main(void)
 	      (long long)best);
 
 	test_batch(m, tok);
+	test_route_observer(m, tok);
 
 	moet_kv *kv = NULL;
 	int64_t badtok = V;
