@@ -10,7 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-PKGS=(build-essential cmake ninja-build pkg-config libjansson-dev libhwloc-dev libnuma-dev)
+PKGS=(build-essential cmake ninja-build pkg-config libjansson-dev libhwloc-dev libnuma-dev
+	libdnnl-dev)
 
 need_pkgs() {
 	local missing=()

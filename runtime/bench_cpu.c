@@ -12,6 +12,9 @@
  *
  * Each row's ceiling is the roofline bound it runs into: bytes / read_GBps against
  * flops / fma_GFLOPs, whichever takes longer; ratio = achieved rate / that ceiling.
+ * With --fast, each expert row is followed by expert-fast: the same batches through fast mode
+ * (moet_fast.h, oneDNN bf16 on an OpenMP team of as many threads, not pinned), whose peer is
+ * the exact row just measured: ceiling "expert", ratio = exact median / fast median.
  *
  * Pool layout (one expert, 64-byte aligned parts, stride rounded to 4 KiB):
  *   [gate I x H e4m3][up I x H e4m3][down H x I e4m3][gate scales][up scales][down scales]
@@ -27,12 +30,14 @@
 #include "moet_cpu.h"
 #include "moet_cpuexec.h"
 #include "moet_err.h"
+#include "moet_fast.h"
 
 #define MB (1024.0 * 1024.0)
 
 typedef struct bench {
 	const moet_bench_cpu_opts *o;
 	moet_cpuexec *ex;
+	moet_fast *fast; /* --fast only */
 	int n_thr, reps, warm;
 	int64_t H, I;
 	size_t off[6], stride, expert_bytes; /* part offsets in an expert; bytes it reads */
@@ -172,6 +177,16 @@ static int run_experts(bench *b, void *arg)
 	return rc ? rc : moet_cpuexec_wait(b->ex, tk);
 }
 
+/* One fast-mode call: one expert (rotating), T tokens. */
+static int run_fast(bench *b, void *arg)
+{
+	const int64_t T = *(const int64_t *)arg;
+	const int e = b->next_e;
+	b->next_e = (b->next_e + 1) % b->E;
+	moet_mat g = expert_mat(b, e, 0), u = expert_mat(b, e, 1), d = expert_mat(b, e, 2);
+	return moet_fast_expert_ffn(b->fast, &g, &u, &d, b->x, T, b->y);
+}
+
 static int ceilings(bench *b, json_t *rec, FILE *log)
 {
 	moet_bench_stats st;
@@ -235,6 +250,23 @@ static int expert_row(bench *b, const char *name, int64_t n_exp, int64_t T, json
 	return moet_bench_add_row(rec, &out->r);
 }
 
+/* The fast-mode row for T tokens, against the exact row `exact` of the same run. */
+static int fast_row(bench *b, int64_t T, const row_out *exact, json_t *rec, FILE *log,
+		    row_out *out)
+{
+	moet_bench_stats st;
+	fprintf(log, "cpu-experts: expert-fast, %lld token(s) per expert ...\n", (long long)T);
+	int rc = time_runs(b, run_fast, &T, &st);
+	if (rc)
+		return rc;
+	snprintf(out->name, sizeof(out->name), "expert-fast");
+	out->r = (moet_bench_row){ .name = out->name, .tokens = T, .st = st,
+				   .bytes = exact->r.bytes, .flops = exact->r.flops,
+				   .ceiling = "expert",
+				   .ratio = exact->r.st.median_s / st.median_s };
+	return moet_bench_add_row(rec, &out->r);
+}
+
 static void print_table(const bench *b, const row_out *rows, int n, FILE *f)
 {
 	fprintf(f, "\ncpu-experts: kernel %s, %d threads, split %s, expert %lldx%lld F8_E4M3 "
@@ -246,6 +278,9 @@ static void print_table(const bench *b, const row_out *rows, int n, FILE *f)
 	fprintf(f, "ceilings: read %.2f GB/s (%s loads, %.0f MB), FMA %.1f GFLOP/s (%s)\n",
 		b->read_Bps / 1e9, moet_bench_ceil_isa(), (double)b->rbuf_bytes / MB,
 		b->fma_flops / 1e9, moet_bench_ceil_isa());
+	if (b->fast)
+		fprintf(f, "expert-fast: oneDNN bf16 (%s), ratio = exact median / fast median\n",
+			moet_fast_isa());
 	fprintf(f, "%-12s %7s %11s %11s %11s %9s %10s %-11s %6s\n", "name", "tokens", "median_ms",
 		"min_ms", "max_ms", "GB/s", "GFLOP/s", "ceiling", "ratio");
 	for (int i = 0; i < n; i++) {
@@ -276,6 +311,10 @@ static int setup(bench *b, const moet_bench_cpu_opts *o, int64_t t_max)
 	if (rc)
 		return rc;
 	b->n_thr = moet_cpuexec_n_threads(b->ex);
+	if (o->fast && (rc = moet_fast_create(&(moet_fast_opts){ .max_tok = eo.max_tok,
+					     .max_hidden = b->H, .max_inter = b->I,
+					     .n_threads = b->n_thr }, &b->fast)))
+		return rc;
 	const size_t w = (size_t)(b->H * b->I);
 	const size_t sc = (size_t)(((b->I + 127) / 128) * ((b->H + 127) / 128)) * sizeof(float);
 	b->off[0] = 0;
@@ -325,6 +364,7 @@ static int setup(bench *b, const moet_bench_cpu_opts *o, int64_t t_max)
 static void teardown(bench *b)
 {
 	moet_cpuexec_destroy(b->ex);
+	moet_fast_destroy(b->fast);
 	free(b->pool);
 	free(b->rbuf);
 	free(b->x);
@@ -347,7 +387,7 @@ int moet_bench_cpu_experts(const moet_bench_cpu_opts *o, json_t *rec, FILE *log,
 	}
 	bench b;
 	memset(&b, 0, sizeof(b));
-	row_out *rows = calloc((size_t)n_tok + 1, sizeof(row_out));
+	row_out *rows = calloc(2 * (size_t)n_tok + 1, sizeof(row_out));
 	int rc = rows ? setup(&b, o, t_max) : moet_err(MOET_ENOMEM, "rows");
 	if (!rc)
 		rc = ceilings(&b, rec, log);
@@ -371,6 +411,10 @@ int moet_bench_cpu_experts(const moet_bench_cpu_opts *o, json_t *rec, FILE *log,
 			last_t = tok[i];
 			n_rows++;
 		}
+		if (!rc && b.fast) {
+			rc = fast_row(&b, tok[i], &rows[n_rows - 1], rec, log, &rows[n_rows]);
+			n_rows += !rc;
+		}
 	}
 	if (!rc)
 		rc = expert_row(&b, "decode-8x1", 8, 1, rec, log, &rows[n_rows++]);
@@ -382,7 +426,9 @@ int moet_bench_cpu_experts(const moet_bench_cpu_opts *o, json_t *rec, FILE *log,
 		const char *isa = moet_cpuexec_kernels(b.ex)->isa;
 		json_object_set_new(json_object_get(rec, "machine"), "kernel_variant",
 				    json_string(isa));
-		json_object_set_new(rec, "numerics", json_string("exact"));
+		json_object_set_new(rec, "numerics", json_string(b.fast ? "exact, fast" : "exact"));
+		if (b.fast)
+			json_object_set_new(rec, "fast_isa", json_string(moet_fast_isa()));
 		json_object_set_new(rec, "quick", json_boolean(o->quick));
 		json_object_set_new(rec, "geometry", json_pack(
 			"{s:I, s:I, s:s, s:i, s:I, s:i, s:I}", "hidden", (json_int_t)b.H,

@@ -90,6 +90,7 @@ typedef struct moet_bench_cpu_opts {
 	int64_t hidden, inter;   /* expert geometry; 0: Kimi-K2 (7168, 2048) */
 	int split;               /* MOET_CPUEXEC_SPLIT_* */
 	double max_row_s;        /* stop a row's repetitions after this (at least 3); 0: 30 s */
+	int fast;                /* also time fast mode (moet_fast.h) after each expert row */
 } moet_bench_cpu_opts;
 
 /*

@@ -33,6 +33,8 @@ static void cpu_usage(FILE *f)
 		"  --split rows|experts how the executor splits a batch (default rows)\n"
 		"  --quick              reduced set (tokens 1,8,64,256, rows over 10 s skipped; 8\n"
 		"                       experts; 3 reps): a smoke check within a minute\n"
+		"  --fast               also time fast mode (oneDNN bf16, docs/fast-mode.md) at each\n"
+		"                       token count: rows expert-fast, ratio = exact / fast time\n"
 		"  --hidden N --inter N expert geometry override (tests)\n"
 		"  --json FILE          write the JSON record (docs/benchmarks.md)\n");
 }
@@ -61,6 +63,7 @@ static int cpu_experts(int argc, char **argv)
 		{ "max-row-s", required_argument, NULL, 'm' },
 		{ "split", required_argument, NULL, 's' },
 		{ "quick", no_argument, NULL, 'q' },
+		{ "fast", no_argument, NULL, 'F' },
 		{ "hidden", required_argument, NULL, 'H' },
 		{ "inter", required_argument, NULL, 'I' },
 		{ "json", required_argument, NULL, 'j' },
@@ -82,6 +85,7 @@ static int cpu_experts(int argc, char **argv)
 			o.rotate = (int)v;
 			break;
 		case 'r': rc = parse_int("--reps", optarg, 1, 100000, &v); o.reps = (int)v; break;
+		case 'F': o.fast = 1; break;
 		case 'H': rc = parse_int("--hidden", optarg, 1, 1 << 20, &v); o.hidden = v; break;
 		case 'I': rc = parse_int("--inter", optarg, 1, 1 << 20, &v); o.inter = v; break;
 		case 'm': rc = parse_int("--max-row-s", optarg, 1, 86400, &v);
