@@ -37,6 +37,16 @@ void moet_rope_ref(float *x, int64_t n_freq, const float *cos_t, const float *si
 	}
 }
 
+void moet_rope_tables_ref(const float *inv_freq, int64_t n_freq, float attn_factor, int64_t pos,
+			  float *cos_t, float *sin_t)
+{
+	for (int64_t i = 0; i < n_freq; i++) {
+		float ang = (float)pos * inv_freq[i];
+		cos_t[i] = (float)cos((double)ang) * attn_factor;
+		sin_t[i] = (float)sin((double)ang) * attn_factor;
+	}
+}
+
 void moet_attend_ref(const float *q, const float *k, int64_t k_stride, const float *v,
 		     int64_t v_stride, int64_t n_pos, int64_t d_qk, int64_t d_v, float scale,
 		     float *scratch, float *out)

@@ -97,6 +97,11 @@ void moet_rmsnorm_ref(const float *x, const float *w, int64_t n, double eps, flo
 void moet_rope_ref(float *x, int64_t n_freq, const float *cos_t, const float *sin_t,
 		   int interleave);
 
+/* cos_t[i] = cos(pos * inv_freq[i]) * attn_factor, sin_t likewise, for i < n_freq: the angle
+ * in binary32 (as transformers computes it), cos/sin in binary64 rounded once. */
+void moet_rope_tables_ref(const float *inv_freq, int64_t n_freq, float attn_factor, int64_t pos,
+			  float *cos_t, float *sin_t);
+
 /*
  * Causal attention of one query head over n_pos cached positions:
  *   s[p] = (q . k_p) * scale, w = softmax(s) (exp_c, max-subtracted), out = sum_p w[p] v_p.

@@ -1,230 +1,89 @@
 /*
- * forward.c: the forward pass of the CPU reference backend.
+ * forward.c: the model graph, once for every backend (moet_backend.h).
  *
- *   x = embed(tokens)                                          [n_tok x H]
+ *   x = embed(tokens)                                          [n rows x H]
  *   per layer:  x += o_proj(MLA(rmsnorm(x)))                   (K, V of the new positions
- *               x += ffn(rmsnorm(x))                            appended to the cache first)
- *   logits = lm_head(rmsnorm(x))
+ *               x += ffn(rmsnorm(x))                            stored before any row attends)
+ *   logits = lm_head(rmsnorm(x))                               (rows that want logits)
  *
- * MLA, per token: q = q_b(rmsnorm(q_a(h))) (or q_proj(h)); [c | k_pe] = kv_a(h);
- * [k_nope | v] per head = kv_b(rmsnorm(c)); RoPE on q's rope part and on k_pe (shared by all
- * heads); scores over positions <= the token's, softmax, weighted sum of v; o_proj.
- * MoE, per token: router scores, selection (moet_router_select_ref), each selected expert by
- * the contract kernel (the variant moet_cpu_kernels_get() picks: all give the reference's
- * bits), the canonical combine routed[j] = fma(w_i, y_i[j], routed[j]) over
- * i = 0..k-1, plus the shared experts.
+ * MLA: q = q_b(rmsnorm(q_a(h))) (or q_proj(h)), RoPE on each head's rope part; [c | k_pe] =
+ * kv_a(h), RoPE on k_pe (shared by all heads), kvb = kv_b(rmsnorm(c)) = per head [k_nope | v];
+ * K = [k_nope | k_pe] and V into the row's cache at its position; attention over positions
+ * 0..pos; o_proj. MoE: router logits (linear), selection and weights (route), each selected
+ * expert's FFN per (row, slot) pair (experts), shared experts (ffn), the canonical combine.
  *
  * A batch holds several sequences (moet_seq_step), each with its own cache and positions:
- * every token's arithmetic depends only on its own row and its own cache, so the result does
- * not depend on how tokens are split into calls or which sequences share a batch (batch
- * invariance; tested bit for bit).
+ * every op is row-wise and batch-invariant, so a sequence's logits do not depend on how its
+ * tokens are split into calls or which sequences share the batch (tested bit for bit).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "model_int.h"
-#include "moet_cpu.h"
 #include "moet_err.h"
-#include "moet_expc.h"
 
-typedef struct work {
-	float *h;       /* [n x H] normalized input of a sub-layer */
-	float *q;       /* [n x heads x qk_head] roped queries */
-	float *lora;    /* [max(q_lora, kv_lora + rope)] */
-	float *kvb;     /* [heads x (nope + v)] */
-	float *attn;    /* [n x heads x v] */
-	float *out;     /* [n x H] */
-	float *ffn;     /* [max(inter, shared inter, moe inter)] scratch of the expert kernel */
-	float *y;       /* [H] one expert's output */
-	float *routed;  /* [H] */
-	float *scores;  /* [E], router */
-	float *rscratch;/* [E + n_group] */
-	float *cos_t, *sin_t; /* [rope / 2] */
-	float *att_s;   /* [max_tokens] attention scores */
-} work;
-
-static void work_free(work *w)
+static int64_t imax(int64_t a, int64_t b)
 {
-	float **f[] = { &w->h, &w->q, &w->lora, &w->kvb, &w->attn, &w->out, &w->ffn, &w->y,
-			&w->routed, &w->scores, &w->rscratch, &w->cos_t, &w->sin_t, &w->att_s };
-	for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
-		free(*f[i]);
-		*f[i] = NULL;
-	}
+	return a > b ? a : b;
 }
 
-static int64_t max3(int64_t a, int64_t b, int64_t c)
+void moet_model_free_bufs(moet_model *m)
 {
-	int64_t m = a > b ? a : b;
-	return m > c ? m : c;
+	moet_fwd_bufs *b = &m->bufs;
+	void *p[] = { b->x, b->h, b->q, b->qa, b->kva, b->kvb, b->attn, b->out, b->rlogits,
+		      b->rw, b->y, b->shared, b->logits, b->ids, b->tokens, b->rows };
+	for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++)
+		if (p[i])
+			m->be->ops->free(m->be, p[i]);
+	memset(b, 0, sizeof(*b));
 }
 
-static int work_alloc(const moet_model *m, int64_t max_tokens, int64_t n, work *w)
+/* Grows the pass's buffers to n rows (never shrinks: the next batch likely is as large). */
+static int ensure_bufs(moet_model *m, int64_t n)
 {
 	const moet_config *c = &m->cfg;
+	moet_fwd_bufs *b = &m->bufs;
 	const int64_t H = c->hidden_size, nh = c->num_attention_heads;
-	const int64_t E = c->n_routed_experts > 0 ? c->n_routed_experts : 1;
-	memset(w, 0, sizeof(*w));
-	w->h = malloc((size_t)(n * H) * sizeof(float));
-	w->q = malloc((size_t)(n * nh * moet_config_qk_head_dim(c)) * sizeof(float));
-	w->lora = malloc((size_t)max3(c->q_lora_rank, c->kv_lora_rank + c->qk_rope_head_dim, 1) *
-			 sizeof(float));
-	w->kvb = malloc((size_t)(nh * (c->qk_nope_head_dim + c->v_head_dim)) * sizeof(float));
-	w->attn = malloc((size_t)(n * nh * c->v_head_dim) * sizeof(float));
-	w->out = malloc((size_t)(n * H) * sizeof(float));
-	w->ffn = malloc((size_t)max3(c->intermediate_size,
-				     c->moe_intermediate_size * (c->n_shared_experts + 1), 1) *
-			sizeof(float));
-	w->y = malloc((size_t)H * sizeof(float));
-	w->routed = malloc((size_t)H * sizeof(float));
-	w->scores = malloc((size_t)E * sizeof(float));
-	w->rscratch = malloc((size_t)(E + c->n_group + 1) * sizeof(float));
-	w->cos_t = malloc((size_t)(c->qk_rope_head_dim / 2 + 1) * sizeof(float));
-	w->sin_t = malloc((size_t)(c->qk_rope_head_dim / 2 + 1) * sizeof(float));
-	w->att_s = malloc((size_t)max_tokens * sizeof(float));
-	if (!w->h || !w->q || !w->lora || !w->kvb || !w->attn || !w->out || !w->ffn || !w->y ||
-	    !w->routed || !w->scores || !w->rscratch || !w->cos_t || !w->sin_t || !w->att_s) {
-		work_free(w);
-		return moet_err(MOET_ENOMEM, "forward work buffers for %lld tokens", (long long)n);
-	}
-	return 0;
-}
-
-static void embed_row(const moet_model *m, int64_t tok, float *x)
-{
-	const int64_t H = m->cfg.hidden_size;
-	const size_t off = (size_t)tok * (size_t)H;
-	for (int64_t i = 0; i < H; i++) {
-		switch (m->embed->dtype) {
-		case MOET_DT_BF16: x[i] = moet_dec_bf16(((const uint16_t *)m->embed->data)[off + i]); break;
-		case MOET_DT_F16: x[i] = moet_dec_f16(((const uint16_t *)m->embed->data)[off + i]); break;
-		default: x[i] = ((const float *)m->embed->data)[off + i]; break;
+	const int64_t qk = moet_config_qk_head_dim(c), k = imax(c->num_experts_per_tok, 1);
+	const int64_t E = imax(c->n_routed_experts, 1);
+	if (n <= b->cap_rows)
+		return 0;
+	moet_model_free_bufs(m);
+	const struct { void **p; int64_t elems; size_t size; } want[] = {
+		{ (void **)&b->x, n * H, 4 },
+		{ (void **)&b->h, n * H, 4 },
+		{ (void **)&b->q, n * nh * qk, 4 },
+		{ (void **)&b->qa, n * imax(c->q_lora_rank, 1), 4 },
+		{ (void **)&b->kva, n * (c->kv_lora_rank + c->qk_rope_head_dim), 4 },
+		{ (void **)&b->kvb, n * nh * (c->qk_nope_head_dim + c->v_head_dim), 4 },
+		{ (void **)&b->attn, n * nh * c->v_head_dim, 4 },
+		{ (void **)&b->out, n * H, 4 },
+		{ (void **)&b->rlogits, n * E, 4 },
+		{ (void **)&b->rw, n * k, 4 },
+		{ (void **)&b->y, n * k * H, 4 },
+		{ (void **)&b->shared, n * H, 4 },
+		{ (void **)&b->logits, n * c->vocab_size, 4 },
+		{ (void **)&b->ids, n * k, 4 },
+		{ (void **)&b->tokens, n, 8 },
+		{ (void **)&b->rows, n, sizeof(moet_rowinfo) },
+	};
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		int rc = m->be->ops->alloc(m->be, (size_t)want[i].elems * want[i].size, want[i].p);
+		if (rc) {
+			moet_model_free_bufs(m);
+			return moet_err_prefix(rc, "forward buffers for %lld rows", (long long)n);
 		}
 	}
-}
-
-/* Projections of one token, K/V into the cache at position pos; q (roped) into q. */
-static void mla_project(const moet_model *m, const moet_layer_w *lw, moet_kv *kv, int64_t l,
-			int64_t pos, const float *h, float *q, work *w)
-{
-	const moet_config *c = &m->cfg;
-	const int64_t nh = c->num_attention_heads, nope = c->qk_nope_head_dim;
-	const int64_t rope = c->qk_rope_head_dim, qk = nope + rope, vd = c->v_head_dim;
-	const int interleave = c->rope_interleave;
-	moet_rope_tables(m, pos, w->cos_t, w->sin_t);
-
-	if (c->q_lora_rank > 0) {
-		moet_matvec_ref(&lw->q_a, h, w->lora);
-		moet_rmsnorm_ref(w->lora, lw->q_a_norm, c->q_lora_rank, c->rms_norm_eps, w->lora);
-		moet_matvec_ref(&lw->q_b, w->lora, q);
-	} else {
-		moet_matvec_ref(&lw->q_proj, h, q);
-	}
-	for (int64_t hd = 0; hd < nh; hd++)
-		moet_rope_ref(q + hd * qk + nope, rope / 2, w->cos_t, w->sin_t, interleave);
-
-	moet_matvec_ref(&lw->kv_a, h, w->lora);
-	float *k_pe = w->lora + c->kv_lora_rank;
-	moet_rope_ref(k_pe, rope / 2, w->cos_t, w->sin_t, interleave);
-	moet_rmsnorm_ref(w->lora, lw->kv_a_norm, c->kv_lora_rank, c->rms_norm_eps, w->lora);
-	moet_matvec_ref(&lw->kv_b, w->lora, w->kvb);
-
-	float *krow = kv->k + ((size_t)l * (size_t)kv->max_tokens + (size_t)pos) * (size_t)kv->k_row;
-	float *vrow = kv->v + ((size_t)l * (size_t)kv->max_tokens + (size_t)pos) * (size_t)kv->v_row;
-	for (int64_t hd = 0; hd < nh; hd++) {
-		const float *src = w->kvb + hd * (nope + vd);
-		memcpy(krow + hd * qk, src, (size_t)nope * sizeof(float));
-		memcpy(krow + hd * qk + nope, k_pe, (size_t)rope * sizeof(float));
-		memcpy(vrow + hd * vd, src + nope, (size_t)vd * sizeof(float));
-	}
-}
-
-/* Where each row of a batch belongs: its sequence's cache and its position there. */
-typedef struct row_desc {
-	moet_kv *kv;
-	int64_t pos;
-	int seq;        /* batch entry */
-	int prefill;    /* the entry runs more than one token */
-} row_desc;
-
-static void attention(const moet_model *m, const moet_layer_w *lw, int64_t l,
-		      const row_desc *rows, int64_t n, work *w)
-{
-	const moet_config *c = &m->cfg;
-	const int64_t H = c->hidden_size, nh = c->num_attention_heads;
-	const int64_t qk = moet_config_qk_head_dim(c), vd = c->v_head_dim;
-	/* NOTE: every row's K/V enters its sequence's cache before any row attends; a row then
-	 * sees positions 0 .. its own only, exactly as if each token came in a call of its own. */
-	for (int64_t t = 0; t < n; t++)
-		mla_project(m, lw, rows[t].kv, l, rows[t].pos, w->h + t * H, w->q + t * nh * qk, w);
-	for (int64_t t = 0; t < n; t++) {
-		const moet_kv *kv = rows[t].kv;
-		const float *kbase = kv->k + (size_t)l * (size_t)kv->max_tokens * (size_t)kv->k_row;
-		const float *vbase = kv->v + (size_t)l * (size_t)kv->max_tokens * (size_t)kv->v_row;
-		const float *q = w->q + t * nh * qk;
-		for (int64_t hd = 0; hd < nh; hd++)
-			moet_attend_ref(q + hd * qk, kbase + hd * qk, kv->k_row, vbase + hd * vd,
-					kv->v_row, rows[t].pos + 1, qk, vd, m->softmax_scale, w->att_s,
-					w->attn + (t * nh + hd) * vd);
-		moet_matvec_ref(&lw->o, w->attn + t * nh * vd, w->out + t * H);
-	}
-}
-
-/* Dense MLP or MoE of one token (layer l, batch row rd): h -> out. */
-static int ffn_token(const moet_model *m, int64_t l, const row_desc *rd, const float *h,
-		     float *out, work *w)
-{
-	const moet_layer_w *lw = &m->layers[l];
-	const moet_config *c = &m->cfg;
-	const int64_t H = c->hidden_size, E = c->n_routed_experts, k = c->num_experts_per_tok;
-	int rc;
-	const moet_cpu_kernels *kern = moet_cpu_kernels_get();
-	if (!lw->is_moe)
-		return moet_expert_ffn(kern, &lw->mlp.gate, &lw->mlp.up, &lw->mlp.down, h, 1, w->ffn,
-				       out);
-	for (int64_t e = 0; e < E; e++) {
-		float logit = moet_dot_ref(&lw->router, e, h);
-		w->scores[e] = 1.0f / (1.0f + moet_exp_c(-logit));
-	}
-	int32_t ids[MOET_MODEL_MAX_TOPK];
-	float wts[MOET_MODEL_MAX_TOPK];
-	moet_router_select_ref(w->scores, lw->router_bias, E, c->n_group, c->topk_group, k,
-			       c->norm_topk_prob, (float)c->routed_scaling_factor, w->rscratch, ids,
-			       wts);
-	if (m->route_fn) {
-		moet_route_event ev = { .layer = l, .seq = rd->seq, .pos = rd->pos,
-					.is_prefill = rd->prefill, .top_k = (int)k, .ids = ids,
-					.weights = wts };
-		m->route_fn(m->route_ctx, &ev);
-	}
-	for (int64_t j = 0; j < H; j++)
-		w->routed[j] = 0.0f;
-	for (int64_t i = 0; i < k; i++) {
-		const moet_expert_w *ex = &lw->experts[ids[i]];
-		if ((rc = moet_expert_ffn(kern, &ex->gate, &ex->up, &ex->down, h, 1, w->ffn, w->y)))
-			return rc;
-		for (int64_t j = 0; j < H; j++)
-			w->routed[j] = MOET_FMA(wts[i], w->y[j], w->routed[j]);
-	}
-	if (lw->has_shared) {
-		if ((rc = moet_expert_ffn(kern, &lw->mlp.gate, &lw->mlp.up, &lw->mlp.down, h, 1,
-					  w->ffn, out)))
-			return rc;
-		for (int64_t j = 0; j < H; j++)
-			out[j] = moet_canon_nan(w->routed[j] + out[j]);
-	} else {
-		for (int64_t j = 0; j < H; j++)
-			out[j] = moet_canon_nan(w->routed[j]);
-	}
+	b->cap_rows = n;
 	return 0;
 }
 
-/* Validates a batch and counts its rows; the largest cache sizes the attention scratch. */
+/* Validates a batch and counts its rows. */
 static int check_batch(const moet_model *m, const moet_seq_step *steps, int n_steps,
-		       int64_t *out_rows, int64_t *out_max_tokens)
+		       int64_t *out_rows)
 {
 	const int64_t V = m->cfg.vocab_size;
-	int64_t rows = 0, max_tokens = 1;
+	int64_t rows = 0;
 	for (int s = 0; s < n_steps; s++) {
 		const moet_seq_step *st = &steps[s];
 		if (!st->kv || st->n_tok < 0 || (st->n_tok > 0 && !st->tokens))
@@ -243,74 +102,183 @@ static int check_batch(const moet_model *m, const moet_seq_step *steps, int n_st
 					(long long)st->kv->len, (long long)st->n_tok,
 					(long long)st->kv->max_tokens);
 		rows += st->n_tok;
-		if (st->kv->max_tokens > max_tokens)
-			max_tokens = st->kv->max_tokens;
 	}
 	*out_rows = rows;
-	*out_max_tokens = max_tokens;
+	return 0;
+}
+
+#define TRY(call)                                                                          \
+	do {                                                                               \
+		if ((rc = (call)))                                                         \
+			return rc;                                                         \
+	} while (0)
+
+static int attention(moet_model *m, int64_t l, int64_t n, const moet_rowinfo *rows)
+{
+	const moet_config *c = &m->cfg;
+	const moet_layer_w *lw = &m->layers[l];
+	const moet_backend_ops *op = m->be->ops;
+	moet_backend *be = m->be;
+	moet_fwd_bufs *b = &m->bufs;
+	const int64_t H = c->hidden_size, nh = c->num_attention_heads;
+	const int64_t nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim;
+	const int64_t qk = nope + rope, kva_w = c->kv_lora_rank + rope;
+	const moet_attn_dims d = { nh, nope, rope, c->v_head_dim, c->rope_interleave,
+				   m->softmax_scale };
+	int rc;
+	if (c->q_lora_rank > 0) {
+		TRY(op->linear(be, &lw->q_a, b->h, H, n, b->qa, c->q_lora_rank));
+		TRY(op->rmsnorm(be, b->qa, c->q_lora_rank, lw->q_a_norm, n, c->q_lora_rank,
+				c->rms_norm_eps, b->qa, c->q_lora_rank));
+		TRY(op->linear(be, &lw->q_b, b->qa, c->q_lora_rank, n, b->q, nh * qk));
+	} else {
+		TRY(op->linear(be, &lw->q_proj, b->h, H, n, b->q, nh * qk));
+	}
+	TRY(op->rope(be, b->q + nope, nh * qk, qk, nh, n, rows, m->inv_freq_b, rope / 2,
+		     m->rope_attn_factor, c->rope_interleave));
+	TRY(op->linear(be, &lw->kv_a, b->h, H, n, b->kva, kva_w));
+	TRY(op->rope(be, b->kva + c->kv_lora_rank, kva_w, 0, 1, n, rows, m->inv_freq_b, rope / 2,
+		     m->rope_attn_factor, c->rope_interleave));
+	TRY(op->rmsnorm(be, b->kva, kva_w, lw->kv_a_norm, n, c->kv_lora_rank, c->rms_norm_eps,
+			b->kva, kva_w));
+	TRY(op->linear(be, &lw->kv_b, b->kva, kva_w, n, b->kvb, nh * (nope + c->v_head_dim)));
+	/* NOTE: every row's K/V enters its cache before any row attends; a row then sees
+	 * positions 0 .. its own only, exactly as if each token came in a call of its own. */
+	TRY(op->kv_store(be, &d, l, b->kvb, nh * (nope + c->v_head_dim), b->kva + c->kv_lora_rank,
+			 kva_w, n, rows));
+	TRY(op->attend(be, &d, l, b->q, nh * qk, n, rows, b->attn, nh * c->v_head_dim));
+	return op->linear(be, &lw->o, b->attn, nh * c->v_head_dim, n, b->out, H);
+}
+
+/* Routing decisions to the observer (host copies of the ids and weights). */
+static int observe_routes(moet_model *m, int64_t l, int64_t n, const moet_seq_step *steps,
+			  int n_steps)
+{
+	const int64_t k = m->cfg.num_experts_per_tok;
+	int32_t *ids = malloc((size_t)(n * k) * sizeof(*ids));
+	float *wts = malloc((size_t)(n * k) * sizeof(*wts));
+	int rc = (!ids || !wts) ? moet_err(MOET_ENOMEM, "route observer copies") : 0;
+	if (!rc)
+		rc = m->be->ops->download(m->be, ids, m->bufs.ids, (size_t)(n * k) * sizeof(*ids));
+	if (!rc)
+		rc = m->be->ops->download(m->be, wts, m->bufs.rw, (size_t)(n * k) * sizeof(*wts));
+	for (int s = 0, t = 0; !rc && s < n_steps; s++)
+		for (int64_t i = 0; i < steps[s].n_tok; i++, t++) {
+			moet_route_event ev = { .layer = l, .seq = s, .pos = steps[s].kv->len + i,
+						.is_prefill = steps[s].n_tok > 1, .top_k = (int)k,
+						.ids = ids + t * k, .weights = wts + t * k };
+			m->route_fn(m->route_ctx, &ev);
+		}
+	free(ids);
+	free(wts);
+	return rc;
+}
+
+static int feed_forward(moet_model *m, int64_t l, int64_t n, const moet_seq_step *steps,
+			int n_steps)
+{
+	const moet_config *c = &m->cfg;
+	const moet_layer_w *lw = &m->layers[l];
+	const moet_backend_ops *op = m->be->ops;
+	moet_backend *be = m->be;
+	moet_fwd_bufs *b = &m->bufs;
+	const int64_t H = c->hidden_size, k = c->num_experts_per_tok;
+	int rc;
+	if (!lw->is_moe)
+		return op->ffn(be, &lw->mlp, b->h, n, b->out);
+	TRY(op->linear(be, &lw->router, b->h, H, n, b->rlogits, c->n_routed_experts));
+	TRY(op->route(be, c, b->rlogits, lw->router_bias, n, b->ids, b->rw));
+	if (m->route_fn)
+		TRY(observe_routes(m, l, n, steps, n_steps));
+	TRY(op->experts(be, lw->experts, b->ids, k, b->h, n, b->y));
+	if (lw->has_shared)
+		TRY(op->ffn(be, &lw->mlp, b->h, n, b->shared));
+	return op->combine(be, b->y, b->rw, k, lw->has_shared ? b->shared : NULL, n, H, b->out);
+}
+
+/* Final norm and lm_head for the rows that want logits, downloaded into each step. */
+static int logits_out(moet_model *m, int64_t n, const moet_seq_step *steps, int n_steps)
+{
+	const moet_config *c = &m->cfg;
+	const moet_backend_ops *op = m->be->ops;
+	moet_backend *be = m->be;
+	moet_fwd_bufs *b = &m->bufs;
+	const int64_t H = c->hidden_size, V = c->vocab_size;
+	int64_t n_sel = 0;
+	int rc;
+	(void)n;
+	/* gather the wanted rows of x into h, in batch order */
+	for (int s = 0, t = 0; s < n_steps; s++)
+		for (int64_t i = 0; i < steps[s].n_tok; i++, t++) {
+			const moet_seq_step *st = &steps[s];
+			if (!st->out_logits || (st->last_only && i != st->n_tok - 1))
+				continue;
+			TRY(op->rmsnorm(be, b->x + t * H, H, m->final_norm, 1, H, c->rms_norm_eps,
+					b->h + n_sel * H, H));
+			n_sel++;
+		}
+	if (n_sel == 0)
+		return 0;
+	TRY(op->linear(be, &m->lm_head, b->h, H, n_sel, b->logits, V));
+	int64_t sel = 0;
+	for (int s = 0; s < n_steps; s++) {
+		const moet_seq_step *st = &steps[s];
+		if (!st->out_logits)
+			continue;
+		int64_t rows = st->last_only ? (st->n_tok > 0) : st->n_tok;
+		TRY(op->download(be, st->out_logits, b->logits + sel * V,
+				 (size_t)(rows * V) * sizeof(float)));
+		sel += rows;
+	}
 	return 0;
 }
 
 int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_steps)
 {
 	const moet_config *c = &m->cfg;
-	const int64_t H = c->hidden_size, V = c->vocab_size;
-	int64_t n = 0, max_tokens = 0;
-	work w = { 0 };
-	float *x = NULL;
-	row_desc *rows = NULL;
-	int rc = check_batch(m, steps, n_steps, &n, &max_tokens);
+	const moet_backend_ops *op = m->be->ops;
+	moet_backend *be = m->be;
+	const int64_t H = c->hidden_size;
+	int64_t n = 0;
+	int rc = check_batch(m, steps, n_steps, &n);
 	if (rc || n == 0)
 		return rc;
-	if ((rc = work_alloc(m, max_tokens, n, &w)))
-		return rc;
-	x = malloc((size_t)(n * H) * sizeof(float));
-	rows = malloc((size_t)n * sizeof(*rows));
-	if (!x || !rows) {
-		rc = moet_err(MOET_ENOMEM, "activations of %lld tokens", (long long)n);
+	TRY(ensure_bufs(m, n));
+	moet_fwd_bufs *b = &m->bufs;
+	moet_rowinfo *rows = malloc((size_t)n * sizeof(*rows));
+	int64_t *tok = malloc((size_t)n * sizeof(*tok));
+	if (!rows || !tok) {
+		rc = moet_err(MOET_ENOMEM, "row table of %lld rows", (long long)n);
 		goto out;
 	}
-	for (int s = 0, t = 0; s < n_steps; s++)
-		for (int64_t i = 0; i < steps[s].n_tok; i++, t++) {
-			rows[t] = (row_desc){ steps[s].kv, steps[s].kv->len + i, s,
-					      steps[s].n_tok > 1 };
-			embed_row(m, steps[s].tokens[i], x + t * H);
-		}
-	for (int64_t l = 0; l < c->num_hidden_layers; l++) {
-		const moet_layer_w *lw = &m->layers[l];
-		for (int64_t t = 0; t < n; t++)
-			moet_rmsnorm_ref(x + t * H, lw->in_norm, H, c->rms_norm_eps, w.h + t * H);
-		attention(m, lw, l, rows, n, &w);
-		for (int64_t i = 0; i < n * H; i++)
-			x[i] = x[i] + w.out[i];
-		for (int64_t t = 0; t < n; t++) {
-			moet_rmsnorm_ref(x + t * H, lw->post_norm, H, c->rms_norm_eps, w.h + t * H);
-			if ((rc = ffn_token(m, l, &rows[t], w.h + t * H, w.out + t * H, &w)))
-				goto out;
-		}
-		for (int64_t i = 0; i < n * H; i++)
-			x[i] = x[i] + w.out[i];
-	}
 	for (int s = 0, t = 0; s < n_steps; s++) {
-		const moet_seq_step *st = &steps[s];
-		for (int64_t i = 0; i < st->n_tok; i++, t++) {
-			float *dst = NULL;
-			if (st->out_logits && !st->last_only)
-				dst = st->out_logits + i * V;
-			else if (st->out_logits && i == st->n_tok - 1)
-				dst = st->out_logits;
-			if (!dst)
-				continue;
-			moet_rmsnorm_ref(x + t * H, m->final_norm, H, c->rms_norm_eps, w.h);
-			moet_matvec_ref(&m->lm_head, w.h, dst);
+		const moet_kv *kv = steps[s].kv;
+		for (int64_t i = 0; i < steps[s].n_tok; i++, t++) {
+			rows[t] = (moet_rowinfo){ kv->k, kv->v, kv->max_tokens * kv->k_row,
+						  kv->max_tokens * kv->v_row, kv->len + i };
+			tok[t] = steps[s].tokens[i];
 		}
-		st->kv->len += st->n_tok;
 	}
-	rc = 0;
+	if ((rc = op->upload(be, b->rows, rows, (size_t)n * sizeof(*rows))) ||
+	    (rc = op->upload(be, b->tokens, tok, (size_t)n * sizeof(*tok))) ||
+	    (rc = op->embed(be, &m->embed, b->tokens, n, b->x)))
+		goto out;
+	for (int64_t l = 0; l < c->num_hidden_layers && !rc; l++) {
+		const moet_layer_w *lw = &m->layers[l];
+		if ((rc = op->rmsnorm(be, b->x, H, lw->in_norm, n, H, c->rms_norm_eps, b->h, H)) ||
+		    (rc = attention(m, l, n, b->rows)) || (rc = op->add(be, b->x, b->out, n * H)) ||
+		    (rc = op->rmsnorm(be, b->x, H, lw->post_norm, n, H, c->rms_norm_eps, b->h, H)) ||
+		    (rc = feed_forward(m, l, n, steps, n_steps)) ||
+		    (rc = op->add(be, b->x, b->out, n * H)))
+			goto out;
+	}
+	if ((rc = logits_out(m, n, steps, n_steps)))
+		goto out;
+	for (int s = 0; s < n_steps; s++)
+		steps[s].kv->len += steps[s].n_tok;
 out:
 	free(rows);
-	free(x);
-	work_free(&w);
+	free(tok);
 	return rc;
 }
 

@@ -41,10 +41,12 @@ static int is_squeezed_grid(const moet_tensor *t, const int64_t g[2])
 	return 1;
 }
 
-/* Binds `prefix`.weight [rows x cols] (and its scale) as a moet_mat. */
-static int bind_linear(const moet_ckpt *ck, const char *prefix, int64_t rows, int64_t cols,
+/* Binds `prefix`.weight [rows x cols] (and its scale) as a moet_mat on the backend. */
+static int bind_linear(moet_model *m, const char *prefix, int64_t rows, int64_t cols,
 		       moet_mat *out)
 {
+	const moet_ckpt *ck = m->ck;
+	moet_mat host;
 	char name[NAME_BYTES];
 	const moet_tensor *t, *s;
 	int64_t shape[2] = { rows, cols };
@@ -57,9 +59,9 @@ static int bind_linear(const moet_ckpt *ck, const char *prefix, int64_t rows, in
 		return moet_err(MOET_EUNSUP, "%s: tensor %s has dtype %s; linear weights must be "
 				"F8_E4M3, BF16 or F32", moet_ckpt_shard_path(ck, t->shard), name,
 				moet_dtype_name(t->dtype));
-	*out = (moet_mat){ .dtype = t->dtype, .rows = rows, .cols = cols, .data = t->data };
+	host = (moet_mat){ .dtype = t->dtype, .rows = rows, .cols = cols, .data = t->data };
 	if (t->dtype != MOET_DT_F8_E4M3)
-		return 0;
+		return m->be->ops->bind_mat(m->be, &host, out);
 	int64_t sshape[2] = { cdiv(rows, MOET_BLOCK), cdiv(cols, MOET_BLOCK) };
 	snprintf(name, sizeof(name), "%s.weight_scale_inv", prefix);
 	s = moet_ckpt_get(ck, name);
@@ -69,13 +71,27 @@ static int bind_linear(const moet_ckpt *ck, const char *prefix, int64_t rows, in
 	if (!(s && s->dtype == MOET_DT_F32 && is_squeezed_grid(s, sshape)) &&
 	    (rc = moet_ckpt_find(ck, name, MOET_DT_F32, 2, sshape, &s)))
 		return rc;
-	out->scale_inv = s->data;
-	return 0;
+	host.scale_inv = s->data;
+	return m->be->ops->bind_mat(m->be, &host, out);
 }
 
-/* Decodes a 1-D vector tensor of n values (BF16, F16 or F32) into a new binary32 array. */
-static int load_vector(const moet_ckpt *ck, const char *name, int64_t n, float **out)
+/* Keeps a decoded host vector for the model's lifetime and binds it on the backend. */
+static int keep_vector(moet_model *m, float *v, int64_t n, const float **out)
 {
+	float **nv = realloc(m->host_vecs, (size_t)(m->n_host_vecs + 1) * sizeof(*nv));
+	if (!nv) {
+		free(v);
+		return moet_err(MOET_ENOMEM, "vector list");
+	}
+	m->host_vecs = nv;
+	m->host_vecs[m->n_host_vecs++] = v;
+	return m->be->ops->bind_vec(m->be, v, n, out);
+}
+
+/* Decodes a 1-D vector tensor of n values (BF16, F16 or F32) and binds it. */
+static int load_vector(moet_model *m, const char *name, int64_t n, const float **out)
+{
+	const moet_ckpt *ck = m->ck;
 	const moet_tensor *t;
 	int64_t shape[1] = { n };
 	int rc = moet_ckpt_find(ck, name, MOET_DT_INVALID, 1, shape, &t);
@@ -96,26 +112,25 @@ static int load_vector(const moet_ckpt *ck, const char *name, int64_t n, float *
 					moet_dtype_name(t->dtype));
 		}
 	}
-	*out = v;
-	return 0;
+	return keep_vector(m, v, n, out);
 }
 
-static int bind_ffn(const moet_ckpt *ck, const char *prefix, int64_t inter, int64_t hidden,
-		    moet_expert_w *out)
+static int bind_ffn(moet_model *m, const char *prefix, int64_t inter, int64_t hidden,
+		    moet_ffn_w *out)
 {
 	char name[NAME_BYTES];
 	int rc;
 	snprintf(name, sizeof(name), "%s.gate_proj", prefix);
-	if ((rc = bind_linear(ck, name, inter, hidden, &out->gate)))
+	if ((rc = bind_linear(m, name, inter, hidden, &out->gate)))
 		return rc;
 	snprintf(name, sizeof(name), "%s.up_proj", prefix);
-	if ((rc = bind_linear(ck, name, inter, hidden, &out->up)))
+	if ((rc = bind_linear(m, name, inter, hidden, &out->up)))
 		return rc;
 	snprintf(name, sizeof(name), "%s.down_proj", prefix);
-	return bind_linear(ck, name, hidden, inter, &out->down);
+	return bind_linear(m, name, hidden, inter, &out->down);
 }
 
-static int bind_attention(const moet_model *m, int64_t l, moet_layer_w *lw)
+static int bind_attention(moet_model *m, int64_t l, moet_layer_w *lw)
 {
 	const moet_config *c = &m->cfg;
 	const int64_t H = c->hidden_size, nh = c->num_attention_heads;
@@ -124,35 +139,35 @@ static int bind_attention(const moet_model *m, int64_t l, moet_layer_w *lw)
 	snprintf(p, sizeof(p), "model.layers.%lld.self_attn", (long long)l);
 	if (c->q_lora_rank > 0) {
 		snprintf(name, sizeof(name), "%s.q_a_proj", p);
-		if ((rc = bind_linear(m->ck, name, c->q_lora_rank, H, &lw->q_a)))
+		if ((rc = bind_linear(m, name, c->q_lora_rank, H, &lw->q_a)))
 			return rc;
 		snprintf(name, sizeof(name), "%s.q_a_layernorm.weight", p);
-		if ((rc = load_vector(m->ck, name, c->q_lora_rank, &lw->q_a_norm)))
+		if ((rc = load_vector(m, name, c->q_lora_rank, &lw->q_a_norm)))
 			return rc;
 		snprintf(name, sizeof(name), "%s.q_b_proj", p);
-		if ((rc = bind_linear(m->ck, name, nh * moet_config_qk_head_dim(c), c->q_lora_rank,
+		if ((rc = bind_linear(m, name, nh * moet_config_qk_head_dim(c), c->q_lora_rank,
 				      &lw->q_b)))
 			return rc;
 	} else {
 		snprintf(name, sizeof(name), "%s.q_proj", p);
-		if ((rc = bind_linear(m->ck, name, nh * moet_config_qk_head_dim(c), H, &lw->q_proj)))
+		if ((rc = bind_linear(m, name, nh * moet_config_qk_head_dim(c), H, &lw->q_proj)))
 			return rc;
 	}
 	snprintf(name, sizeof(name), "%s.kv_a_proj_with_mqa", p);
-	if ((rc = bind_linear(m->ck, name, c->kv_lora_rank + c->qk_rope_head_dim, H, &lw->kv_a)))
+	if ((rc = bind_linear(m, name, c->kv_lora_rank + c->qk_rope_head_dim, H, &lw->kv_a)))
 		return rc;
 	snprintf(name, sizeof(name), "%s.kv_a_layernorm.weight", p);
-	if ((rc = load_vector(m->ck, name, c->kv_lora_rank, &lw->kv_a_norm)))
+	if ((rc = load_vector(m, name, c->kv_lora_rank, &lw->kv_a_norm)))
 		return rc;
 	snprintf(name, sizeof(name), "%s.kv_b_proj", p);
-	if ((rc = bind_linear(m->ck, name, nh * (c->qk_nope_head_dim + c->v_head_dim),
+	if ((rc = bind_linear(m, name, nh * (c->qk_nope_head_dim + c->v_head_dim),
 			      c->kv_lora_rank, &lw->kv_b)))
 		return rc;
 	snprintf(name, sizeof(name), "%s.o_proj", p);
-	return bind_linear(m->ck, name, H, nh * c->v_head_dim, &lw->o);
+	return bind_linear(m, name, H, nh * c->v_head_dim, &lw->o);
 }
 
-static int bind_moe(const moet_model *m, int64_t l, moet_layer_w *lw)
+static int bind_moe(moet_model *m, int64_t l, moet_layer_w *lw)
 {
 	const moet_config *c = &m->cfg;
 	const int64_t H = c->hidden_size, E = c->n_routed_experts;
@@ -160,46 +175,48 @@ static int bind_moe(const moet_model *m, int64_t l, moet_layer_w *lw)
 	int rc;
 	snprintf(p, sizeof(p), "model.layers.%lld.mlp", (long long)l);
 	snprintf(name, sizeof(name), "%s.gate", p);
-	if ((rc = bind_linear(m->ck, name, E, H, &lw->router)))
+	if ((rc = bind_linear(m, name, E, H, &lw->router)))
 		return rc;
 	snprintf(name, sizeof(name), "%s.gate.e_score_correction_bias", p);
 	if (moet_ckpt_get(m->ck, name)) {
-		if ((rc = load_vector(m->ck, name, E, &lw->router_bias)))
+		if ((rc = load_vector(m, name, E, &lw->router_bias)))
 			return rc;
 	} else {
 		/* NOTE: noaux_tc checkpoints carry the bias; without it selection is unbiased. */
-		lw->router_bias = calloc((size_t)E, sizeof(float));
-		if (!lw->router_bias)
+		float *zeros = calloc((size_t)E, sizeof(float));
+		if (!zeros)
 			return moet_err(MOET_ENOMEM, "router bias");
+		if ((rc = keep_vector(m, zeros, E, &lw->router_bias)))
+			return rc;
 	}
 	lw->experts = calloc((size_t)E, sizeof(*lw->experts));
 	if (!lw->experts)
 		return moet_err(MOET_ENOMEM, "%lld expert views", (long long)E);
 	for (int64_t e = 0; e < E; e++) {
 		snprintf(name, sizeof(name), "%s.experts.%lld", p, (long long)e);
-		if ((rc = bind_ffn(m->ck, name, c->moe_intermediate_size, H, &lw->experts[e])))
+		if ((rc = bind_ffn(m, name, c->moe_intermediate_size, H, &lw->experts[e])))
 			return rc;
 	}
 	if (c->n_shared_experts > 0) {
 		lw->has_shared = 1;
 		snprintf(name, sizeof(name), "%s.shared_experts", p);
-		return bind_ffn(m->ck, name, c->n_shared_experts * c->moe_intermediate_size, H,
+		return bind_ffn(m, name, c->n_shared_experts * c->moe_intermediate_size, H,
 				&lw->mlp);
 	}
 	return 0;
 }
 
-static int bind_layer(const moet_model *m, int64_t l, moet_layer_w *lw)
+static int bind_layer(moet_model *m, int64_t l, moet_layer_w *lw)
 {
 	const moet_config *c = &m->cfg;
 	char name[NAME_BYTES];
 	int rc;
 	snprintf(name, sizeof(name), "model.layers.%lld.input_layernorm.weight", (long long)l);
-	if ((rc = load_vector(m->ck, name, c->hidden_size, &lw->in_norm)))
+	if ((rc = load_vector(m, name, c->hidden_size, &lw->in_norm)))
 		return rc;
 	snprintf(name, sizeof(name), "model.layers.%lld.post_attention_layernorm.weight",
 		 (long long)l);
-	if ((rc = load_vector(m->ck, name, c->hidden_size, &lw->post_norm)))
+	if ((rc = load_vector(m, name, c->hidden_size, &lw->post_norm)))
 		return rc;
 	if ((rc = bind_attention(m, l, lw)))
 		return rc;
@@ -207,7 +224,7 @@ static int bind_layer(const moet_model *m, int64_t l, moet_layer_w *lw)
 	if (lw->is_moe)
 		return bind_moe(m, l, lw);
 	snprintf(name, sizeof(name), "model.layers.%lld.mlp", (long long)l);
-	return bind_ffn(m->ck, name, c->intermediate_size, c->hidden_size, &lw->mlp);
+	return bind_ffn(m, name, c->intermediate_size, c->hidden_size, &lw->mlp);
 }
 
 static int check_config(const moet_config *c, const char *dir)
@@ -234,10 +251,11 @@ static int check_config(const moet_config *c, const char *dir)
 	return 0;
 }
 
-int moet_model_open(const char *dir, moet_model **out)
+int moet_model_open_on(const char *dir, const char *device, moet_model **out)
 {
 	moet_model *m = calloc(1, sizeof(*m));
 	char path[4096];
+	const moet_tensor *emb;
 	int rc;
 	if (!m)
 		return moet_err(MOET_ENOMEM, "model");
@@ -248,26 +266,27 @@ int moet_model_open(const char *dir, moet_model **out)
 		goto fail;
 	if ((rc = moet_ckpt_open(dir, &m->ck)))
 		goto fail;
+	if ((rc = moet_backend_create(device, &m->be)))
+		goto fail;
 	const moet_config *c = &m->cfg;
 	int64_t eshape[2] = { c->vocab_size, c->hidden_size };
 	if ((rc = moet_ckpt_find(m->ck, "model.embed_tokens.weight", MOET_DT_INVALID, 2, eshape,
-				 &m->embed)))
+				 &emb)))
 		goto fail;
-	if (m->embed->dtype != MOET_DT_BF16 && m->embed->dtype != MOET_DT_F32 &&
-	    m->embed->dtype != MOET_DT_F16) {
+	if (emb->dtype != MOET_DT_BF16 && emb->dtype != MOET_DT_F32 && emb->dtype != MOET_DT_F16) {
 		rc = moet_err(MOET_EUNSUP, "%s: tensor model.embed_tokens.weight has dtype %s; "
-			      "expected BF16, F16 or F32", moet_ckpt_shard_path(m->ck, m->embed->shard),
-			      moet_dtype_name(m->embed->dtype));
+			      "expected BF16, F16 or F32", moet_ckpt_shard_path(m->ck, emb->shard),
+			      moet_dtype_name(emb->dtype));
 		goto fail;
 	}
-	if ((rc = bind_linear(m->ck, c->tie_word_embeddings ? "model.embed_tokens" : "lm_head",
+	moet_mat emb_host = { .dtype = emb->dtype, .rows = c->vocab_size, .cols = c->hidden_size,
+			      .data = emb->data };
+	if ((rc = m->be->ops->bind_mat(m->be, &emb_host, &m->embed)))
+		goto fail;
+	if ((rc = bind_linear(m, c->tie_word_embeddings ? "model.embed_tokens" : "lm_head",
 			      c->vocab_size, c->hidden_size, &m->lm_head)))
 		goto fail;
-	if (m->lm_head.dtype == MOET_DT_F16) {
-		rc = moet_err(MOET_EUNSUP, "lm_head.weight: F16 is not supported");
-		goto fail;
-	}
-	if ((rc = load_vector(m->ck, "model.norm.weight", c->hidden_size, &m->final_norm)))
+	if ((rc = load_vector(m, "model.norm.weight", c->hidden_size, &m->final_norm)))
 		goto fail;
 	m->layers = calloc((size_t)c->num_hidden_layers, sizeof(*m->layers));
 	if (!m->layers) {
@@ -279,6 +298,9 @@ int moet_model_open(const char *dir, moet_model **out)
 			goto fail;
 	if ((rc = moet_rope_init(m)))
 		goto fail;
+	if ((rc = m->be->ops->bind_vec(m->be, m->inv_freq, c->qk_rope_head_dim / 2,
+				       &m->inv_freq_b)))
+		goto fail;
 	*out = m;
 	return 0;
 fail:
@@ -286,24 +308,26 @@ fail:
 	return rc;
 }
 
+int moet_model_open(const char *dir, moet_model **out)
+{
+	return moet_model_open_on(dir, "cpu", out);
+}
+
 void moet_model_close(moet_model *m)
 {
 	if (!m)
 		return;
 	if (m->layers) {
-		for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++) {
-			moet_layer_w *lw = &m->layers[l];
-			free(lw->in_norm);
-			free(lw->post_norm);
-			free(lw->q_a_norm);
-			free(lw->kv_a_norm);
-			free(lw->router_bias);
-			free(lw->experts);
-		}
+		for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++)
+			free(m->layers[l].experts);
 		free(m->layers);
 	}
-	free(m->final_norm);
+	moet_model_free_bufs(m);
+	for (int i = 0; i < m->n_host_vecs; i++)
+		free(m->host_vecs[i]);
+	free(m->host_vecs);
 	free(m->inv_freq);
+	moet_backend_destroy(m->be);
 	moet_ckpt_close(m->ck);
 	free(m);
 }
@@ -327,33 +351,35 @@ const moet_ckpt *moet_model_ckpt(const moet_model *m)
 int moet_kv_create(const moet_model *m, int64_t max_tokens, moet_kv **out)
 {
 	const moet_config *c = &m->cfg;
-	moet_kv *kv = calloc(1, sizeof(*kv));
-	if (!kv || max_tokens <= 0)
-		goto fail;
+	moet_kv *kv;
+	int rc;
+	if (max_tokens <= 0)
+		return moet_err(MOET_EINVAL, "KV cache of %lld tokens", (long long)max_tokens);
+	if (!(kv = calloc(1, sizeof(*kv))))
+		return moet_err(MOET_ENOMEM, "KV cache");
+	kv->be = m->be;
 	kv->max_tokens = max_tokens;
 	kv->n_layers = c->num_hidden_layers;
 	kv->k_row = c->num_attention_heads * moet_config_qk_head_dim(c);
 	kv->v_row = c->num_attention_heads * c->v_head_dim;
-	size_t per = (size_t)kv->n_layers * (size_t)max_tokens;
-	kv->k = malloc(per * (size_t)kv->k_row * sizeof(float));
-	kv->v = malloc(per * (size_t)kv->v_row * sizeof(float));
-	if (!kv->k || !kv->v)
-		goto fail;
+	size_t per = (size_t)kv->n_layers * (size_t)max_tokens * sizeof(float);
+	if ((rc = m->be->ops->alloc(m->be, per * (size_t)kv->k_row, (void **)&kv->k)) ||
+	    (rc = m->be->ops->alloc(m->be, per * (size_t)kv->v_row, (void **)&kv->v))) {
+		moet_kv_destroy(kv);
+		return moet_err_prefix(rc, "KV cache of %lld tokens", (long long)max_tokens);
+	}
 	*out = kv;
 	return 0;
-fail:
-	moet_kv_destroy(kv);
-	if (max_tokens <= 0)
-		return moet_err(MOET_EINVAL, "KV cache of %lld tokens", (long long)max_tokens);
-	return moet_err(MOET_ENOMEM, "KV cache of %lld tokens", (long long)max_tokens);
 }
 
 void moet_kv_destroy(moet_kv *kv)
 {
 	if (!kv)
 		return;
-	free(kv->k);
-	free(kv->v);
+	if (kv->k)
+		kv->be->ops->free(kv->be, kv->k);
+	if (kv->v)
+		kv->be->ops->free(kv->be, kv->v);
 	free(kv);
 }
 

@@ -29,6 +29,9 @@ typedef struct moet_kv moet_kv;
  */
 int moet_model_open(const char *dir, moet_model **out);
 
+/* The same on a named backend: "cpu" (the reference backend) or "cuda". */
+int moet_model_open_on(const char *dir, const char *device, moet_model **out);
+
 /* Accepts NULL. */
 void moet_model_close(moet_model *m);
 
@@ -45,8 +48,8 @@ int64_t moet_kv_len(const moet_kv *kv);
  * Runs n_tok tokens of one sequence at positions moet_kv_len(kv) ... + n_tok - 1, appends
  * them to the cache, and writes logits [n_tok][vocab_size] to out_logits (or, when out_logits
  * is NULL, computes no logits). Token ids must be in [0, vocab_size). Errors: MOET_ERANGE
- * (token id, cache full), MOET_ENOMEM. Not thread-safe for one kv; different kvs may run
- * concurrently.
+ * (token id, cache full), MOET_ENOMEM. One forward pass at a time per model (the pass's
+ * buffers belong to the model); batch sequences with moet_model_forward_batch instead.
  */
 int moet_model_forward(moet_model *m, moet_kv *kv, const int64_t *tokens, int64_t n_tok,
 		       float *out_logits);

@@ -94,13 +94,3 @@ int moet_rope_init(struct moet_model *m)
 	}
 	return 0;
 }
-
-void moet_rope_tables(const struct moet_model *m, int64_t pos, float *cos_t, float *sin_t)
-{
-	const int64_t n_freq = m->cfg.qk_rope_head_dim / 2;
-	for (int64_t i = 0; i < n_freq; i++) {
-		float ang = (float)pos * m->inv_freq[i];
-		cos_t[i] = (float)cos((double)ang) * m->rope_attn_factor;
-		sin_t[i] = (float)sin((double)ang) * m->rope_attn_factor;
-	}
-}

@@ -13,10 +13,11 @@
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: moet-hybrid generate --model DIR --tokens ID,ID,... [--max-new N] "
-		   "[--ignore-eos]\n\n"
+		   "[--ignore-eos] [--device cpu|cuda]\n\n"
 		   "Runs the prompt through the model and prints the greedy continuation (argmax,\n"
 		   "ties to the lowest id) as comma-separated token ids on one line.\n\n"
 		   "  --model DIR     checkpoint directory (config.json + safetensors shards)\n"
+		   "  --device D      cpu (the reference backend, default) or cuda\n"
 		   "  --tokens IDS    prompt token ids, comma-separated\n"
 		   "  --max-new N     tokens to generate (default 16)\n"
 		   "  --ignore-eos    do not stop at the model's eos_token_id\n");
@@ -26,19 +27,21 @@ int moet_cli_generate(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
+		{ "device", required_argument, NULL, 'd' },
 		{ "tokens", required_argument, NULL, 't' },
 		{ "max-new", required_argument, NULL, 'n' },
 		{ "ignore-eos", no_argument, NULL, 'e' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	const char *model_dir = NULL, *tokens = NULL;
+	const char *model_dir = NULL, *tokens = NULL, *device = "cpu";
 	long long max_new = 16;
 	int stop_at_eos = 1, c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'm': model_dir = optarg; break;
+		case 'd': device = optarg; break;
 		case 't': tokens = optarg; break;
 		case 'n': {
 			char *end;
@@ -61,7 +64,7 @@ int moet_cli_generate(int argc, char **argv)
 	moet_model *m = NULL;
 	int rc = moet_cli_parse_tokens(tokens, &prompt, &n_prompt);
 	if (!rc)
-		rc = moet_model_open(model_dir, &m);
+		rc = moet_model_open_on(model_dir, device, &m);
 	if (!rc && !(out = malloc((size_t)max_new * sizeof(*out))))
 		rc = moet_err(MOET_ENOMEM, "output ids");
 	if (!rc)

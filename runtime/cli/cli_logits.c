@@ -13,10 +13,12 @@
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: moet-hybrid logits --model DIR --tokens ID,ID,... --out FILE.npy\n\n"
+	fprintf(f, "usage: moet-hybrid logits --model DIR --tokens ID,ID,... --out FILE.npy\n"
+		   "       [--device cpu|cuda]\n\n"
 		   "Runs the tokens as one sequence (positions 0..T-1) and writes the logits of\n"
 		   "every position as a float32 NumPy array of shape [T, vocab_size].\n\n"
 		   "  --model DIR     checkpoint directory (config.json + safetensors shards)\n"
+		   "  --device D      cpu (the reference backend, default) or cuda\n"
 		   "  --tokens IDS    token ids, comma-separated\n"
 		   "  --out FILE      output .npy file\n");
 }
@@ -25,17 +27,19 @@ int moet_cli_logits(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
+		{ "device", required_argument, NULL, 'd' },
 		{ "tokens", required_argument, NULL, 't' },
 		{ "out", required_argument, NULL, 'o' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	const char *model_dir = NULL, *tokens = NULL, *out_path = NULL;
+	const char *model_dir = NULL, *tokens = NULL, *out_path = NULL, *device = "cpu";
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'm': model_dir = optarg; break;
+		case 'd': device = optarg; break;
 		case 't': tokens = optarg; break;
 		case 'o': out_path = optarg; break;
 		case 'h': usage(stdout); return 0;
@@ -52,7 +56,7 @@ int moet_cli_logits(int argc, char **argv)
 	float *logits = NULL;
 	int rc = moet_cli_parse_tokens(tokens, &ids, &n);
 	if (!rc)
-		rc = moet_model_open(model_dir, &m);
+		rc = moet_model_open_on(model_dir, device, &m);
 	if (!rc)
 		rc = moet_kv_create(m, n, &kv);
 	const int64_t V = rc ? 0 : moet_model_config(m)->vocab_size;

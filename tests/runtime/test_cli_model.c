@@ -90,6 +90,8 @@ int main(void)
 		{ "generate --model FX --tokens 1 --max-new 0", 1, "--max-new" },
 		{ "logits --model FX --tokens -4 --out /tmp/x.npy", 1, "--tokens" },
 		{ "logits --model FX --tokens 1 --out /nonexistent/dir/x.npy", 1, "/nonexistent/dir" },
+		{ "generate --model FX --tokens 1 --device tpu", 1, "--device 'tpu'" },
+		{ "generate --model FX --tokens 1 --device cuda", 1, "--device cuda" },
 		{ "generate", 2, "usage" },
 		{ "logits --help", 0, "usage" },
 	};

@@ -1,0 +1,131 @@
+/*
+ * moet_backend.h: what the model graph (runtime/forward.c) asks of a device.
+ *
+ * The graph is written once; a backend supplies memory and a small set of row-wise ops. The
+ * CPU reference backend (runtime/backend_cpu.c) works on host memory; the CUDA backend works
+ * on device memory with the kernels of gpu/. Every op works on a batch of n rows (tokens of
+ * possibly different sequences) and must be deterministic and batch-invariant: a row's result
+ * never depends on the other rows or on n.
+ *
+ *   weights     bound once at open: bind_mat turns a checkpoint matrix view (host mmap) into
+ *               one the backend computes on (CPU: the same bytes; CUDA: a device copy of the
+ *               bytes, verbatim); bind_vec likewise for small binary32 vectors
+ *   activations backend buffers from alloc (CPU: malloc), [rows][width] with explicit strides
+ *   rows        a moet_rowinfo per row (backend memory, filled by upload): which cache, which
+ *               position; attention and the K/V store read it
+ *
+ * Ops return 0 or a negative MOET_E* code; they may run asynchronously (CUDA: one stream);
+ * download and sync wait. NOTE: the op set is deliberately close to the reference's steps, so
+ * that a backend can be checked op by op against cpu/ (tests/gpu) and the graph stays one.
+ */
+#ifndef MOET_BACKEND_H
+#define MOET_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moet_config.h"
+#include "moet_mat.h"
+
+typedef struct moet_backend moet_backend;
+
+/* Where one row of a batch reads and writes its attention cache. */
+typedef struct moet_rowinfo {
+	float *k;          /* the cache's K of layer 0: [max_tokens][k_row]; layer l at l*k_layer */
+	float *v;          /* the cache's V of layer 0: [max_tokens][v_row]; layer l at l*v_layer */
+	int64_t k_layer;   /* floats from one layer's K to the next */
+	int64_t v_layer;
+	int64_t pos;       /* the row's position in its sequence */
+} moet_rowinfo;
+
+/* The expert weights a backend computes on (bound views). */
+typedef struct moet_ffn_w {
+	moet_mat gate; /* [I x H] */
+	moet_mat up;   /* [I x H] */
+	moet_mat down; /* [H x I] */
+} moet_ffn_w;
+
+/* Geometry the attention ops need (from config.json). */
+typedef struct moet_attn_dims {
+	int64_t n_heads, nope, rope, v_dim; /* qk head = nope + rope */
+	int rope_interleave;
+	float softmax_scale;
+} moet_attn_dims;
+
+typedef struct moet_backend_ops {
+	const char *name;
+	void (*destroy)(moet_backend *be);
+
+	/* memory */
+	int (*alloc)(moet_backend *be, size_t bytes, void **out);
+	void (*free)(moet_backend *be, void *p);
+	int (*upload)(moet_backend *be, void *dst, const void *src, size_t bytes);
+	int (*download)(moet_backend *be, void *dst, const void *src, size_t bytes);
+
+	/* weights (owned by the backend, released by destroy) */
+	int (*bind_mat)(moet_backend *be, const moet_mat *host, moet_mat *out);
+	int (*bind_vec)(moet_backend *be, const float *host, int64_t n, const float **out);
+
+	/* x[t][:] = dec(table[tokens[t]][:]) for t < n; table [V x H] BF16/F16/F32 (bound). */
+	int (*embed)(moet_backend *be, const moet_mat *table, const int64_t *tokens, int64_t n,
+		     float *x);
+	/* out[t] = rmsnorm(x[t]) * w over dim columns; out may alias x. */
+	int (*rmsnorm)(moet_backend *be, const float *x, int64_t x_stride, const float *w,
+		       int64_t n, int64_t dim, double eps, float *out, int64_t out_stride);
+	/* y[t][r] = D(W, r, x[t]) (the contract dot) for every row r of W. */
+	int (*linear)(moet_backend *be, const moet_mat *w, const float *x, int64_t x_stride,
+		      int64_t n, float *y, int64_t y_stride);
+	/* x[i] = x[i] + y[i] for i < n_elems. */
+	int (*add)(moet_backend *be, float *x, const float *y, int64_t n_elems);
+	/* RoPE at each row's position on n_heads rope parts of 2*n_freq values: the part of
+	 * head h of row t starts at x + t*x_stride + h*head_stride. inv_freq[n_freq] (bound),
+	 * attn_factor multiplies cos and sin. */
+	int (*rope)(moet_backend *be, float *x, int64_t x_stride, int64_t head_stride,
+		    int64_t n_heads, int64_t n, const moet_rowinfo *rows, const float *inv_freq,
+		    int64_t n_freq, float attn_factor, int interleave);
+	/* Writes layer l's K and V of each row into its cache at its position: per head h,
+	 * K = [kvb[t][h*(nope+v) .. +nope] | k_pe[t][0 .. rope]], V = kvb[t][h*(nope+v)+nope ..]. */
+	int (*kv_store)(moet_backend *be, const moet_attn_dims *d, int64_t l, const float *kvb,
+			int64_t kvb_stride, const float *k_pe, int64_t k_pe_stride, int64_t n,
+			const moet_rowinfo *rows);
+	/* out[t][h*v_dim ..] = softmax(q_h . K_h[0..pos] x scale) . V_h for each row, layer l. */
+	int (*attend)(moet_backend *be, const moet_attn_dims *d, int64_t l, const float *q,
+		      int64_t q_stride, int64_t n, const moet_rowinfo *rows, float *out,
+		      int64_t out_stride);
+	/* Router: scores = sigmoid(logits) (exp_c); noaux_tc selection in canonical order and
+	 * weights (cpu/router_ref.c), ids [n][top_k], weights [n][top_k]. */
+	int (*route)(moet_backend *be, const moet_config *c, const float *logits,
+		     const float *bias, int64_t n, int32_t *ids, float *weights);
+	/* y[t*top_k + i][:] = expert ids[t][i] (from experts[]) applied to h[t], for all pairs. */
+	int (*experts)(moet_backend *be, const moet_ffn_w *experts, const int32_t *ids,
+		       int64_t top_k, const float *h, int64_t n, float *y);
+	/* out[t] = FFN(w, h[t]) (dense MLP or shared experts). */
+	int (*ffn)(moet_backend *be, const moet_ffn_w *w, const float *h, int64_t n, float *out);
+	/* out[t][j] = canon(sum_i fma(weights[t][i], y[t*top_k+i][j], .) + (shared ? shared[t][j]
+	 * : 0)), i in canonical order, the contract's combine. out may alias shared. */
+	int (*combine)(moet_backend *be, const float *y, const float *weights, int64_t top_k,
+		       const float *shared, int64_t n, int64_t dim, float *out);
+} moet_backend_ops;
+
+struct moet_backend {
+	const moet_backend_ops *ops;
+	void *impl;
+};
+
+/* The CPU reference backend (host memory, the cpu/ kernels; the expert FFN through the
+ * kernel table moet_cpu_kernels_get()). */
+int moet_backend_cpu_create(moet_backend **out);
+
+/* The CUDA backend on device `device`; MOET_EUNSUP in a build without CUDA. */
+int moet_backend_cuda_create(int device, moet_backend **out);
+
+/* By name: "cpu" or "cuda" (device 0). */
+int moet_backend_create(const char *name, moet_backend **out);
+
+static inline void moet_backend_destroy(moet_backend *be)
+{
+	if (be)
+		be->ops->destroy(be);
+}
+
+#endif
