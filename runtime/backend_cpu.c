@@ -5,23 +5,34 @@
  * the reference).
  *
  * NOTE: weights are not copied: bind_mat returns the checkpoint's own view (the mmap'd
- * bytes). Ops run synchronously on the calling thread, row after row, so batch invariance is
- * immediate. Scratch that an op needs (attention scores, router work, expert h rows) is one
- * grow-only buffer of the backend: a backend serves one forward pass at a time.
+ * bytes). The heavy ops (linear, the expert and dense FFNs) run on the CPU expert executor's
+ * pinned team (cpu/moet_cpuexec.h) when there is more than one core: linear splits W's rows
+ * over the workers, experts go to the executor as jobs grouped by expert. Every (row, token)
+ * result is still computed by one thread in the contract's order, so the bits do not depend
+ * on the thread count (MOET_CPU_THREADS=1 runs everything on the calling thread). The light
+ * ops run on the calling thread, row after row. Scratch is grow-only and owned by the
+ * backend: a backend serves one forward pass at a time.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "moet_backend.h"
 #include "moet_cpu.h"
+#include "moet_cpuexec.h"
 #include "moet_err.h"
 #include "moet_expc.h"
+
+#define CPU_EXEC_MAX_TOK 256 /* tokens per executor batch; larger calls go in pieces */
 
 typedef struct cpu_be {
 	moet_backend be;
 	const moet_cpu_kernels *kern;
+	moet_cpuexec *ex;     /* NULL: single-threaded */
+	int max_jobs;
 	float *scratch;
 	size_t scratch_elems;
+	float *gather;        /* expert-grouped rows: x in, then y out */
+	size_t gather_elems;
 } cpu_be;
 
 static cpu_be *impl(moet_backend *be)
@@ -42,10 +53,24 @@ static float *scratch(moet_backend *be, size_t elems)
 	return c->scratch;
 }
 
+static float *gather_buf(cpu_be *c, size_t elems)
+{
+	if (elems > c->gather_elems) {
+		float *p = realloc(c->gather, elems * sizeof(float));
+		if (!p)
+			return NULL;
+		c->gather = p;
+		c->gather_elems = elems;
+	}
+	return c->gather;
+}
+
 static void cpu_destroy(moet_backend *be)
 {
 	cpu_be *c = impl(be);
+	moet_cpuexec_destroy(c->ex);
 	free(c->scratch);
+	free(c->gather);
 	free(c);
 }
 
@@ -122,11 +147,36 @@ static int cpu_rmsnorm(moet_backend *be, const float *x, int64_t x_stride, const
 	return 0;
 }
 
+typedef struct linear_task {
+	const moet_cpu_kernels *kern;
+	const moet_mat *w;
+	const float *x;
+	int64_t x_stride, n;
+	float *y;
+	int64_t y_stride;
+} linear_task;
+
+/* Worker i of n takes a contiguous slice of W's rows (multiples of 16). */
+static void linear_slice(void *arg, int worker, int n_workers)
+{
+	const linear_task *t = arg;
+	const int64_t R = t->w->rows, chunk = ((R + n_workers - 1) / n_workers + 15) / 16 * 16;
+	const int64_t r0 = chunk * worker, r1 = r0 + chunk < R ? r0 + chunk : R;
+	if (r0 < r1)
+		t->kern->rows(t->w, r0, r1, t->x, t->x_stride, t->n, t->y + r0, t->y_stride);
+}
+
 static int cpu_linear(moet_backend *be, const moet_mat *w, const float *x, int64_t x_stride,
 		      int64_t n, float *y, int64_t y_stride)
 {
-	impl(be)->kern->rows(w, 0, w->rows, x, x_stride, n, y, y_stride);
-	return 0;
+	cpu_be *c = impl(be);
+	linear_task t = { c->kern, w, x, x_stride, n, y, y_stride };
+	/* NOTE: small products are not worth waking the team for */
+	if (!c->ex || w->rows * w->cols * n < (1 << 18)) {
+		linear_slice(&t, 0, 1);
+		return 0;
+	}
+	return moet_cpuexec_run(c->ex, linear_slice, &t);
 }
 
 static int cpu_add(moet_backend *be, float *x, const float *y, int64_t n_elems)
@@ -211,19 +261,93 @@ static int cpu_route(moet_backend *be, const moet_config *c, const float *logits
 	return 0;
 }
 
+/* Runs jobs on the team in batches of at most max_jobs jobs and CPU_EXEC_MAX_TOK tokens. */
+static int run_jobs(cpu_be *c, const moet_cpuexec_job *jobs, int n_jobs)
+{
+	int at = 0;
+	while (at < n_jobs) {
+		int cnt = 0;
+		int64_t tok = 0;
+		while (at + cnt < n_jobs && cnt < c->max_jobs &&
+		       tok + jobs[at + cnt].n_tok <= CPU_EXEC_MAX_TOK)
+			tok += jobs[at + cnt++].n_tok;
+		uint64_t ticket;
+		int rc = moet_cpuexec_submit(c->ex, jobs + at, cnt, &ticket);
+		if (!rc)
+			rc = moet_cpuexec_wait(c->ex, ticket);
+		if (rc)
+			return rc;
+		at += cnt;
+	}
+	return 0;
+}
+
+typedef struct pair_key {
+	int32_t expert;
+	int64_t pair;
+} pair_key;
+
+static int by_expert_then_pair(const void *a, const void *b)
+{
+	const pair_key *x = a, *y = b;
+	if (x->expert != y->expert)
+		return x->expert < y->expert ? -1 : 1;
+	return (x->pair > y->pair) - (x->pair < y->pair);
+}
+
+/* The (row, slot) pairs grouped by expert: each used expert's rows gathered into one block,
+ * one executor job per block (at most CPU_EXEC_MAX_TOK rows), outputs scattered back. */
+static int experts_team(cpu_be *c, const moet_ffn_w *experts, const int32_t *ids,
+			int64_t top_k, const float *h, int64_t n, float *y)
+{
+	const int64_t H = experts[0].gate.cols, P = n * top_k;
+	pair_key *key = malloc((size_t)P * sizeof(*key));
+	moet_cpuexec_job *jobs = malloc((size_t)P * sizeof(*jobs));
+	float *g = gather_buf(c, (size_t)(P * H));
+	int n_jobs = 0, rc = 0;
+	if (!key || !jobs || !g) {
+		rc = moet_err(MOET_ENOMEM, "expert grouping of %lld pairs", (long long)P);
+		goto out;
+	}
+	for (int64_t p = 0; p < P; p++)
+		key[p] = (pair_key){ ids[p], p };
+	qsort(key, (size_t)P, sizeof(*key), by_expert_then_pair);
+	for (int64_t q = 0; q < P;) {
+		const moet_ffn_w *e = &experts[key[q].expert];
+		int64_t cnt = 1;
+		while (q + cnt < P && key[q + cnt].expert == key[q].expert && cnt < CPU_EXEC_MAX_TOK)
+			cnt++;
+		jobs[n_jobs++] = (moet_cpuexec_job){ e->gate, e->up, e->down, g + q * H, g + q * H,
+						     cnt };
+		q += cnt;
+	}
+	for (int64_t q = 0; q < P; q++)
+		memcpy(g + q * H, h + (key[q].pair / top_k) * H, (size_t)H * sizeof(float));
+	rc = run_jobs(c, jobs, n_jobs);
+	for (int64_t q = 0; q < P && !rc; q++)
+		memcpy(y + key[q].pair * H, g + q * H, (size_t)H * sizeof(float));
+out:
+	free(key);
+	free(jobs);
+	return rc;
+}
+
 static int cpu_experts(moet_backend *be, const moet_ffn_w *experts, const int32_t *ids,
 		       int64_t top_k, const float *h, int64_t n, float *y)
 {
+	cpu_be *c = impl(be);
 	const int64_t H = experts[0].gate.cols, I = experts[0].gate.rows;
-	float *s = scratch(be, (size_t)I);
 	int rc;
+	if (c->ex)
+		return experts_team(c, experts, ids, top_k, h, n, y);
+	float *s = scratch(be, (size_t)I);
 	if (!s)
 		return moet_err(MOET_ENOMEM, "expert scratch");
 	for (int64_t t = 0; t < n; t++)
 		for (int64_t i = 0; i < top_k; i++) {
 			const moet_ffn_w *e = &experts[ids[t * top_k + i]];
-			if ((rc = moet_expert_ffn(impl(be)->kern, &e->gate, &e->up, &e->down,
-						  h + t * H, 1, s, y + (t * top_k + i) * H)))
+			if ((rc = moet_expert_ffn(c->kern, &e->gate, &e->up, &e->down, h + t * H, 1,
+						  s, y + (t * top_k + i) * H)))
 				return rc;
 		}
 	return 0;
@@ -231,10 +355,29 @@ static int cpu_experts(moet_backend *be, const moet_ffn_w *experts, const int32_
 
 static int cpu_ffn(moet_backend *be, const moet_ffn_w *w, const float *h, int64_t n, float *out)
 {
+	cpu_be *c = impl(be);
+	const int64_t H = w->gate.cols;
+	if (c->ex) {
+		moet_cpuexec_job jobs[64];
+		int n_jobs = 0;
+		for (int64_t t = 0; t < n;) {
+			int64_t cnt = n - t < CPU_EXEC_MAX_TOK ? n - t : CPU_EXEC_MAX_TOK;
+			jobs[n_jobs++] = (moet_cpuexec_job){ w->gate, w->up, w->down, h + t * H,
+							     out + t * H, cnt };
+			t += cnt;
+			if (n_jobs == 64 || t == n) {
+				int rc = run_jobs(c, jobs, n_jobs);
+				if (rc)
+					return rc;
+				n_jobs = 0;
+			}
+		}
+		return 0;
+	}
 	float *s = scratch(be, (size_t)(n * w->gate.rows));
 	if (!s)
 		return moet_err(MOET_ENOMEM, "ffn scratch");
-	return moet_expert_ffn(impl(be)->kern, &w->gate, &w->up, &w->down, h, n, s, out);
+	return moet_expert_ffn(c->kern, &w->gate, &w->up, &w->down, h, n, s, out);
 }
 
 static int cpu_combine(moet_backend *be, const float *y, const float *weights, int64_t top_k,
@@ -275,13 +418,31 @@ static const moet_backend_ops cpu_ops = {
 	.combine = cpu_combine,
 };
 
-int moet_backend_cpu_create(moet_backend **out)
+int moet_backend_cpu_create(int n_threads, int64_t max_inter, moet_backend **out)
 {
 	cpu_be *c = calloc(1, sizeof(*c));
 	if (!c)
 		return moet_err(MOET_ENOMEM, "CPU backend");
 	c->kern = moet_cpu_kernels_get();
 	c->be = (moet_backend){ .ops = &cpu_ops, .impl = c };
+	const char *env = getenv("MOET_CPU_THREADS");
+	if (n_threads == 0 && env && env[0])
+		n_threads = atoi(env);
+	if (n_threads != 1) {
+		c->max_jobs = 64;
+		moet_cpuexec_opts o = { .node = MOET_TOPO_ALL_NODES, .n_threads = n_threads,
+					.max_tok = CPU_EXEC_MAX_TOK, .max_inter = max_inter,
+					.max_jobs = c->max_jobs, .kernels = c->kern };
+		int rc = moet_cpuexec_create(&o, &c->ex);
+		if (rc) {
+			free(c);
+			return moet_err_prefix(rc, "CPU backend: expert executor");
+		}
+		if (moet_cpuexec_n_threads(c->ex) < 2) {
+			moet_cpuexec_destroy(c->ex);
+			c->ex = NULL;
+		}
+	}
 	*out = &c->be;
 	return 0;
 }

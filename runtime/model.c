@@ -266,7 +266,7 @@ int moet_model_open_on(const char *dir, const char *device, moet_model **out)
 		goto fail;
 	if ((rc = moet_ckpt_open(dir, &m->ck)))
 		goto fail;
-	if ((rc = moet_backend_create(device, &m->be)))
+	if ((rc = moet_backend_create(device, &m->cfg, &m->be)))
 		goto fail;
 	const moet_config *c = &m->cfg;
 	int64_t eshape[2] = { c->vocab_size, c->hidden_size };

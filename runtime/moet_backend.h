@@ -112,15 +112,16 @@ struct moet_backend {
 	void *impl;
 };
 
-/* The CPU reference backend (host memory, the cpu/ kernels; the expert FFN through the
- * kernel table moet_cpu_kernels_get()). */
-int moet_backend_cpu_create(moet_backend **out);
+/* The CPU reference backend (host memory, the cpu/ kernels through the kernel table
+ * moet_cpu_kernels_get()); n_threads workers of the expert executor (0: MOET_CPU_THREADS, else
+ * one per core; 1: everything on the calling thread); max_inter: the largest FFN width. */
+int moet_backend_cpu_create(int n_threads, int64_t max_inter, moet_backend **out);
 
 /* The CUDA backend on device `device`; MOET_EUNSUP in a build without CUDA. */
 int moet_backend_cuda_create(int device, moet_backend **out);
 
-/* By name: "cpu" or "cuda" (device 0). */
-int moet_backend_create(const char *name, moet_backend **out);
+/* By name: "cpu" or "cuda" (device 0), sized for the model of config c. */
+int moet_backend_create(const char *name, const moet_config *c, moet_backend **out);
 
 static inline void moet_backend_destroy(moet_backend *be)
 {

@@ -7,6 +7,7 @@
  *   - config.json disagreeing with the tensors: a shape mismatch names the shard and tensor,
  *     a tensor the config implies but the checkpoint lacks is named as missing;
  *   - layers past num_hidden_layers (DeepSeek-V3's MTP layer) are accepted and skipped;
+ *   - the CPU backend's thread team: 1 thread and 3 threads give the same bits;
  *   - real batching: three sequences with ragged lengths at different positions in one
  *     moet_model_forward_batch give each sequence's solo logits bit for bit; last_only gives
  *     the last row; two entries sharing a cache are refused.
@@ -123,6 +124,31 @@ static void test_route_observer(moet_model *m, const int64_t *tok)
 	moet_kv_destroy(kv);
 }
 
+/* The same batch on backends with 1 and 3 worker threads: identical logits. */
+static void test_threads(const char *dir, const int64_t *tok)
+{
+	moet_model *m1 = NULL, *m3 = NULL;
+	setenv("MOET_CPU_THREADS", "1", 1);
+	CHECK(moet_model_open(dir, &m1) == 0, "open 1 thread: %s", moet_errmsg());
+	setenv("MOET_CPU_THREADS", "3", 1);
+	CHECK(moet_model_open(dir, &m3) == 0, "open 3 threads: %s", moet_errmsg());
+	unsetenv("MOET_CPU_THREADS");
+	if (m1 && m3) {
+		const int64_t V = moet_model_config(m1)->vocab_size;
+		float *a = malloc((size_t)(T * V) * sizeof(float));
+		float *b = malloc((size_t)(T * V) * sizeof(float));
+		const int all[] = { T };
+		logits_of(m1, tok, all, a);
+		logits_of(m3, tok, all, b);
+		CHECK(memcmp(a, b, (size_t)(T * V) * sizeof(float)) == 0,
+		      "1 vs 3 threads: logits differ");
+		free(a);
+		free(b);
+	}
+	moet_model_close(m1);
+	moet_model_close(m3);
+}
+
 /* Sequence s: a history of hist[s] tokens run alone first, then new[s] tokens. */
 static void test_batch(moet_model *m, const int64_t *tok)
 {
@@ -224,6 +250,7 @@ int main(void)
 
 	test_batch(m, tok);
 	test_route_observer(m, tok);
+	test_threads(dir, tok);
 
 	moet_kv *kv = NULL;
 	int64_t badtok = V;
