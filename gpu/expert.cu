@@ -2,443 +2,38 @@
  * expert.cu: the contract expert FFN on the device, grouped over experts and tokens,
  * bit-identical to moet_expert_ffn with the scalar reference (cpu/expert_ref.c).
  *
- * Two passes, one kernel template (rows_kernel), each pass a few launches:
- *   gate_up  (NMAT = 2): h[p][i] = silu_c(D(gate, i, x[tok[p]])) * D(up, i, x[tok[p]])
- *   down     (NMAT = 1): y[p][j] = canon(D(down, j, h[p]))
- * A launch covers up to EXP_MAX experts of one token-count class; its grid enumerates tiles
- * (expert, row tile, token tile), token tiles fastest so that the blocks sharing a row tile
- * run together and read the weights from DRAM once.
- *
- * NOTE (the mapping, and why it is exact). The contract (docs/numerics.md) fixes, for every
- * (row r, token), sixteen lane accumulators; lane l owns the columns k = 128b + 16t + l. Here a
- * QUAD of 4 threads computes one (row, token) dot: thread j (0..3) owns the lanes 4j..4j+3, so
- * in step t it reads the 4 consecutive columns 16t + 4j .. 16t + 4j + 3 of the block as one
- * 32-bit word (F8) or 64-bit word (BF16) from shared memory, and keeps p[4] and acc[4] in
- * registers. Per lane the operations are exactly the reference's:
- *   p = +0 at each block; for t = 0..7: p = fma(dec(W[r][k]), x[k], p) if k < K (else no op);
- *   acc = fma(p, S[r/128][b], acc) for every lane, every block (partial blocks too);
- * and the halving tree runs across the quad with shuffles in the reference's pairing:
- *   q[l] = acc[l] + acc[l+8]   (thread j gets thread j+2's acc: shfl_down 2)
- *   s[l] = q[l] + q[l+4]       (thread 0 gets thread 1's q: shfl_down 1)
- *   u0 = s[0] + s[2], u1 = s[1] + s[3], D = u0 + u1   (inside thread 0)
- * fmas are fmaf (= __fmaf_rn), adds and multiplies are single IEEE operations that the build
- * never contracts (--fmad=false), no flush-to-zero (-ftz=false), IEEE division in silu_c
- * (-prec-div=true), exp_c from the header the host uses. Nothing depends on the tiling: every
- * (row, token) has its own fixed sequence of operations, so the block shapes, the classes and
- * the grouping of experts change speed, never bits. No atomics: each output has one writer.
- *
- * Decoding. F8_E4M3 uses the hardware conversion cvt.rn.f16x2.e4m3x2 (sm_89+) then
- * cvt.f32.f16: both exact (every e4m3fn value, subnormals included, is a binary16 value; the NaN
- * codes give NaN). A NaN's payload may differ from moet_dec_e4m3's, which no output can show:
- * every operation on a NaN gives a NaN and the result is canonicalized. Older targets use
- * moet_dec_e4m3. BF16 is a 16-bit shift.
- *
- * Memory path. Each block stages 128-column chunks of its weight rows (raw bytes) and of its
- * tokens' activations in shared memory through an NSTAGE-deep cp.async pipeline (16-byte,
- * coalesced, L2-only loads), so that many rows are in flight per SM at one token per expert;
- * with several tokens per block the decoded weight word is reused by the TT tokens of a thread
- * and the staged chunk by the block's token tile. Rows are padded by 16 bytes in shared memory
- * so that the 8 rows a warp reads fall in different banks. Shapes whose rows are not 16-byte
- * aligned (odd K, tests) take an element-by-element staging path with the same compute.
- *
- *   shared memory, one stage:  [NMAT * RB rows][WSTRIDE bytes]  weights, raw
- *                              [TB tokens][XSTRIDE floats]       activations
- *   thread: j = tid % 4 (lanes 4j..4j+3); warp w: row group w % WR, token group w / WR;
- *           quad qi of the warp: rows wr*8 + qi + 8*WR*r (r < RT), tokens wt*TT + i (i < TT)
+ * Two passes of the contract row machinery (rows.cu, where the mapping onto threads and why it
+ * is exact are written down), each a few launches:
+ *   gate_up  (nmat 2): h[p][i] = silu_c(D(gate, i, x[tok[p]])) * D(up, i, x[tok[p]])
+ *   down     (nmat 1): y[p][j] = canon(D(down, j, h[p]))
+ * This file validates the experts and chains the passes through the caller's scratch (h).
  */
 #include "moet_gpu.h"
 
 #include "gpu_int.h"
-#include "moet_expc.h"
+#include "rows_int.h"
 
 #include <cuda_runtime.h>
 #include <limits.h>
 #include <stdint.h>
-
-#define THREADS 256
-#define EXP_MAX 64             /* experts per launch (kernel parameter space) */
-#define XSTRIDE (128 + 4)      /* floats per staged activation row (16-byte pad) */
-#define SMEM_BUDGET (96 * 1024)
-#define SM120_SMEM_MAX (99 * 1024)
-#define DT_F8 0
-#define DT_BF16 1
-
-struct pass_args {
-	const void *w[EXP_MAX][2];  /* weight data per expert, per matrix (gate, up | down) */
-	const float *s[EXP_MAX][2]; /* block scales, or NULL (1.0f) */
-	int pair0[EXP_MAX];         /* first pair (output row) of the expert */
-	int n[EXP_MAX];             /* pairs of the expert */
-	int tile0[EXP_MAX + 1];     /* first tile of the expert in this launch */
-	int n_exp;
-	int rows, K;                /* output rows, columns (dot length) */
-	const float *x;             /* activations: row xr at x + xr * x_stride */
-	long long x_stride;         /* floats */
-	const int32_t *tok;         /* pair -> activation row, or NULL (identity) */
-	int n_x;                    /* activation rows (bounds for tok) */
-	float *out;                 /* out[pair * out_stride + row] */
-	long long out_stride;       /* floats */
-	int vec;                    /* 16-byte staging allowed (alignment checked on the host) */
-};
-
-template <int DT, int NMAT, int TT, int WR> struct cfg {
-	static constexpr int WT = 8 / WR;                 /* token groups (warps) */
-	/* rows per thread: 2 in the down pass with several tokens; 1 otherwise (NOTE: at one token
-	 * per expert, smaller down tiles give more blocks than SM slots, so no half-empty wave) */
-	static constexpr int RT = (NMAT == 2 || TT == 1) ? 1 : 2;
-	static constexpr int RB = 8 * WR * RT;            /* rows per block tile */
-	static constexpr int TB = WT * TT;                /* tokens per block tile */
-	static constexpr int ESZ = DT == DT_F8 ? 1 : 2;   /* bytes per weight */
-	static constexpr int WSTRIDE = 128 * ESZ + 16;    /* bytes per staged weight row */
-	static constexpr int WBYTES = NMAT * RB * WSTRIDE;
-	static constexpr int STAGE = WBYTES + TB * XSTRIDE * 4;
-	static constexpr int NSTAGE = SMEM_BUDGET / STAGE < 4 ? SMEM_BUDGET / STAGE : 4;
-	static constexpr int SMEM = NSTAGE * STAGE;
-	static_assert(WR * WT == 8, "8 warps");
-	static_assert(NSTAGE >= 2, "at least double buffering");
-	static_assert(SMEM + TB * 4 <= SM120_SMEM_MAX, "sm_120: 99 KB of shared memory per block");
-	static_assert(WBYTES % 16 == 0, "activation stage 16-byte aligned");
-};
-
-static __device__ __forceinline__ void cp_async16(void *dst, const void *src)
-{
-	unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
-}
-
-static __device__ __forceinline__ void cp_async_commit(void)
-{
-	asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int N> static __device__ __forceinline__ void cp_async_wait(void)
-{
-	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-/* Four weights of one step, exactly decoded: columns k..k+3 of a staged row. */
-template <int DT> static __device__ __forceinline__ void decode4(const unsigned char *p,
-								   float w[4])
-{
-	if (DT == DT_F8) {
-		uint32_t wd = *(const uint32_t *)p;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-		uint32_t h01, h23;
-		asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h01) : "h"((unsigned short)(wd & 0xFFFFu)));
-		asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h23) : "h"((unsigned short)(wd >> 16)));
-		asm("cvt.f32.f16 %0, %1;" : "=f"(w[0]) : "h"((unsigned short)(h01 & 0xFFFFu)));
-		asm("cvt.f32.f16 %0, %1;" : "=f"(w[1]) : "h"((unsigned short)(h01 >> 16)));
-		asm("cvt.f32.f16 %0, %1;" : "=f"(w[2]) : "h"((unsigned short)(h23 & 0xFFFFu)));
-		asm("cvt.f32.f16 %0, %1;" : "=f"(w[3]) : "h"((unsigned short)(h23 >> 16)));
-#else
-		for (int q = 0; q < 4; q++)
-			w[q] = moet_dec_e4m3((uint8_t)(wd >> (8 * q)));
-#endif
-	} else {
-		uint2 u = *(const uint2 *)p;
-		w[0] = __uint_as_float(u.x << 16);
-		w[1] = __uint_as_float(u.x & 0xFFFF0000u);
-		w[2] = __uint_as_float(u.y << 16);
-		w[3] = __uint_as_float(u.y & 0xFFFF0000u);
-	}
-}
-
-/* The contract's halving tree over the 16 lanes held by a quad (4 per thread); the result is
- * valid in thread j == 0 of the quad. All 32 threads of the warp must call it. */
-static __device__ __forceinline__ float quad_tree(const float acc[4])
-{
-	float q[4], s[4];
-#pragma unroll
-	for (int i = 0; i < 4; i++)
-		q[i] = acc[i] + __shfl_down_sync(0xFFFFFFFFu, acc[i], 2, 4); /* lanes l, l+8 */
-#pragma unroll
-	for (int i = 0; i < 4; i++)
-		s[i] = q[i] + __shfl_down_sync(0xFFFFFFFFu, q[i], 1, 4);     /* lanes l, l+4 */
-	float u0 = s[0] + s[2], u1 = s[1] + s[3];                          /* lanes l, l+2 */
-	return u0 + u1;
-}
-
-template <int DT, int NMAT, int TT, int WR>
-static __global__ void __launch_bounds__(THREADS) rows_kernel(const __grid_constant__ pass_args a)
-{
-	using C = cfg<DT, NMAT, TT, WR>;
-	extern __shared__ __align__(16) unsigned char smem[];
-	__shared__ int xrow_s[C::TB];
-
-	const int tid = threadIdx.x, j = tid & 3, qi = (tid >> 2) & 7, w = tid >> 5;
-	const int wr = w % WR, wt = w / WR;
-
-	/* The tile: expert e (last with tile0[e] <= blockIdx.x), then token tile fastest. */
-	const int tile = blockIdx.x;
-	int lo = 0, hi = a.n_exp - 1;
-	while (lo < hi) {
-		int mid = (lo + hi + 1) >> 1;
-		if (a.tile0[mid] <= tile)
-			lo = mid;
-		else
-			hi = mid - 1;
-	}
-	const int e = lo, n_e = a.n[e];
-	const int n_tt = (n_e + C::TB - 1) / C::TB, local = tile - a.tile0[e];
-	const int row0 = (local / n_tt) * C::RB, tok0 = (local % n_tt) * C::TB;
-	const int n_rows = min(C::RB, a.rows - row0), n_toks = min(C::TB, n_e - tok0);
-	const int K = a.K, n_chunk = (K + 127) / 128;
-
-	if (tid < C::TB) {
-		int xr = -1;
-		if (tid < n_toks) {
-			long long pair = (long long)a.pair0[e] + tok0 + tid;
-			long long r = a.tok ? (long long)a.tok[pair] : pair;
-			xr = (r >= 0 && r < a.n_x) ? (int)r : -1;
-		}
-		xrow_s[tid] = xr;
-	}
-	__syncthreads();
-
-	/* Stage chunk c (columns 128c ..) into stage st; a cp.async group is committed per call. */
-	auto load = [&](int c, int st) {
-		unsigned char *ws = smem + st * C::STAGE;
-		float *xs = (float *)(ws + C::WBYTES);
-		const int kc0 = c * 128, kcols = min(128, K - kc0);
-		if (a.vec) {
-			constexpr int PPR = 128 * C::ESZ / 16; /* 16-byte pieces per row */
-			const int pv = kcols * C::ESZ / 16;    /* K * ESZ % 16 == 0 under vec */
-			for (int p = tid; p < NMAT * C::RB * PPR; p += THREADS) {
-				int m = p / (C::RB * PPR), r = (p / PPR) % C::RB, q = p % PPR;
-				if (r < n_rows && q < pv) {
-					const unsigned char *src = (const unsigned char *)a.w[e][m] +
-						((size_t)(row0 + r) * K + kc0) * C::ESZ + q * 16;
-					cp_async16(ws + (m * C::RB + r) * C::WSTRIDE + q * 16, src);
-				}
-			}
-			const int xv = kcols / 4;
-			for (int p = tid; p < C::TB * 32; p += THREADS) {
-				int i = p / 32, q = p % 32;
-				if (i < n_toks && q < xv) {
-					float *dst = xs + i * XSTRIDE + q * 4;
-					int xr = xrow_s[i];
-					if (xr >= 0)
-						cp_async16(dst, a.x + xr * a.x_stride + kc0 + q * 4);
-					else
-						*(float4 *)dst = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-				}
-			}
-		} else {
-			for (int p = tid; p < NMAT * C::RB * 128; p += THREADS) {
-				int m = p / (C::RB * 128), r = (p / 128) % C::RB, k = p % 128;
-				if (r < n_rows && k < kcols) {
-					size_t i = (size_t)(row0 + r) * K + kc0 + k;
-					unsigned char *dst = ws + (m * C::RB + r) * C::WSTRIDE;
-					if (DT == DT_F8)
-						dst[k] = ((const uint8_t *)a.w[e][m])[i];
-					else
-						((uint16_t *)dst)[k] = ((const uint16_t *)a.w[e][m])[i];
-				}
-			}
-			for (int p = tid; p < C::TB * 128; p += THREADS) {
-				int i = p / 128, k = p % 128;
-				if (i < n_toks && k < kcols) {
-					int xr = xrow_s[i];
-					xs[i * XSTRIDE + k] = xr >= 0 ? a.x[xr * a.x_stride + kc0 + k] : 0.0f;
-				}
-			}
-		}
-		cp_async_commit();
-	};
-
-	float p[NMAT][C::RT][TT][4], acc[NMAT][C::RT][TT][4];
-#pragma unroll
-	for (int m = 0; m < NMAT; m++)
-#pragma unroll
-		for (int r = 0; r < C::RT; r++)
-#pragma unroll
-			for (int i = 0; i < TT; i++)
-#pragma unroll
-				for (int q = 0; q < 4; q++)
-					p[m][r][i][q] = acc[m][r][i][q] = 0.0f;
-
-	/* One step t of a chunk: every lane's partial takes its term (if its column is < kcols). */
-	auto step = [&](const unsigned char *ws, const float *xs, int t, int kcols, bool full) {
-		const int k = 16 * t + 4 * j;
-		float4 xv[TT];
-#pragma unroll
-		for (int i = 0; i < TT; i++)
-			xv[i] = *(const float4 *)(xs + (wt * TT + i) * XSTRIDE + k);
-#pragma unroll
-		for (int m = 0; m < NMAT; m++)
-#pragma unroll
-			for (int r = 0; r < C::RT; r++) {
-				float wv[4];
-				int rl = wr * 8 + qi + 8 * WR * r;
-				decode4<DT>(ws + (m * C::RB + rl) * C::WSTRIDE + k * C::ESZ, wv);
-#pragma unroll
-				for (int i = 0; i < TT; i++) {
-					const float xq[4] = { xv[i].x, xv[i].y, xv[i].z, xv[i].w };
-#pragma unroll
-					for (int q = 0; q < 4; q++)
-						if (full || k + q < kcols)
-							p[m][r][i][q] = fmaf(wv[q], xq[q], p[m][r][i][q]);
-				}
-			}
-	};
-
-#pragma unroll
-	for (int st = 0; st < C::NSTAGE - 1; st++) {
-		if (st < n_chunk)
-			load(st, st);
-		else
-			cp_async_commit();
-	}
-	for (int c = 0; c < n_chunk; c++) {
-		cp_async_wait<C::NSTAGE - 2>();
-		__syncthreads();
-		const int nc = c + C::NSTAGE - 1;
-		if (nc < n_chunk)
-			load(nc, nc % C::NSTAGE);
-		else
-			cp_async_commit();
-
-		/* Block scales of my rows for this chunk (1.0f without scales or past the last row). */
-		float sc[NMAT][C::RT];
-#pragma unroll
-		for (int m = 0; m < NMAT; m++)
-#pragma unroll
-			for (int r = 0; r < C::RT; r++) {
-				int row = row0 + wr * 8 + qi + 8 * WR * r;
-				const float *s = a.s[e][m];
-				sc[m][r] = (s && row < a.rows) ? __ldg(s + (size_t)(row / 128) * n_chunk + c)
-							       : 1.0f;
-			}
-		const unsigned char *ws = smem + (c % C::NSTAGE) * C::STAGE;
-		const float *xs = (const float *)(ws + C::WBYTES);
-		const int kcols = min(128, K - c * 128);
-		if (kcols == 128) {
-#pragma unroll
-			for (int t = 0; t < 8; t++)
-				step(ws, xs, t, 128, true);
-		} else {
-			for (int t = 0; t < 8; t++)
-				step(ws, xs, t, kcols, false);
-		}
-#pragma unroll
-		for (int m = 0; m < NMAT; m++)
-#pragma unroll
-			for (int r = 0; r < C::RT; r++)
-#pragma unroll
-				for (int i = 0; i < TT; i++)
-#pragma unroll
-					for (int q = 0; q < 4; q++) {
-						acc[m][r][i][q] = fmaf(p[m][r][i][q], sc[m][r],
-								       acc[m][r][i][q]);
-						p[m][r][i][q] = 0.0f;
-					}
-	}
-	cp_async_wait<0>();
-
-#pragma unroll
-	for (int r = 0; r < C::RT; r++)
-#pragma unroll
-		for (int i = 0; i < TT; i++) {
-			float d[NMAT];
-#pragma unroll
-			for (int m = 0; m < NMAT; m++)
-				d[m] = quad_tree(acc[m][r][i]);
-			const int rl = wr * 8 + qi + 8 * WR * r, tl = wt * TT + i;
-			if (j == 0 && rl < n_rows && tl < n_toks) {
-				float v = NMAT == 2 ? moet_silu_c(d[0]) * d[NMAT - 1] : moet_canon_nan(d[0]);
-				long long pair = (long long)a.pair0[e] + tok0 + tl;
-				a.out[pair * a.out_stride + row0 + rl] = v;
-			}
-		}
-}
-
-/* ---- host side ------------------------------------------------------------------------------ */
-
-#define N_CLASS 5
-
-/* Token-count classes: n = 1, 2, 3-4, 5-8, >= 9 tokens per expert. */
-static int class_of(int64_t n)
-{
-	return n <= 1 ? 0 : n == 2 ? 1 : n <= 4 ? 2 : n <= 8 ? 3 : 4;
-}
-
-typedef void (*kernel_fn)(pass_args);
-
-struct kernel_ent {
-	kernel_fn fn;
-	int smem, rb, tb;
-};
-
-template <int DT, int NMAT, int TT, int WR> static kernel_ent ent(void)
-{
-	using C = cfg<DT, NMAT, TT, WR>;
-	return kernel_ent{ rows_kernel<DT, NMAT, TT, WR>, C::SMEM, C::RB, C::TB };
-}
-
-template <int DT, int NMAT> static kernel_ent class_ent(int cl)
-{
-	switch (cl) {
-	case 0: return ent<DT, NMAT, 1, 8>();
-	case 1: return ent<DT, NMAT, 2, 8>();
-	case 2: return ent<DT, NMAT, 4, 8>();
-	case 3: return ent<DT, NMAT, 4, 4>();
-	default: return ent<DT, NMAT, 4, 2>();
-	}
-}
-
-static kernel_ent pick(int dt, int nmat, int cl)
-{
-	if (dt == DT_F8)
-		return nmat == 2 ? class_ent<DT_F8, 2>(cl) : class_ent<DT_F8, 1>(cl);
-	return nmat == 2 ? class_ent<DT_BF16, 2>(cl) : class_ent<DT_BF16, 1>(cl);
-}
 
 static bool aligned16(const void *p)
 {
 	return ((uintptr_t)p & 15u) == 0;
 }
 
-/* One pass (gate_up or down) over all experts: launches per class, EXP_MAX experts each. */
-static int run_pass(const moet_gpu_expert *exps, int64_t n_exp, int dt, int nmat,
-		    pass_args base, cudaStream_t stream)
+/* Groups of the two passes: an expert's gate and up, or its down. */
+static void get_gate_up(const void *ctx, int64_t i, moet_rows_group *g)
 {
-	for (int cl = 0; cl < N_CLASS; cl++) {
-		kernel_ent k = pick(dt, nmat, cl);
-		pass_args a = base;
-		long long tiles = 0;
-		int64_t pair = 0; /* first pair of expert e */
-		a.n_exp = 0;
-		for (int64_t e = 0; e <= n_exp; pair += e < n_exp ? exps[e].n_tok : 0, e++) {
-			bool take = e < n_exp && exps[e].n_tok > 0 && class_of(exps[e].n_tok) == cl;
-			if (take) {
-				const moet_gpu_expert *x = &exps[e];
-				const moet_mat *m0 = nmat == 2 ? &x->gate : &x->down;
-				a.w[a.n_exp][0] = m0->data;
-				a.s[a.n_exp][0] = m0->scale_inv;
-				a.w[a.n_exp][1] = nmat == 2 ? x->up.data : NULL;
-				a.s[a.n_exp][1] = nmat == 2 ? x->up.scale_inv : NULL;
-				a.pair0[a.n_exp] = (int)pair;
-				a.n[a.n_exp] = (int)x->n_tok;
-				a.tile0[a.n_exp] = (int)tiles;
-				tiles += (long long)((a.rows + k.rb - 1) / k.rb) *
-					 ((x->n_tok + k.tb - 1) / k.tb);
-				if (tiles > INT_MAX)
-					return moet_err(MOET_EINVAL, "expert ffn: %lld tiles in one "
-							"launch", tiles);
-				a.n_exp++;
-			}
-			if (a.n_exp > 0 && (a.n_exp == EXP_MAX || e == n_exp)) {
-				a.tile0[a.n_exp] = (int)tiles;
-				/* NOTE: sets the limit on the current device; cheap, no sync. */
-				MOET_CUDA_TRY(cudaFuncSetAttribute(k.fn,
-					cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
-				k.fn<<<(unsigned)tiles, THREADS, (size_t)k.smem, stream>>>(a);
-				MOET_CUDA_TRY(cudaGetLastError());
-				a.n_exp = 0;
-				tiles = 0;
-			}
-		}
-	}
-	return 0;
+	const moet_gpu_expert *x = (const moet_gpu_expert *)ctx + i;
+	*g = moet_rows_group{ { x->gate.data, x->up.data }, { x->gate.scale_inv, x->up.scale_inv },
+			      x->n_tok };
+}
+
+static void get_down(const void *ctx, int64_t i, moet_rows_group *g)
+{
+	const moet_gpu_expert *x = (const moet_gpu_expert *)ctx + i;
+	*g = moet_rows_group{ { x->down.data, NULL }, { x->down.scale_inv, NULL }, x->n_tok };
 }
 
 extern "C" size_t moet_gpu_expert_scratch_bytes(int64_t n_pairs, int64_t inter)
@@ -516,9 +111,11 @@ extern "C" int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, c
 		return moet_err(MOET_EINVAL, "expert ffn: scratch of %zu bytes, %zu needed",
 				scratch_bytes, moet_gpu_expert_scratch_bytes(n_pairs, I));
 
-	const int idt = dt == MOET_DT_F8_E4M3 ? DT_F8 : DT_BF16;
+	const int idt = dt == MOET_DT_F8_E4M3 ? MOET_ROWS_F8 : MOET_ROWS_BF16;
 	const int64_t hs = (I + 3) / 4 * 4; /* h row stride: 16-byte rows for the down pass */
-	pass_args g = {};
+	moet_rows_job g = {};
+	g.dt = idt;
+	g.nmat = 2;
 	g.rows = (int)I;
 	g.K = (int)H;
 	g.x = x;
@@ -528,10 +125,12 @@ extern "C" int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, c
 	g.out = (float *)scratch;
 	g.out_stride = hs;
 	g.vec = vec_up && H % 4 == 0 && aligned16(x);
-	int rc = run_pass(exps, n_exp, idt, 2, g, (cudaStream_t)stream);
+	int rc = moet_rows_run(&g, get_gate_up, exps, n_exp, (cudaStream_t)stream);
 	if (rc)
 		return rc;
-	pass_args d = {};
+	moet_rows_job d = {};
+	d.dt = idt;
+	d.nmat = 1;
 	d.rows = (int)H;
 	d.K = (int)I;
 	d.x = (const float *)scratch;
@@ -541,5 +140,6 @@ extern "C" int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, c
 	d.out = y;
 	d.out_stride = H;
 	d.vec = vec_down && aligned16(scratch);
-	return run_pass(exps, n_exp, idt, 1, d, (cudaStream_t)stream);
+	d.canon = 1;
+	return moet_rows_run(&d, get_down, exps, n_exp, (cudaStream_t)stream);
 }

@@ -86,6 +86,117 @@ int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, const float 
 			const int32_t *tok, void *scratch, size_t scratch_bytes, float *y,
 			void *stream);
 
+/*
+ * ---- The dense path (gpu/linear.cu, rmsnorm.cu, rope.cu, attention.cu, kv_write.cu,
+ * router.cu, embed.cu, add.cu, combine.cu, argmax.cu) -------------------------------------------
+ * Every op works on DEVICE pointers (borrowed), is queued on `stream` (cudaStream_t, NULL = the
+ * default stream), allocates nothing, never waits on the host, and is deterministic (no
+ * atomics) and batch-invariant (a row's result never depends on the other rows of the call).
+ * Each returns 0, MOET_EINVAL (NULL pointers, strides, counts or sizes out of range; the detail
+ * names them), MOET_EUNSUP (a dtype it does not take, or a build without CUDA) or MOET_EDEVICE
+ * (a launch failed; file:line in the detail). Strides are in floats. How each relates to the
+ * CPU reference backend: docs/gpu.md, "The dense path".
+ */
+
+/*
+ * Linear layer: y[t * y_stride + r] = D(W, r, x + t * x_stride) for every row r of W and
+ * t < n_tok: the contract dot, bit for bit moet_dot_ref (non-NaN outputs; a NaN's payload may
+ * differ). W is a moet_mat whose data and scale_inv are device pointers (F8_E4M3 with F32
+ * block scales, BF16 or F32; scale_inv NULL = 1.0f). Shares the expert kernel's row machinery.
+ * Returns MOET_ESHAPE for an empty or oversized matrix.
+ */
+int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,
+		    int64_t y_stride, void *stream);
+
+/*
+ * RMSNorm of n_rows rows of n values: out[i] = w[i] * (x[i] * inv), inv = 1/sqrt(mean(x^2)+eps)
+ * with the sum of squares in binary64 in a fixed order (rmsnorm.cu says which) and rounded
+ * once: within 2 ulp of moet_rmsnorm_ref, nearly always equal. out may be x (same stride);
+ * otherwise they must not overlap.
+ */
+int moet_gpu_rmsnorm(const float *x, int64_t x_stride, const float *w, int64_t n, int64_t n_rows,
+		     double eps, float *out, int64_t out_stride, void *stream);
+
+/*
+ * Rotary embedding in place of n_heads heads of each of n_rows rows, row t at position pos[t]
+ * (device int32 [n_rows]): the rope part of head h of row t is the 2 * n_freq floats at
+ * x + t * row_stride + h * head_stride. The cos/sin tables are computed on the device from
+ * inv_freq (device [n_freq]) and attn_factor with moet_rope_tables_ref's arithmetic (binary64
+ * cos/sin of the binary32 angle); the rotation is moet_rope_ref's, interleave as there.
+ * n_freq <= 256.
+ */
+int moet_gpu_rope(float *x, int64_t n_rows, int64_t row_stride, int64_t n_heads,
+		  int64_t head_stride, int64_t n_freq, const int32_t *pos, const float *inv_freq,
+		  float attn_factor, int interleave, void *stream);
+
+/*
+ * Appends each row's K and V to its own cache, in runtime/forward.c's layout: kvb row t
+ * (t * kvb_stride) holds per head [k_nope (d_nope) | v (d_v)] (kv_b's output); k_pe row t
+ * (t * k_pe_stride) the roped shared key part (d_rope). Position pos[t] of row t's cache gets
+ *   K: k_base[t] + pos[t] * k_pos_stride + h * (d_nope + d_rope) <- [k_nope_h | k_pe]
+ *   V: v_base[t] + pos[t] * v_pos_stride + h * d_v              <- v_h
+ * k_base, v_base: device arrays [n_rows] of device pointers (a row's cache of this layer);
+ * pos: device int32 [n_rows]. No two rows may name the same (cache, position). n_rows <= 65535.
+ */
+int moet_gpu_kv_write(const float *kvb, int64_t kvb_stride, const float *k_pe,
+		      int64_t k_pe_stride, int64_t n_rows, int64_t n_heads, int64_t d_nope,
+		      int64_t d_rope, int64_t d_v, float *const *k_base, float *const *v_base,
+		      int64_t k_pos_stride, int64_t v_pos_stride, const int32_t *pos, void *stream);
+
+/*
+ * Causal attention of n_rows rows, each over its own cache: for row t and head h, the query
+ * at q + t * q_stride + h * d_qk attends to positions 0 .. pos[t] of K (k_base[t] +
+ * p * k_pos_stride + h * d_qk) and V (v_base[t] + p * v_pos_stride + h * d_v); the result goes
+ * to out + t * out_stride + h * d_v. Arithmetic: moet_attend_ref's (binary64 sums in index
+ * order, exp_c softmax), so the outputs equal the CPU's bit for bit (NaN payloads aside).
+ * The K/V of a row's own position must be in the cache first (moet_gpu_kv_write).
+ * d_qk, d_v <= 256; n_rows, n_heads <= 65535; pos[t] >= 0.
+ */
+int moet_gpu_attention(const float *q, int64_t q_stride, int64_t n_rows, int64_t n_heads,
+		       int64_t d_qk, int64_t d_v, float *const *k_base, float *const *v_base,
+		       int64_t k_pos_stride, int64_t v_pos_stride, const int32_t *pos, float scale,
+		       float *out, int64_t out_stride, void *stream);
+
+/*
+ * The noaux_tc router for n_tok tokens: logits [n_tok][n_exp] (from moet_gpu_linear with the
+ * router weights) -> scores 1 / (1 + exp_c(-logit)), then out_ids [n_tok][top_k] and out_w
+ * [n_tok][top_k] identical to moet_router_select_ref's (canonical order, groups, weights).
+ * bias: device [n_exp] (e_score_correction_bias). n_exp <= 4096, divisible by n_group when
+ * n_group > 1.
+ */
+int moet_gpu_router(const float *logits, int64_t n_tok, int64_t n_exp, const float *bias,
+		    int64_t n_group, int64_t topk_group, int64_t top_k, int norm_topk_prob,
+		    float routed_scaling_factor, int32_t *out_ids, float *out_w, void *stream);
+
+/*
+ * Embedding: x [n_tok][table->cols] = rows tok[t] of the table (device data, BF16, F16 or F32)
+ * decoded exactly to binary32; a token outside [0, table->rows) gives a row of +0.
+ */
+int moet_gpu_embed(const moet_mat *table, const int32_t *tok, int64_t n_tok, float *x,
+		   void *stream);
+
+/* Residual add: x[i] = x[i] + y[i] for i < n. */
+int moet_gpu_add(float *x, const float *y, int64_t n, void *stream);
+
+/*
+ * The canonical combine (docs/numerics.md) of n_tok tokens: for each token t and j < H,
+ *   routed = +0; routed = fma(w[t][i], y[slot[t][i]][j], routed) for i = 0 .. top_k-1;
+ *   out[t][j] = canon(routed + shared[t][j])   (shared NULL: canon(routed))
+ * y [n_y][H]: the expert outputs; slot, w [n_tok][top_k]: each token's rows of y and weights
+ * in canonical order (a slot outside [0, n_y) reads as +0). out may be shared. Bit for bit the
+ * CPU forward pass's combine. n_tok <= 65535.
+ */
+int moet_gpu_combine(const float *y, int64_t n_y, const int32_t *slot, const float *w,
+		     int64_t top_k, const float *shared, int64_t n_tok, int64_t H, float *out,
+		     void *stream);
+
+/*
+ * Greedy decoding: out_ids[t] = the id of the largest of logits[t * stride + 0 .. n_cols-1],
+ * the CPU's rule (ties to the lowest id, NaN never wins, 0 if logits[t][0] is NaN).
+ */
+int moet_gpu_argmax(const float *logits, int64_t n_rows, int64_t n_cols, int64_t stride,
+		    int32_t *out_ids, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

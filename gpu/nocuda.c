@@ -91,3 +91,90 @@ int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, const float 
 	(void)stream;
 	return no_cuda("moet_gpu_expert_ffn");
 }
+
+/* ---- The dense path: every op answers MOET_EUNSUP. ---- */
+
+int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,
+		    int64_t y_stride, void *stream)
+{
+	(void)w, (void)x, (void)x_stride, (void)n_tok, (void)y, (void)y_stride, (void)stream;
+	return no_cuda("moet_gpu_linear");
+}
+
+int moet_gpu_rmsnorm(const float *x, int64_t x_stride, const float *w, int64_t n, int64_t n_rows,
+		     double eps, float *out, int64_t out_stride, void *stream)
+{
+	(void)x, (void)x_stride, (void)w, (void)n, (void)n_rows, (void)eps, (void)out;
+	(void)out_stride, (void)stream;
+	return no_cuda("moet_gpu_rmsnorm");
+}
+
+int moet_gpu_rope(float *x, int64_t n_rows, int64_t row_stride, int64_t n_heads,
+		  int64_t head_stride, int64_t n_freq, const int32_t *pos, const float *inv_freq,
+		  float attn_factor, int interleave, void *stream)
+{
+	(void)x, (void)n_rows, (void)row_stride, (void)n_heads, (void)head_stride, (void)n_freq;
+	(void)pos, (void)inv_freq, (void)attn_factor, (void)interleave, (void)stream;
+	return no_cuda("moet_gpu_rope");
+}
+
+int moet_gpu_kv_write(const float *kvb, int64_t kvb_stride, const float *k_pe,
+		      int64_t k_pe_stride, int64_t n_rows, int64_t n_heads, int64_t d_nope,
+		      int64_t d_rope, int64_t d_v, float *const *k_base, float *const *v_base,
+		      int64_t k_pos_stride, int64_t v_pos_stride, const int32_t *pos, void *stream)
+{
+	(void)kvb, (void)kvb_stride, (void)k_pe, (void)k_pe_stride, (void)n_rows, (void)n_heads;
+	(void)d_nope, (void)d_rope, (void)d_v, (void)k_base, (void)v_base, (void)k_pos_stride;
+	(void)v_pos_stride, (void)pos, (void)stream;
+	return no_cuda("moet_gpu_kv_write");
+}
+
+int moet_gpu_attention(const float *q, int64_t q_stride, int64_t n_rows, int64_t n_heads,
+		       int64_t d_qk, int64_t d_v, float *const *k_base, float *const *v_base,
+		       int64_t k_pos_stride, int64_t v_pos_stride, const int32_t *pos, float scale,
+		       float *out, int64_t out_stride, void *stream)
+{
+	(void)q, (void)q_stride, (void)n_rows, (void)n_heads, (void)d_qk, (void)d_v;
+	(void)k_base, (void)v_base, (void)k_pos_stride, (void)v_pos_stride, (void)pos;
+	(void)scale, (void)out, (void)out_stride, (void)stream;
+	return no_cuda("moet_gpu_attention");
+}
+
+int moet_gpu_router(const float *logits, int64_t n_tok, int64_t n_exp, const float *bias,
+		    int64_t n_group, int64_t topk_group, int64_t top_k, int norm_topk_prob,
+		    float routed_scaling_factor, int32_t *out_ids, float *out_w, void *stream)
+{
+	(void)logits, (void)n_tok, (void)n_exp, (void)bias, (void)n_group, (void)topk_group;
+	(void)top_k, (void)norm_topk_prob, (void)routed_scaling_factor, (void)out_ids;
+	(void)out_w, (void)stream;
+	return no_cuda("moet_gpu_router");
+}
+
+int moet_gpu_embed(const moet_mat *table, const int32_t *tok, int64_t n_tok, float *x,
+		   void *stream)
+{
+	(void)table, (void)tok, (void)n_tok, (void)x, (void)stream;
+	return no_cuda("moet_gpu_embed");
+}
+
+int moet_gpu_add(float *x, const float *y, int64_t n, void *stream)
+{
+	(void)x, (void)y, (void)n, (void)stream;
+	return no_cuda("moet_gpu_add");
+}
+
+int moet_gpu_combine(const float *y, int64_t n_y, const int32_t *slot, const float *w,
+		     int64_t top_k, const float *shared, int64_t n_tok, int64_t H, float *out,
+		     void *stream)
+{
+	(void)y, (void)n_y, (void)slot, (void)w, (void)top_k, (void)shared, (void)n_tok, (void)H;
+	(void)out, (void)stream;
+	return no_cuda("moet_gpu_combine");
+}
+
+int moet_gpu_argmax(const float *logits, int64_t n_rows, int64_t n_cols, int64_t stride,
+		    int32_t *out_ids, void *stream)
+{
+	(void)logits, (void)n_rows, (void)n_cols, (void)stride, (void)out_ids, (void)stream;
+	return no_cuda("moet_gpu_argmax");
+}

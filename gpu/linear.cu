@@ -1,0 +1,81 @@
+/*
+ * linear.cu: a dense linear layer on the device, y[t][r] = D(W, r, x_t) for every row r of W
+ * and every token t: the contract dot product, bit for bit what moet_dot_ref (cpu/expert_ref.c)
+ * returns. It is one group of the contract row machinery (rows.cu: the mapping onto threads
+ * and why it is exact), so the linear layers, the router logits and the LM head share the
+ * expert kernel's arithmetic and never a second dot.
+ *
+ * NOTE: a NaN output's payload may differ from the host's (the device's operations on a NaN
+ * give the canonical 0x7FFFFFFF, x86 keeps the input's payload); non-NaN outputs are identical.
+ */
+#include "moet_gpu.h"
+
+#include "gpu_int.h"
+#include "rows_int.h"
+
+#include <cuda_runtime.h>
+#include <limits.h>
+#include <stdint.h>
+
+struct linear_ctx {
+	const moet_mat *w;
+	int64_t n_tok;
+};
+
+static void get_one(const void *ctx, int64_t i, moet_rows_group *g)
+{
+	const linear_ctx *c = (const linear_ctx *)ctx;
+	(void)i;
+	*g = moet_rows_group{ { c->w->data, NULL }, { c->w->scale_inv, NULL }, c->n_tok };
+}
+
+static bool aligned16(const void *p)
+{
+	return ((uintptr_t)p & 15u) == 0;
+}
+
+extern "C" int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok,
+			       float *y, int64_t y_stride, void *stream)
+{
+	if (!w || !w->data)
+		return moet_err(MOET_EINVAL, "linear: no matrix or no data");
+	const moet_dtype dt = w->dtype;
+	if (dt != MOET_DT_F8_E4M3 && dt != MOET_DT_BF16 && dt != MOET_DT_F32)
+		return moet_err(MOET_EUNSUP, "linear: weight dtype %d (F8_E4M3, BF16 or F32)",
+				(int)dt);
+	const int64_t R = w->rows, K = w->cols;
+	const size_t esz = dt == MOET_DT_F8_E4M3 ? 1 : dt == MOET_DT_BF16 ? 2 : 4;
+	if (R < 1 || K < 1 || R > INT_MAX / 2 || K > INT_MAX / 2)
+		return moet_err(MOET_ESHAPE, "linear: matrix is %lldx%lld", (long long)R,
+				(long long)K);
+	if (((uintptr_t)w->data & (esz - 1)) || ((uintptr_t)w->scale_inv & 3u))
+		return moet_err(MOET_EINVAL, "linear: data %p / scale_inv %p misaligned", w->data,
+				(const void *)w->scale_inv);
+	if (n_tok < 0 || n_tok > INT_MAX)
+		return moet_err(MOET_EINVAL, "linear: n_tok %lld", (long long)n_tok);
+	if (n_tok == 0)
+		return 0;
+	if (!x || !y || ((uintptr_t)x & 3u) || ((uintptr_t)y & 3u) || x_stride < K ||
+	    y_stride < R)
+		return moet_err(MOET_EINVAL, "linear: x %p (stride %lld), y %p (stride %lld) for a "
+				"%lldx%lld matrix: NULL, misaligned or strides too small",
+				(const void *)x, (long long)x_stride, (void *)y, (long long)y_stride,
+				(long long)R, (long long)K);
+	moet_rows_job j = {};
+	j.dt = dt == MOET_DT_F8_E4M3 ? MOET_ROWS_F8 : dt == MOET_DT_BF16 ? MOET_ROWS_BF16
+									 : MOET_ROWS_F32;
+	j.nmat = 1;
+	j.rows = (int)R;
+	j.K = (int)K;
+	j.x = x;
+	j.x_stride = x_stride;
+	j.tok = NULL;
+	j.n_x = (int)n_tok;
+	j.out = y;
+	j.out_stride = y_stride;
+	j.vec = (K * (int64_t)esz) % 16 == 0 && K % 4 == 0 && x_stride % 4 == 0 &&
+		aligned16(w->data) && aligned16(x);
+	j.canon = 0;
+	linear_ctx c = { w, n_tok };
+	return moet_rows_run(&j, get_one, &c, 1, (cudaStream_t)stream);
+}

@@ -1,0 +1,974 @@
+/*
+ * test_gpu_dense.c: the CUDA dense-path ops (gpu/linear.cu .. argmax.cu) against the CPU
+ * reference backend's functions, on random data of the tiny and the Kimi-K2 geometry.
+ *
+ *   bit for bit (memcmp; NaN outputs are canonical on both sides where the op canonicalizes,
+ *   compared as "any NaN" where it does not):  linear (moet_dot_ref), router ids and weights
+ *   (moet_router_select_ref after the CPU's sigmoid), combine (the forward pass's loop), embed,
+ *   residual add, argmax (the generate loop's rule), kv write (the forward pass's cache
+ *   layout), attention (moet_attend_ref: the GPU repeats its binary64 sums in index order);
+ *   within a stated tolerance: rmsnorm (2 ulp of moet_rmsnorm_ref; exact matches counted),
+ *   rope (1 binary32 ulp of each table entry's effect; exact matches counted, >= 99.9%).
+ *   Attention batch invariance: every row of a ragged batch (several sequences, prefill chunks
+ *   and decode rows at different positions) equals the same row run alone, bit for bit.
+ *   Every op runs twice; the two outputs must be identical. Bad arguments give MOET_EINVAL.
+ *
+ * Large checks sample rows (always the first and last) so that the scalar reference stays
+ * within a few seconds on the reference threads. Skips (77) without a CUDA device.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "moet_cpu.h"
+#include "moet_err.h"
+#include "moet_expc.h"
+#include "moet_gpu.h"
+#include "moet_test.h"
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+static uint64_t rnd(void)
+{
+	uint64_t x = rng_state;
+	x ^= x << 13;
+	x ^= x >> 7;
+	x ^= x << 17;
+	return rng_state = x;
+}
+static float rnd_unit(void) /* [-1, 1) */
+{
+	return (float)((double)(rnd() >> 11) * 0x1p-52 - 1.0);
+}
+
+/* ---- device helpers: every failure is counted and printed ------------------------------- */
+
+static int dev_fail(int rc, const char *what)
+{
+	if (rc)
+		CHECK(0, "%s: %s", what, moet_errmsg());
+	return rc;
+}
+
+static void *up(const void *h, size_t bytes)
+{
+	void *d = NULL;
+	if (dev_fail(moet_gpu_alloc(bytes ? bytes : 4, &d), "alloc"))
+		return NULL;
+	if (h && dev_fail(moet_gpu_copy_h2d(d, h, bytes), "h2d")) {
+		moet_gpu_free(d);
+		return NULL;
+	}
+	return d;
+}
+
+static int down(void *h, const void *d, size_t bytes)
+{
+	int rc = dev_fail(moet_gpu_sync(NULL), "sync");
+	return rc ? rc : dev_fail(moet_gpu_copy_d2h(h, d, bytes), "d2h");
+}
+
+/* ---- comparisons ------------------------------------------------------------------------ */
+
+static int nan_f(float f)
+{
+	return f != f;
+}
+
+/* Bit-equal, any NaN equal to any NaN when nan_any. Prints the first mismatch. */
+static int same_bits(const char *what, const float *g, const float *c, size_t n, int nan_any)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (nan_any && nan_f(g[i]) && nan_f(c[i]))
+			continue;
+		if (memcmp(&g[i], &c[i], 4)) {
+			CHECK(0, "%s: element %zu: gpu %08x (%g), cpu %08x (%g)", what, i,
+			      moet_f32_bits(g[i]), (double)g[i], moet_f32_bits(c[i]), (double)c[i]);
+			return 0;
+		}
+	}
+	return 1;
+}
+
+static int64_t ordered(float f) /* monotone integer image of a float (+0 == -0) */
+{
+	int32_t i = (int32_t)moet_f32_bits(f);
+	return i < 0 ? -(int64_t)(i & 0x7FFFFFFF) : (int64_t)i;
+}
+
+/* Within max_ulp; *exact counts bit-equal elements. */
+static int within_ulp(const char *what, const float *g, const float *c, size_t n, int max_ulp,
+		      size_t *exact)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (!memcmp(&g[i], &c[i], 4)) {
+			(*exact)++;
+			continue;
+		}
+		int64_t d = ordered(g[i]) - ordered(c[i]);
+		if (nan_f(g[i]) || nan_f(c[i]) || d > max_ulp || d < -max_ulp) {
+			CHECK(0, "%s: element %zu: gpu %08x (%.9g), cpu %08x (%.9g), %lld ulp", what,
+			      i, moet_f32_bits(g[i]), (double)g[i], moet_f32_bits(c[i]),
+			      (double)c[i], (long long)d);
+			return 0;
+		}
+	}
+	return 1;
+}
+
+/* ---- a parallel loop for the scalar reference ------------------------------------------- */
+
+typedef void (*par_fn)(void *ctx, int64_t i);
+typedef struct {
+	par_fn fn;
+	void *ctx;
+	int64_t n, next;
+	pthread_mutex_t mu;
+} par_job;
+
+static void *par_worker(void *arg)
+{
+	par_job *j = arg;
+	for (;;) {
+		pthread_mutex_lock(&j->mu);
+		int64_t i = j->next++;
+		pthread_mutex_unlock(&j->mu);
+		if (i >= j->n)
+			return NULL;
+		j->fn(j->ctx, i);
+	}
+}
+
+static void par_for(int64_t n, par_fn fn, void *ctx)
+{
+	par_job j = { fn, ctx, n, 0, PTHREAD_MUTEX_INITIALIZER };
+	long nt = sysconf(_SC_NPROCESSORS_ONLN);
+	pthread_t th[32];
+	int started = 0;
+	nt = nt < 1 ? 1 : nt > 32 ? 32 : nt;
+	for (long i = 0; i < nt; i++)
+		if (!pthread_create(&th[started], NULL, par_worker, &j))
+			started++;
+	par_worker(&j);
+	for (int i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+}
+
+/* ---- linear ----------------------------------------------------------------------------- */
+
+typedef struct {
+	const moet_mat *w;
+	const float *x, *y;
+	int64_t x_stride, y_stride, n_tok;
+	const int64_t *rows;
+	int bad;            /* first mismatching row index + 1 */
+	pthread_mutex_t mu;
+} lin_ctx;
+
+static void lin_row(void *ctx, int64_t i)
+{
+	lin_ctx *c = ctx;
+	const int64_t r = c->rows[i];
+	for (int64_t t = 0; t < c->n_tok; t++) {
+		float ref = moet_dot_ref(c->w, r, c->x + t * c->x_stride);
+		float got = c->y[t * c->y_stride + r];
+		if (memcmp(&ref, &got, 4) && !(nan_f(ref) && nan_f(got))) {
+			pthread_mutex_lock(&c->mu);
+			if (!c->bad) {
+				c->bad = 1;
+				fprintf(stderr, "  row %lld token %lld: gpu %08x (%g), cpu %08x (%g)\n",
+					(long long)r, (long long)t, moet_f32_bits(got), (double)got,
+					moet_f32_bits(ref), (double)ref);
+			}
+			pthread_mutex_unlock(&c->mu);
+			return;
+		}
+	}
+}
+
+/* Fills n weight elements quickly (large matrices): e4m3 codes without NaN, bf16 of [-2, 2),
+ * f32 of [-2, 2); edge != 0 mixes in zeros of both signs and subnormals. */
+static void fill_weights(moet_dtype dt, void *p, size_t n, int edge)
+{
+	for (size_t i = 0; i < n; i += 4) {
+		uint64_t r = rnd();
+		for (size_t k = i; k < i + 4 && k < n; k++, r >>= 16) {
+			uint16_t b = (uint16_t)r;
+			if (edge && (b & 7) == 0)
+				b = (b & 0x8000) | ((b >> 3) & 3); /* +-0, tiny subnormal */
+			if (dt == MOET_DT_F8_E4M3) {
+				uint8_t c = (uint8_t)b;
+				((uint8_t *)p)[k] = (c & 0x7F) == 0x7F ? (uint8_t)(c ^ 1) : c;
+			} else if (dt == MOET_DT_BF16) { /* sign, 2^-7 .. 2^0, any mantissa */
+				uint16_t v = (uint16_t)((b & 0x807F) | ((120 + ((b >> 7) & 7)) << 7));
+				((uint16_t *)p)[k] = edge && (b & 7) == 0 ? b : v;
+			} else {
+				((float *)p)[k] = edge && (b & 7) == 0 ? moet_bits_f32(b & 0x8003)
+								       : rnd_unit() * 2.0f;
+			}
+		}
+	}
+}
+
+static int64_t n_lin_cases, n_lin_dots;
+
+/* One linear case: R x K of dtype dt, n_tok tokens, strides padded by pad floats; at most
+ * budget scalar multiply-adds of reference work (rows sampled beyond it). */
+static void linear_case(const char *name, moet_dtype dt, int64_t R, int64_t K, int64_t n_tok,
+			int64_t pad, int edge, double budget)
+{
+	const size_t esz = dt == MOET_DT_F8_E4M3 ? 1 : dt == MOET_DT_BF16 ? 2 : 4;
+	const int64_t nb = ((R + 127) / 128) * ((K + 127) / 128);
+	const int64_t xs = K + pad, ys = R + pad;
+	void *w = malloc((size_t)(R * K) * esz);
+	float *s = dt == MOET_DT_F8_E4M3 ? malloc((size_t)nb * sizeof(float)) : NULL;
+	float *x = malloc((size_t)(n_tok * xs) * sizeof(float));
+	float *y = malloc((size_t)(n_tok * ys) * sizeof(float));
+	float *y2 = malloc((size_t)(n_tok * ys) * sizeof(float));
+	int64_t *rows = malloc((size_t)R * sizeof(int64_t));
+	void *dw = NULL, *ds = NULL, *dx = NULL, *dy = NULL;
+	if (!w || (dt == MOET_DT_F8_E4M3 && !s) || !x || !y || !y2 || !rows) {
+		CHECK(0, "%s: host memory", name);
+		goto out;
+	}
+	fill_weights(dt, w, (size_t)(R * K), edge);
+	for (int64_t b = 0; s && b < nb; b++)
+		s[b] = edge && b % 5 == 1 ? 0x1p-140f : ldexpf(1.0f + rnd_unit() * 0.5f,
+							       -4 - (int)(rnd() % 6));
+	for (int64_t i = 0; i < n_tok * xs; i++)
+		x[i] = edge && rnd() % 8 == 0 ? ((rnd() & 1) ? -0.0f : 0x1p-130f) : rnd_unit();
+	dw = up(w, (size_t)(R * K) * esz);
+	ds = s ? up(s, (size_t)nb * sizeof(float)) : NULL;
+	dx = up(x, (size_t)(n_tok * xs) * sizeof(float));
+	dy = up(NULL, (size_t)(n_tok * ys) * sizeof(float));
+	if (!dw || (s && !ds) || !dx || !dy)
+		goto out;
+	moet_mat hm = { dt, R, K, w, s }, dm = { dt, R, K, dw, ds };
+	if (dev_fail(moet_gpu_linear(&dm, dx, xs, n_tok, dy, ys, NULL), name) ||
+	    down(y, dy, (size_t)(n_tok * ys) * sizeof(float)) ||
+	    dev_fail(moet_gpu_linear(&dm, dx, xs, n_tok, dy, ys, NULL), name) ||
+	    down(y2, dy, (size_t)(n_tok * ys) * sizeof(float)))
+		goto out;
+	CHECK(!memcmp(y, y2, (size_t)(n_tok * ys) * sizeof(float)), "%s: repeat run differs", name);
+	/* Rows to check: all within the budget, else a sample with the first and the last. */
+	int64_t n_rows = R;
+	double per_row = (double)K * (double)n_tok;
+	if ((double)R * per_row > budget) {
+		n_rows = (int64_t)(budget / per_row);
+		n_rows = n_rows < 2 ? 2 : n_rows > R ? R : n_rows;
+	}
+	for (int64_t i = 0; i < n_rows; i++)
+		rows[i] = n_rows == R ? i : i == 0 ? 0 : i == 1 ? R - 1 : (int64_t)(rnd() % R);
+	lin_ctx c = { &hm, x, y, xs, ys, n_tok, rows, 0, PTHREAD_MUTEX_INITIALIZER };
+	par_for(n_rows, lin_row, &c);
+	CHECK(!c.bad, "%s: %s %lldx%lld, %lld tokens: mismatch", name,
+	      dt == MOET_DT_F8_E4M3 ? "F8" : dt == MOET_DT_BF16 ? "BF16" : "F32", (long long)R,
+	      (long long)K, (long long)n_tok);
+	n_lin_cases++;
+	n_lin_dots += n_rows * n_tok;
+out:
+	moet_gpu_free(dw);
+	moet_gpu_free(ds);
+	moet_gpu_free(dx);
+	moet_gpu_free(dy);
+	free(w);
+	free(s);
+	free(x);
+	free(y);
+	free(y2);
+	free(rows);
+}
+
+static void test_linear(void)
+{
+	static const int64_t dims[] = { 1, 13, 16, 127, 128, 129, 200 };
+	static const int64_t toks[] = { 1, 2, 3, 5, 9, 17 };
+	const moet_dtype dts[3] = { MOET_DT_F8_E4M3, MOET_DT_BF16, MOET_DT_F32 };
+	int k = 0;
+	for (int a = 0; a < 7; a++)
+		for (int b = 0; b < 7; b++, k++)
+			linear_case("linear-small", dts[k % 3], dims[a], dims[b], toks[k % 6],
+				    k % 4 == 0 ? 3 : 0, k % 5 == 0, 1e9);
+	/* Tiny model shapes (q_a 96x256, q_b 192x96, kv_a 80x256, kv_b 256x64, o 256x128, MLP,
+	 * router 32x256, lm_head 1024x256) and every token class up to 512. */
+	static const int64_t tiny[][2] = { { 96, 256 }, { 192, 96 }, { 80, 256 }, { 256, 64 },
+					   { 256, 128 }, { 512, 256 }, { 256, 512 }, { 32, 256 },
+					   { 1024, 256 } };
+	static const int64_t tt[] = { 1, 4, 8, 64, 512 };
+	for (int i = 0; i < 9; i++)
+		for (int j = 0; j < 5; j++)
+			linear_case("linear-tiny", i == 7 || i == 8 ? MOET_DT_BF16 : MOET_DT_F8_E4M3,
+				    tiny[i][0], tiny[i][1], tt[j], 0, 0, 2e8);
+	/* Kimi-K2: q_a, q_b, kv_a, kv_b, o, dense MLP, router, lm_head. */
+	linear_case("kimi-q_a", MOET_DT_F8_E4M3, 1536, 7168, 1, 0, 0, 3e8);
+	linear_case("kimi-q_a", MOET_DT_F8_E4M3, 1536, 7168, 37, 0, 1, 3e8);
+	linear_case("kimi-q_b", MOET_DT_F8_E4M3, 64 * 192, 1536, 3, 0, 0, 3e8);
+	linear_case("kimi-q_b", MOET_DT_F8_E4M3, 64 * 192, 1536, 512, 0, 0, 3e8);
+	linear_case("kimi-kv_a", MOET_DT_F8_E4M3, 576, 7168, 2, 0, 0, 3e8);
+	linear_case("kimi-kv_a", MOET_DT_F8_E4M3, 576, 7168, 100, 0, 0, 3e8);
+	linear_case("kimi-kv_b", MOET_DT_F8_E4M3, 64 * 256, 512, 8, 0, 0, 3e8);
+	linear_case("kimi-o", MOET_DT_F8_E4M3, 7168, 64 * 128, 1, 0, 0, 3e8);
+	linear_case("kimi-o", MOET_DT_F8_E4M3, 7168, 64 * 128, 256, 0, 0, 3e8);
+	linear_case("kimi-mlp-gate", MOET_DT_F8_E4M3, 18432, 7168, 4, 0, 0, 3e8);
+	linear_case("kimi-mlp-down", MOET_DT_F8_E4M3, 7168, 18432, 16, 0, 0, 3e8);
+	linear_case("kimi-router", MOET_DT_BF16, 384, 7168, 64, 0, 0, 3e8);
+	linear_case("kimi-lm_head", MOET_DT_BF16, 163840, 7168, 1, 0, 0, 3e8);
+	linear_case("kimi-lm_head", MOET_DT_BF16, 163840, 7168, 512, 0, 0, 3e8);
+	linear_case("f32-wide", MOET_DT_F32, 1000, 7168, 9, 0, 1, 3e8);
+	printf("linear: %lld cases, %lld (row, token) dots compared bit for bit\n",
+	       (long long)n_lin_cases, (long long)n_lin_dots);
+}
+
+/* ---- rmsnorm ---------------------------------------------------------------------------- */
+
+static void test_rmsnorm(void)
+{
+	static const int64_t ns[] = { 1, 7, 64, 96, 129, 256, 512, 1536, 7168 };
+	size_t exact = 0, total = 0;
+	for (int i = 0; i < 9; i++) {
+		const int64_t n = ns[i], rows = 1 + (int64_t)(rnd() % 40), st = n + (i % 3);
+		float *x = malloc((size_t)(rows * st) * sizeof(float));
+		float *w = malloc((size_t)n * sizeof(float));
+		float *g = malloc((size_t)(rows * st) * sizeof(float));
+		float *c = malloc((size_t)(rows * st) * sizeof(float));
+		float *g2 = malloc((size_t)(rows * st) * sizeof(float));
+		if (!x || !w || !g || !c || !g2) {
+			CHECK(0, "host memory");
+			return;
+		}
+		for (int64_t k = 0; k < rows * st; k++)
+			x[k] = rnd_unit() * ldexpf(1.0f, (int)(rnd() % 20) - 10);
+		for (int64_t k = 0; k < n; k++)
+			w[k] = 1.0f + rnd_unit() * 0.5f;
+		memcpy(c, x, (size_t)(rows * st) * sizeof(float));
+		for (int64_t r = 0; r < rows; r++)
+			moet_rmsnorm_ref(x + r * st, w, n, 1e-6, c + r * st);
+		float *dx = up(x, (size_t)(rows * st) * sizeof(float));
+		float *dw = up(w, (size_t)n * sizeof(float));
+		float *dy = up(x, (size_t)(rows * st) * sizeof(float));
+		if (dx && dw && dy &&
+		    !dev_fail(moet_gpu_rmsnorm(dx, st, dw, n, rows, 1e-6, dy, st, NULL), "rmsnorm") &&
+		    !down(g, dy, (size_t)(rows * st) * sizeof(float)) &&
+		    /* in place, twice: the same bits as out of place */
+		    !dev_fail(moet_gpu_rmsnorm(dx, st, dw, n, rows, 1e-6, dx, st, NULL), "rmsnorm") &&
+		    !down(g2, dx, (size_t)(rows * st) * sizeof(float))) {
+			within_ulp("rmsnorm", g, c, (size_t)(rows * st), 2, &exact);
+			total += (size_t)(rows * st);
+			CHECK(!memcmp(g, g2, (size_t)(rows * st) * sizeof(float)),
+			      "rmsnorm n %lld: in place differs", (long long)n);
+		}
+		moet_gpu_free(dx);
+		moet_gpu_free(dw);
+		moet_gpu_free(dy);
+		free(x);
+		free(w);
+		free(g);
+		free(c);
+		free(g2);
+	}
+	printf("rmsnorm: %zu values within 2 ulp of moet_rmsnorm_ref, %zu (%.4f%%) bit-equal\n",
+	       total, exact, total ? 100.0 * (double)exact / (double)total : 0.0);
+}
+
+/* ---- rope ------------------------------------------------------------------------------- */
+
+/* moet_rope_tables_ref's arithmetic (cpu/dense_ref.c; runtime/rope.c before it). */
+static void rope_tables(const float *inv_freq, int64_t n_freq, float att, int64_t pos,
+			float *ct, float *st)
+{
+	for (int64_t i = 0; i < n_freq; i++) {
+		float ang = (float)pos * inv_freq[i];
+		ct[i] = (float)cos((double)ang) * att;
+		st[i] = (float)sin((double)ang) * att;
+	}
+}
+
+static void test_rope(void)
+{
+	/* (heads, head stride, offset, row stride, n_freq): q and k_pe of tiny and Kimi-K2. */
+	static const int64_t shapes[][5] = { { 4, 48, 32, 4 * 48, 8 }, { 1, 16, 64, 80, 8 },
+					     { 64, 192, 128, 64 * 192, 32 },
+					     { 1, 64, 512, 576, 32 }, { 3, 10, 0, 31, 5 } };
+	size_t exact = 0, total = 0;
+	for (int si = 0; si < 5; si++)
+		for (int il = 0; il < 2; il++) {
+			const int64_t nh = shapes[si][0], hs = shapes[si][1], off = shapes[si][2];
+			const int64_t rs = shapes[si][3], nf = shapes[si][4], rows = 37;
+			const float att = il ? 1.0f + 0.1f * logf(32.0f) : 1.0f;
+			float inv[256], ct[256], st[256];
+			for (int64_t i = 0; i < nf; i++)
+				inv[i] = 1.0f / powf(50000.0f, (float)(2 * i) / (float)(2 * nf)) *
+					 (i % 3 ? 1.0f : 0.03125f);
+			int32_t pos[37];
+			for (int r = 0; r < rows; r++)
+				pos[r] = r < 3 ? r : (int32_t)(rnd() % 163840);
+			const size_t nfl = (size_t)(rows * rs);
+			float *x = malloc(nfl * sizeof(float)), *c = malloc(nfl * sizeof(float));
+			float *g = malloc(nfl * sizeof(float)), *g2 = malloc(nfl * sizeof(float));
+			if (!x || !c || !g || !g2) {
+				CHECK(0, "host memory");
+				return;
+			}
+			for (size_t i = 0; i < nfl; i++)
+				x[i] = rnd_unit() * 4.0f;
+			memcpy(c, x, nfl * sizeof(float));
+			for (int r = 0; r < rows; r++) {
+				rope_tables(inv, nf, att, pos[r], ct, st);
+				for (int64_t h = 0; h < nh; h++)
+					moet_rope_ref(c + r * rs + off + h * hs, nf, ct, st, il);
+			}
+			float *dx = up(x, nfl * sizeof(float));
+			int32_t *dp = up(pos, sizeof(pos));
+			float *di = up(inv, (size_t)nf * sizeof(float));
+			int ok = dx && dp && di &&
+				 !dev_fail(moet_gpu_rope(dx + off, rows, rs, nh, hs, nf, dp, di, att,
+							 il, NULL), "rope") &&
+				 !down(g, dx, nfl * sizeof(float)) &&
+				 !dev_fail(moet_gpu_copy_h2d(dx, x, nfl * sizeof(float)), "h2d") &&
+				 !dev_fail(moet_gpu_rope(dx + off, rows, rs, nh, hs, nf, dp, di, att,
+							 il, NULL), "rope") &&
+				 !down(g2, dx, nfl * sizeof(float));
+			if (ok) {
+				CHECK(!memcmp(g, g2, nfl * sizeof(float)), "rope: repeat differs");
+				/* Tolerance: one binary32 ulp of a table entry times the inputs, plus
+				 * one ulp of the output. Values outside the rope parts are untouched. */
+				int bad = 0;
+				for (int r = 0; r < rows && !bad; r++)
+					for (int64_t i = 0; i < rs && !bad; i++) {
+						const size_t k = (size_t)(r * rs + i);
+						const int64_t hi = (i - off) / hs, e = (i - off) % hs;
+						const int rope = i >= off && hi < nh && e < 2 * nf;
+						if (!memcmp(&g[k], &c[k], 4)) {
+							exact += (size_t)rope;
+							total += (size_t)rope;
+							continue;
+						}
+						const float *xv = x + r * rs + off + hi * hs;
+						const int64_t f = e % nf;
+						const float a = il ? xv[2 * f] : xv[f];
+						const float b = il ? xv[2 * f + 1] : xv[f + nf];
+						double tol = (fabs(a) + fabs(b)) * att * 0x1p-23 +
+							     fabs(c[k]) * 0x1p-23;
+						bad = !rope || !(fabs((double)g[k] - (double)c[k]) <= tol);
+						CHECK(!bad, "rope shape %d il %d row %d elem %lld: "
+						      "gpu %.9g cpu %.9g", si, il, r, (long long)i,
+						      (double)g[k], (double)c[k]);
+						total++;
+					}
+			}
+			moet_gpu_free(dx);
+			moet_gpu_free(dp);
+			moet_gpu_free(di);
+			free(x);
+			free(c);
+			free(g);
+			free(g2);
+		}
+	CHECK(total > 0 && (double)exact >= 0.999 * (double)total, "rope: only %zu of %zu exact",
+	      exact, total);
+	printf("rope: %zu values within tolerance, %zu (%.4f%%) bit-equal to moet_rope_ref\n",
+	       total, exact, total ? 100.0 * (double)exact / (double)total : 0.0);
+}
+
+/* ---- kv write + attention --------------------------------------------------------------- */
+
+typedef struct {
+	int64_t heads, nope, rope, dv;
+} attn_dims;
+
+typedef struct {
+	int seq;
+	int32_t pos;
+} attn_row;
+
+static void attention_case(const char *name, attn_dims a, int n_seq, const int32_t *seq_len,
+			   const attn_row *rows, int n_rows)
+{
+	const int64_t qk = a.nope + a.rope, ks = a.heads * qk, vs = a.heads * a.dv;
+	const int64_t kvbs = a.heads * (a.nope + a.dv);
+	float *hk[8] = { 0 }, *hv[8] = { 0 }, *dk[8] = { 0 }, *dv[8] = { 0 };
+	float *q = malloc((size_t)(n_rows * ks) * sizeof(float));
+	float *kvb = malloc((size_t)(n_rows * kvbs) * sizeof(float));
+	float *kpe = malloc((size_t)(n_rows * (a.rope + 3)) * sizeof(float));
+	float *ref = malloc((size_t)(n_rows * vs) * sizeof(float));
+	float *got = malloc((size_t)(n_rows * vs) * sizeof(float));
+	float *got2 = malloc((size_t)(n_rows * vs) * sizeof(float));
+	float *one = malloc((size_t)vs * sizeof(float));
+	float *scr = malloc(65536 * sizeof(float)), *hcache = NULL;
+	float **kb = malloc((size_t)n_rows * sizeof(float *));
+	float **vb = malloc((size_t)n_rows * sizeof(float *));
+	int32_t *pos = malloc((size_t)n_rows * sizeof(int32_t));
+	void *dq = NULL, *dkvb = NULL, *dkpe = NULL, *dout = NULL, *dkb = NULL, *dvb = NULL;
+	void *dpos = NULL;
+	if (!q || !kvb || !kpe || !ref || !got || !got2 || !one || !scr || !kb || !vb || !pos) {
+		CHECK(0, "host memory");
+		goto out;
+	}
+	/* Caches: random history, then the batch's rows written by kv_write. */
+	for (int s = 0; s < n_seq; s++) {
+		const size_t kn = (size_t)(seq_len[s] * ks), vn = (size_t)(seq_len[s] * vs);
+		hk[s] = malloc(kn * sizeof(float));
+		hv[s] = malloc(vn * sizeof(float));
+		if (!hk[s] || !hv[s]) {
+			CHECK(0, "host memory");
+			goto out;
+		}
+		for (size_t i = 0; i < kn; i++)
+			hk[s][i] = rnd_unit();
+		for (size_t i = 0; i < vn; i++)
+			hv[s][i] = rnd_unit();
+		dk[s] = up(hk[s], kn * sizeof(float));
+		dv[s] = up(hv[s], vn * sizeof(float));
+		if (!dk[s] || !dv[s])
+			goto out;
+	}
+	for (int64_t i = 0; i < n_rows * ks; i++)
+		q[i] = rnd_unit() * 3.0f;
+	for (int64_t i = 0; i < n_rows * kvbs; i++)
+		kvb[i] = rnd_unit();
+	for (int64_t i = 0; i < n_rows * (a.rope + 3); i++)
+		kpe[i] = rnd_unit();
+	for (int t = 0; t < n_rows; t++) {
+		const int s = rows[t].seq;
+		kb[t] = dk[s];
+		vb[t] = dv[s];
+		pos[t] = rows[t].pos;
+		/* runtime/forward.c's layout, on the host copy */
+		float *kr = hk[s] + (size_t)pos[t] * (size_t)ks;
+		float *vr = hv[s] + (size_t)pos[t] * (size_t)vs;
+		for (int64_t h = 0; h < a.heads; h++) {
+			const float *src = kvb + t * kvbs + h * (a.nope + a.dv);
+			memcpy(kr + h * qk, src, (size_t)a.nope * sizeof(float));
+			memcpy(kr + h * qk + a.nope, kpe + t * (a.rope + 3),
+			       (size_t)a.rope * sizeof(float));
+			memcpy(vr + h * a.dv, src + a.nope, (size_t)a.dv * sizeof(float));
+		}
+	}
+	dq = up(q, (size_t)(n_rows * ks) * sizeof(float));
+	dkvb = up(kvb, (size_t)(n_rows * kvbs) * sizeof(float));
+	dkpe = up(kpe, (size_t)(n_rows * (a.rope + 3)) * sizeof(float));
+	dout = up(NULL, (size_t)(n_rows * vs) * sizeof(float));
+	dkb = up(kb, (size_t)n_rows * sizeof(float *));
+	dvb = up(vb, (size_t)n_rows * sizeof(float *));
+	dpos = up(pos, (size_t)n_rows * sizeof(int32_t));
+	if (!dq || !dkvb || !dkpe || !dout || !dkb || !dvb || !dpos)
+		goto out;
+	if (dev_fail(moet_gpu_kv_write(dkvb, kvbs, dkpe, a.rope + 3, n_rows, a.heads, a.nope,
+				       a.rope, a.dv, dkb, dvb, ks, vs, dpos, NULL), "kv_write"))
+		goto out;
+	/* The caches after kv_write equal the host's, bit for bit. */
+	for (int s = 0; s < n_seq; s++) {
+		const size_t kn = (size_t)(seq_len[s] * ks), vn = (size_t)(seq_len[s] * vs);
+		hcache = malloc((kn > vn ? kn : vn) * sizeof(float));
+		if (!hcache || down(hcache, dk[s], kn * sizeof(float)))
+			goto out;
+		same_bits("kv_write K cache", hcache, hk[s], kn, 0);
+		if (down(hcache, dv[s], vn * sizeof(float)))
+			goto out;
+		same_bits("kv_write V cache", hcache, hv[s], vn, 0);
+		free(hcache);
+		hcache = NULL;
+	}
+	const float scale = 1.0f / sqrtf((float)qk) * 1.3f;
+	if (dev_fail(moet_gpu_attention(dq, ks, n_rows, a.heads, qk, a.dv, dkb, dvb, ks, vs, dpos,
+					scale, dout, vs, NULL), name) ||
+	    down(got, dout, (size_t)(n_rows * vs) * sizeof(float)) ||
+	    dev_fail(moet_gpu_attention(dq, ks, n_rows, a.heads, qk, a.dv, dkb, dvb, ks, vs, dpos,
+					scale, dout, vs, NULL), name) ||
+	    down(got2, dout, (size_t)(n_rows * vs) * sizeof(float)))
+		goto out;
+	CHECK(!memcmp(got, got2, (size_t)(n_rows * vs) * sizeof(float)), "%s: repeat differs",
+	      name);
+	for (int t = 0; t < n_rows; t++) {
+		const int s = rows[t].seq;
+		for (int64_t h = 0; h < a.heads; h++)
+			moet_attend_ref(q + t * ks + h * qk, hk[s] + h * qk, ks, hv[s] + h * a.dv, vs,
+					pos[t] + 1, qk, a.dv, scale, scr, ref + t * vs + h * a.dv);
+	}
+	same_bits(name, got, ref, (size_t)(n_rows * vs), 1);
+	/* Batch invariance: each row alone (its own pointers, n_rows = 1) gives its batch bits. */
+	for (int t = 0; t < n_rows; t++) {
+		if (dev_fail(moet_gpu_attention((float *)dq + t * ks, ks, 1, a.heads, qk, a.dv,
+						(float **)dkb + t, (float **)dvb + t, ks, vs,
+						(int32_t *)dpos + t, scale, dout, vs, NULL), name) ||
+		    down(one, dout, (size_t)vs * sizeof(float)))
+			goto out;
+		CHECK(!memcmp(one, got + t * vs, (size_t)vs * sizeof(float)),
+		      "%s: row %d (seq %d, pos %d) alone differs from the batch", name, t,
+		      rows[t].seq, rows[t].pos);
+	}
+	printf("attention %s: %d rows x %lld heads bit-equal to moet_attend_ref; each row alone = "
+	       "batch\n", name, n_rows, (long long)a.heads);
+out:
+	for (int s = 0; s < 8; s++) {
+		free(hk[s]);
+		free(hv[s]);
+		moet_gpu_free(dk[s]);
+		moet_gpu_free(dv[s]);
+	}
+	moet_gpu_free(dq);
+	moet_gpu_free(dkvb);
+	moet_gpu_free(dkpe);
+	moet_gpu_free(dout);
+	moet_gpu_free(dkb);
+	moet_gpu_free(dvb);
+	moet_gpu_free(dpos);
+	free(q);
+	free(kvb);
+	free(kpe);
+	free(ref);
+	free(got);
+	free(got2);
+	free(one);
+	free(scr);
+	free(hcache);
+	free(kb);
+	free(vb);
+	free(pos);
+}
+
+static void test_attention(void)
+{
+	/* Ragged batch: a prefill chunk of seq 0 (positions 60..71, across a tile edge), decode
+	 * rows of seq 1 (pos 300), seq 2 (pos 0), seq 3 (pos 1000, many tiles), and the first
+	 * prompt of seq 4 (positions 0..4). */
+	attn_row rows[21];
+	int n = 0;
+	for (int p = 60; p < 72; p++)
+		rows[n++] = (attn_row){ 0, p };
+	rows[n++] = (attn_row){ 1, 300 };
+	rows[n++] = (attn_row){ 2, 0 };
+	rows[n++] = (attn_row){ 3, 1000 };
+	for (int p = 0; p < 5; p++)
+		rows[n++] = (attn_row){ 4, p };
+	const int32_t len[5] = { 72, 301, 1, 1001, 5 };
+	attention_case("tiny", (attn_dims){ 4, 32, 16, 32 }, 5, len, rows, n);
+	attention_case("kimi-k2", (attn_dims){ 64, 128, 64, 128 }, 5, len, rows, n);
+	const attn_row deep[2] = { { 0, 4095 }, { 1, 63 } };
+	const int32_t dlen[2] = { 4096, 64 };
+	attention_case("kimi-k2-4k", (attn_dims){ 64, 128, 64, 128 }, 2, dlen, deep, 2);
+}
+
+/* ---- router ----------------------------------------------------------------------------- */
+
+static void router_case(const char *name, int64_t E, int64_t G, int64_t TG, int64_t K, int norm,
+			float rsf, int64_t n_tok, int ties)
+{
+	const size_t nl = (size_t)(n_tok * E);
+	float *lg = malloc(nl * sizeof(float)), *bias = malloc((size_t)E * sizeof(float));
+	float *score = malloc((size_t)E * sizeof(float));
+	float *scr = malloc((size_t)(E + G + 1) * sizeof(float));
+	int32_t *ids = malloc((size_t)(n_tok * K) * sizeof(int32_t));
+	int32_t *gids = malloc((size_t)(n_tok * K) * sizeof(int32_t));
+	float *w = malloc((size_t)(n_tok * K) * sizeof(float));
+	float *gw = malloc((size_t)(n_tok * K) * sizeof(float));
+	void *dl = NULL, *db = NULL, *di = NULL, *dw = NULL;
+	if (!lg || !bias || !score || !scr || !ids || !gids || !w || !gw) {
+		CHECK(0, "host memory");
+		goto out;
+	}
+	for (size_t i = 0; i < nl; i++) /* ties: logits on a coarse grid repeat often */
+		lg[i] = ties ? (float)((int)(rnd() % 9) - 4) * 0.5f : rnd_unit() * 6.0f;
+	for (int64_t e = 0; e < E; e++)
+		bias[e] = ties ? (float)(rnd() % 3) * 0.25f : rnd_unit() * 0.1f;
+	if (n_tok > 1) /* a NaN logit never wins */
+		lg[E + 1] = moet_bits_f32(0x7FC00000u);
+	for (int64_t t = 0; t < n_tok; t++) {
+		for (int64_t e = 0; e < E; e++)
+			score[e] = 1.0f / (1.0f + moet_exp_c(-lg[t * E + e]));
+		moet_router_select_ref(score, bias, E, G, TG, K, norm, rsf, scr, ids + t * K,
+				       w + t * K);
+	}
+	dl = up(lg, nl * sizeof(float));
+	db = up(bias, (size_t)E * sizeof(float));
+	di = up(NULL, (size_t)(n_tok * K) * sizeof(int32_t));
+	dw = up(NULL, (size_t)(n_tok * K) * sizeof(float));
+	if (!dl || !db || !di || !dw)
+		goto out;
+	for (int rep = 0; rep < 2; rep++) {
+		if (dev_fail(moet_gpu_router(dl, n_tok, E, db, G, TG, K, norm, rsf, di, dw, NULL),
+			     name) ||
+		    down(gids, di, (size_t)(n_tok * K) * sizeof(int32_t)) ||
+		    down(gw, dw, (size_t)(n_tok * K) * sizeof(float)))
+			goto out;
+		CHECK(!memcmp(gids, ids, (size_t)(n_tok * K) * sizeof(int32_t)), "%s: ids differ",
+		      name);
+		same_bits(name, gw, w, (size_t)(n_tok * K), 0);
+	}
+	printf("router %s: %lld tokens, ids and weights bit-equal\n", name, (long long)n_tok);
+out:
+	moet_gpu_free(dl);
+	moet_gpu_free(db);
+	moet_gpu_free(di);
+	moet_gpu_free(dw);
+	free(lg);
+	free(bias);
+	free(score);
+	free(scr);
+	free(ids);
+	free(gids);
+	free(w);
+	free(gw);
+}
+
+static void test_router(void)
+{
+	router_case("tiny", 32, 4, 2, 4, 1, 2.5f, 300, 0);
+	router_case("tiny-ties", 32, 4, 2, 4, 1, 2.5f, 300, 1);
+	router_case("groups-of-one", 8, 8, 3, 2, 0, 1.0f, 100, 1);
+	router_case("deepseek-v3", 256, 8, 4, 8, 1, 2.5f, 512, 0);
+	router_case("deepseek-v3-ties", 256, 8, 4, 8, 1, 2.5f, 200, 1);
+	router_case("kimi-k2", 384, 1, 1, 8, 1, 2.827f, 512, 0);
+	router_case("kimi-k2-ties", 384, 1, 1, 8, 1, 2.827f, 200, 1);
+	router_case("many", 4096, 64, 7, 16, 1, 1.5f, 16, 0);
+}
+
+/* ---- embed, add, combine, argmax -------------------------------------------------------- */
+
+static void test_embed(void)
+{
+	const moet_dtype dts[3] = { MOET_DT_BF16, MOET_DT_F16, MOET_DT_F32 };
+	const int64_t V = 1000, H = 7168, n = 70;
+	for (int d = 0; d < 3; d++) {
+		const size_t esz = dts[d] == MOET_DT_F32 ? 4 : 2;
+		void *tab = malloc((size_t)(V * H) * esz);
+		float *c = malloc((size_t)(n * H) * sizeof(float));
+		float *g = malloc((size_t)(n * H) * sizeof(float));
+		int32_t tok[70];
+		if (!tab || !c || !g) {
+			CHECK(0, "host memory");
+			return;
+		}
+		for (int64_t i = 0; i < V * H; i++) {
+			uint32_t r = (uint32_t)rnd();
+			if (esz == 4)
+				((uint32_t *)tab)[i] = (r & 0x7F800000u) == 0x7F800000u ? r & 0xBFFFFFFFu
+											 : r;
+			else if (dts[d] == MOET_DT_BF16)
+				((uint16_t *)tab)[i] = (r & 0x7F80u) == 0x7F80u ? (uint16_t)(r & 0xBFFF)
+										: (uint16_t)r;
+			else /* F16: every code but NaN (infinities stay) */
+				((uint16_t *)tab)[i] = (r & 0x7C00u) == 0x7C00u ? (uint16_t)(r & 0xFC00)
+										: (uint16_t)r;
+		}
+		for (int t = 0; t < n; t++) {
+			tok[t] = t == 5 ? -1 : t == 6 ? (int32_t)V : (int32_t)(rnd() % V);
+			for (int64_t i = 0; i < H; i++) {
+				const size_t k = (size_t)tok[t] * (size_t)H + (size_t)i;
+				float v = 0.0f;
+				if (tok[t] >= 0 && tok[t] < V)
+					v = dts[d] == MOET_DT_BF16 ? moet_dec_bf16(((uint16_t *)tab)[k])
+					    : dts[d] == MOET_DT_F16 ? moet_dec_f16(((uint16_t *)tab)[k])
+								    : ((float *)tab)[k];
+				c[t * H + i] = v;
+			}
+		}
+		void *dtab = up(tab, (size_t)(V * H) * esz), *dt = up(tok, sizeof(tok));
+		void *dx = up(NULL, (size_t)(n * H) * sizeof(float));
+		moet_mat m = { dts[d], V, H, dtab, NULL };
+		if (dtab && dt && dx && !dev_fail(moet_gpu_embed(&m, dt, n, dx, NULL), "embed") &&
+		    !down(g, dx, (size_t)(n * H) * sizeof(float)))
+			same_bits("embed", g, c, (size_t)(n * H), 0);
+		moet_gpu_free(dtab);
+		moet_gpu_free(dt);
+		moet_gpu_free(dx);
+		free(tab);
+		free(c);
+		free(g);
+	}
+	printf("embed: BF16, F16, F32 tables bit-equal (out-of-range tokens give +0)\n");
+}
+
+static void test_add_combine(void)
+{
+	const int64_t H = 7168, n_tok = 40, K = 8, n_y = n_tok * K + 5;
+	float *y = malloc((size_t)(n_y * H) * sizeof(float));
+	float *sh = malloc((size_t)(n_tok * H) * sizeof(float));
+	float *c = malloc((size_t)(n_tok * H) * sizeof(float));
+	float *g = malloc((size_t)(n_tok * H) * sizeof(float));
+	float *w = malloc((size_t)(n_tok * K) * sizeof(float));
+	int32_t *slot = malloc((size_t)(n_tok * K) * sizeof(int32_t));
+	void *dy = NULL, *dsh = NULL, *dw = NULL, *ds = NULL, *dout = NULL;
+	if (!y || !sh || !c || !g || !w || !slot) {
+		CHECK(0, "host memory");
+		goto out;
+	}
+	for (int64_t i = 0; i < n_y * H; i++)
+		y[i] = rnd() % 1000 == 0 ? moet_bits_f32(0x7FA00001u) : rnd_unit() * 3.0f;
+	for (int64_t i = 0; i < n_tok * H; i++)
+		sh[i] = rnd() % 50 == 0 ? -0.0f : rnd_unit();
+	for (int64_t i = 0; i < n_tok * K; i++) {
+		w[i] = rnd_unit() * 2.0f;
+		slot[i] = (int32_t)(rnd() % n_y);
+	}
+	slot[3] = -1; /* reads +0 */
+	slot[K + 1] = (int32_t)n_y;
+	dy = up(y, (size_t)(n_y * H) * sizeof(float));
+	dsh = up(sh, (size_t)(n_tok * H) * sizeof(float));
+	dw = up(w, (size_t)(n_tok * K) * sizeof(float));
+	ds = up(slot, (size_t)(n_tok * K) * sizeof(int32_t));
+	dout = up(NULL, (size_t)(n_tok * H) * sizeof(float));
+	if (!dy || !dsh || !dw || !ds || !dout)
+		goto out;
+	for (int with_shared = 0; with_shared < 2; with_shared++) {
+		for (int64_t t = 0; t < n_tok; t++)
+			for (int64_t j = 0; j < H; j++) {
+				float routed = 0.0f;
+				for (int64_t i = 0; i < K; i++) {
+					int32_t s = slot[t * K + i];
+					float v = s >= 0 && s < n_y ? y[s * H + j] : 0.0f;
+					routed = MOET_FMA(w[t * K + i], v, routed);
+				}
+				c[t * H + j] = moet_canon_nan(with_shared ? routed + sh[t * H + j]
+									  : routed);
+			}
+		if (dev_fail(moet_gpu_combine(dy, n_y, ds, dw, K, with_shared ? dsh : NULL, n_tok, H,
+					      dout, NULL), "combine") ||
+		    down(g, dout, (size_t)(n_tok * H) * sizeof(float)))
+			goto out;
+		same_bits("combine", g, c, (size_t)(n_tok * H), 0);
+	}
+	/* out == shared (in place) */
+	if (!dev_fail(moet_gpu_combine(dy, n_y, ds, dw, K, dsh, n_tok, H, dsh, NULL), "combine") &&
+	    !down(g, dsh, (size_t)(n_tok * H) * sizeof(float)))
+		same_bits("combine in place", g, c, (size_t)(n_tok * H), 0);
+	/* Residual add (no NaN inputs: payloads are not part of the add's promise). */
+	for (int64_t i = 0; i < n_tok * H; i++) {
+		sh[i] = rnd_unit();
+		c[i] = rnd_unit() * 1e-3f;
+	}
+	if (!dev_fail(moet_gpu_copy_h2d(dsh, sh, (size_t)(n_tok * H) * sizeof(float)), "h2d") &&
+	    !dev_fail(moet_gpu_copy_h2d(dout, c, (size_t)(n_tok * H) * sizeof(float)), "h2d") &&
+	    !dev_fail(moet_gpu_add(dsh, dout, n_tok * H, NULL), "add") &&
+	    !down(g, dsh, (size_t)(n_tok * H) * sizeof(float))) {
+		for (int64_t i = 0; i < n_tok * H; i++)
+			sh[i] = sh[i] + c[i];
+		same_bits("add", g, sh, (size_t)(n_tok * H), 0);
+	}
+	printf("combine (with/without shared, in place, NaN, out-of-range slots) and add "
+	       "bit-equal\n");
+out:
+	moet_gpu_free(dy);
+	moet_gpu_free(dsh);
+	moet_gpu_free(dw);
+	moet_gpu_free(ds);
+	moet_gpu_free(dout);
+	free(y);
+	free(sh);
+	free(c);
+	free(g);
+	free(w);
+	free(slot);
+}
+
+static void test_argmax(void)
+{
+	const int64_t V = 163840, n = 12, st = V + 7;
+	float *l = malloc((size_t)(n * st) * sizeof(float));
+	int32_t ref[12], got[12];
+	if (!l) {
+		CHECK(0, "host memory");
+		return;
+	}
+	for (int64_t i = 0; i < n * st; i++)
+		l[i] = rnd_unit() * 10.0f;
+	l[0 * st + 77] = l[0 * st + 99999] = 50.0f;                 /* tie: 77 */
+	l[1 * st + 5] = moet_bits_f32(0x7FC00000u);                 /* NaN never wins */
+	l[2 * st + 0] = moet_bits_f32(0x7FC00000u);                 /* NaN at 0: answer 0 */
+	for (int64_t i = 0; i < V; i++)                             /* all -0 / +0: 0 */
+		l[3 * st + i] = (i & 1) ? 0.0f : -0.0f;
+	for (int64_t i = 0; i < V; i++)                             /* all -inf */
+		l[4 * st + i] = -INFINITY;
+	l[5 * st + V - 1] = 1e30f;                                  /* the last id */
+	for (int64_t i = 0; i < V; i++)                             /* NaN everywhere but 9 */
+		l[6 * st + i] = i == 9 ? -1.0f : moet_bits_f32(0x7FC00000u);
+	for (int64_t t = 0; t < n; t++) {
+		int64_t best = 0;
+		for (int64_t v = 1; v < V; v++)
+			if (l[t * st + v] > l[t * st + best])
+				best = v;
+		ref[t] = (int32_t)best;
+	}
+	void *dl = up(l, (size_t)(n * st) * sizeof(float)), *di = up(NULL, sizeof(got));
+	if (dl && di && !dev_fail(moet_gpu_argmax(dl, n, V, st, di, NULL), "argmax") &&
+	    !down(got, di, sizeof(got)))
+		for (int t = 0; t < n; t++)
+			CHECK(got[t] == ref[t], "argmax row %d: gpu %d, cpu %d", t, got[t], ref[t]);
+	/* A small vocabulary too (fewer ids than threads). */
+	if (dl && di && !dev_fail(moet_gpu_argmax(dl, n, 100, st, di, NULL), "argmax") &&
+	    !down(got, di, sizeof(got)))
+		for (int t = 0; t < n; t++) {
+			int64_t best = 0;
+			for (int64_t v = 1; v < 100; v++)
+				if (l[t * st + v] > l[t * st + best])
+					best = v;
+			CHECK(got[t] == best, "argmax(100) row %d: gpu %d, cpu %lld", t, got[t],
+			      (long long)best);
+		}
+	moet_gpu_free(dl);
+	moet_gpu_free(di);
+	free(l);
+	printf("argmax: ties, NaN, signed zeros, -inf rows as the CPU's greedy rule\n");
+}
+
+/* ---- bad arguments ---------------------------------------------------------------------- */
+
+static void test_bad_input(void)
+{
+	float *d = up(NULL, 4096);
+	int32_t *di = up(NULL, 4096);
+	if (!d || !di)
+		return;
+	moet_mat m = { MOET_DT_F8_E4M3, 16, 16, d, NULL };
+	moet_mat bad = { MOET_DT_F16, 16, 16, d, NULL };
+	CHECK(moet_gpu_linear(NULL, d, 16, 1, d, 16, NULL) == MOET_EINVAL, "linear NULL");
+	CHECK(moet_gpu_linear(&bad, d, 16, 1, d, 16, NULL) == MOET_EUNSUP, "linear F16");
+	CHECK(moet_gpu_linear(&m, d, 8, 1, d, 16, NULL) == MOET_EINVAL, "linear x stride");
+	CHECK(moet_gpu_linear(&m, NULL, 16, 1, d, 16, NULL) == MOET_EINVAL, "linear x NULL");
+	CHECK(moet_gpu_linear(&m, d, 16, -1, d, 16, NULL) == MOET_EINVAL, "linear n_tok");
+	CHECK(moet_gpu_linear(&m, d, 16, 0, d, 16, NULL) == 0, "linear no tokens");
+	CHECK(moet_gpu_rmsnorm(d, 8, d, 16, 1, 1e-6, d, 16, NULL) == MOET_EINVAL, "rmsnorm stride");
+	CHECK(moet_gpu_rmsnorm(d, 16, NULL, 16, 1, 1e-6, d, 16, NULL) == MOET_EINVAL, "rmsnorm w");
+	CHECK(moet_gpu_rope(d, 1, 64, 1, 64, 300, di, d, 1.0f, 1, NULL) == MOET_EINVAL,
+	      "rope n_freq");
+	CHECK(moet_gpu_rope(d, 2, 16, 2, 16, 8, di, d, 1.0f, 1, NULL) == MOET_EINVAL,
+	      "rope overlapping rows");
+	CHECK(moet_gpu_attention(d, 64, 1, 1, 300, 8, (float **)di, (float **)di, 300, 8, di,
+				 1.0f, d, 8, NULL) == MOET_EINVAL, "attention d_qk");
+	CHECK(moet_gpu_attention(d, 64, 1, 1, 64, 8, NULL, (float **)di, 64, 8, di, 1.0f, d, 8,
+				 NULL) == MOET_EINVAL, "attention NULL");
+	CHECK(moet_gpu_kv_write(d, 4, d, 4, 1, 1, 4, 4, 4, (float **)di, (float **)di, 8, 4, di,
+				NULL) == MOET_EINVAL, "kv_write kvb stride");
+	CHECK(moet_gpu_router(d, 1, 10, d, 3, 1, 2, 1, 1.0f, di, d, NULL) == MOET_EINVAL,
+	      "router groups");
+	CHECK(moet_gpu_router(d, 1, 10, d, 1, 1, 11, 1, 1.0f, di, d, NULL) == MOET_EINVAL,
+	      "router top_k");
+	CHECK(moet_gpu_embed(&m, di, 1, d, NULL) == MOET_EINVAL, "embed F8");
+	CHECK(moet_gpu_add(NULL, d, 4, NULL) == MOET_EINVAL, "add NULL");
+	CHECK(moet_gpu_combine(d, 1, NULL, d, 2, NULL, 1, 4, d, NULL) == MOET_EINVAL,
+	      "combine slot");
+	CHECK(moet_gpu_argmax(d, 1, 16, 8, di, NULL) == MOET_EINVAL, "argmax stride");
+	moet_gpu_free(d);
+	moet_gpu_free(di);
+}
+
+int main(void)
+{
+	const char *why = NULL;
+	if (moet_gpu_count(&why) == 0) {
+		printf("skip: no GPU (%s)\n", why ? why : "?");
+		return MOET_TEST_SKIP;
+	}
+	test_bad_input();
+	test_embed();
+	test_add_combine();
+	test_argmax();
+	test_router();
+	test_rmsnorm();
+	test_rope();
+	test_attention();
+	test_linear();
+	return moet_test_done("test_gpu_dense");
+}
