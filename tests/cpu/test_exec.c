@@ -3,11 +3,15 @@
  * reference table, single-threaded: random FP8 (with block scales) and BF16 experts, partial
  * 128-blocks, batches of 1..16 experts with 1..64 tokens, 1, 2 and 3 workers, both splits,
  * outputs memcmp-equal. Also: batches in flight at once, two submitting threads, workers bound
- * where the topology says, error paths (shapes, limits, tickets, FTZ/DAZ at create and a
- * kernel that changes MXCSR), and create/destroy in a loop (leaks show under MOET_SANITIZE).
+ * where the topology says, rounds of batches in flight with randomly delayed items (no
+ * barriers between phases or batches: cpu/exec.c), error paths (shapes, limits, tickets,
+ * FTZ/DAZ at create and a kernel that changes MXCSR), and create/destroy in a loop (leaks
+ * show under MOET_SANITIZE).
  */
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <stdint.h>
 #include <string.h>
 #if defined(__x86_64__)
@@ -406,6 +410,69 @@ static void errors(void)
 	CHECK(moet_cpuexec_create(&o, &ex) == MOET_EINVAL && !ex, "node 5");
 }
 
+/* The reference gate_up and rows with a random delay of up to ~0.3 ms on some calls: workers
+ * finish their items at very different times, as on a loaded machine. */
+static atomic_uint delay_rng = 1;
+static void random_delay(void)
+{
+	unsigned r = atomic_fetch_add(&delay_rng, 0x9E3779B9u) * 2654435761u;
+	if ((r >> 28) < 5) {
+		struct timespec ts = { 0, (long)((r >> 8) % 300000) };
+		nanosleep(&ts, NULL);
+	}
+}
+static void gate_up_slow(const moet_mat *g, const moet_mat *u, int64_t r0, int64_t r1,
+			 const float *x, int64_t xs, int64_t n, float *h, int64_t hs)
+{
+	random_delay();
+	moet_cpu_kernels_ref.gate_up(g, u, r0, r1, x, xs, n, h, hs);
+}
+static void rows_slow(const moet_mat *w, int64_t r0, int64_t r1, const float *x, int64_t xs,
+		      int64_t n, float *y, int64_t ys)
+{
+	random_delay();
+	moet_cpu_kernels_ref.rows(w, r0, r1, x, xs, n, y, ys);
+}
+
+/*
+ * No barrier between the phases nor at a batch's end (cpu/exec.c): a phase 2 item waits for
+ * its job's phase 1 only, and the batches in flight share the h scratch. Rounds of 4 batches
+ * submitted at once (several experts each, so phase 2 items of early jobs run while later
+ * jobs' phase 1 does), 4 workers, items delayed at random: every output equals the
+ * reference's.
+ */
+static void pipelined(void)
+{
+	moet_cpu_kernels k = moet_cpu_kernels_ref;
+	k.isa = "ref-slow";
+	k.gate_up = gate_up_slow;
+	k.rows = rows_slow;
+	batch b[4];
+	for (int i = 0; i < 4; i++)
+		make_batch(&b[i], 3 + i, i % 2 ? MOET_DT_BF16 : MOET_DT_F8_E4M3, 144, 200, 3);
+	moet_cpuexec *ex = make_exec(4, MOET_CPUEXEC_SPLIT_ROWS, &k);
+	for (int round = 0; ex && round < 12; round++) {
+		uint64_t tk[4];
+		for (int i = 0; i < 4; i++) {
+			clear_outputs(&b[i]);
+			CHECK(moet_cpuexec_submit(ex, b[i].jobs, b[i].n, &tk[i]) == 0, "submit %d: %s",
+			      i, moet_errmsg());
+		}
+		for (int i = 0; i < 4; i++)
+			CHECK(moet_cpuexec_wait(ex, tk[(i + round) % 4]) == 0, "wait: %s",
+			      moet_errmsg());
+		char what[64];
+		for (int i = 0; i < 4; i++) {
+			snprintf(what, sizeof(what), "pipelined round %d batch %d", round, i);
+			if (check_outputs(&b[i], what))
+				round = 1000;
+		}
+	}
+	moet_cpuexec_destroy(ex);
+	for (int i = 0; i < 4; i++)
+		free_batch(&b[i]);
+}
+
 #if defined(__x86_64__)
 /* Creation with FTZ or DAZ on in the creating thread (inherited by the workers) fails. */
 static void fp_environment(void)
@@ -482,6 +549,7 @@ int main(void)
 {
 	identity();
 	in_flight();
+	pipelined();
 	two_submitters();
 	binding();
 	errors();

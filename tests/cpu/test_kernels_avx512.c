@@ -5,11 +5,11 @@
  *   1. decode: all 256 e4m3 codes (subnormals, +-0, the NaN codes), one per row, through
  *      rows() at 1 token (streaming path) and 9 tokens (tiled path);
  *   2. rows: random F8_E4M3 / BF16 / F32 matrices of every shape in use (K in {1, 7, 16, 17,
- *      127, 128, 129, 200, 7168} x rows in {1, 3, 17, 129, 2048}) at 1..9, 16, 33, 64, 128
- *      tokens, row sub-ranges and padded strides; half the shapes with benign data (then no
- *      NaN may appear: the compare is a memcmp), half with extreme data (block scales 2^-126
- *      .. 2^127, subnormal / huge / signed-zero activations, all 256 codes, results that
- *      underflow and overflow: a NaN then equals any NaN);
+ *      127, 128, 129, 200, 273, 389, 512, 7168} x rows in {1, 3, 17, 129, 2048}) at 1..9,
+ *      16, 33, 64, 128 tokens, row sub-ranges and padded strides; half the shapes with
+ *      benign data (then no NaN may appear: the compare is a memcmp), half with extreme data
+ *      (block scales 2^-126 .. 2^127, subnormal / huge / signed-zero activations, all 256
+ *      codes, results that underflow and overflow: a NaN then equals any NaN);
  *   3. gate_up and the whole expert FFN (moet_expert_ffn with the avx512 table vs
  *      moet_expert_ffn_ref; outputs are canonicalized, so a plain memcmp);
  *   4. MOET_KERNEL_EXPERT: this program re-run with =ref, =avx512 and unset reports the table
@@ -192,7 +192,9 @@ static void test_all_codes(void)
 
 static void test_rows(void)
 {
-	static const int64_t Ks[] = { 1, 7, 16, 17, 127, 128, 129, 200, 7168 };
+	/* 273, 389, 512: 2 and 3 full blocks with a tail, 4 without (the one-token path takes
+	 * full blocks in pairs, then a single one, then the tail) */
+	static const int64_t Ks[] = { 1, 7, 16, 17, 127, 128, 129, 200, 273, 389, 512, 7168 };
 	static const int64_t Rs[] = { 1, 3, 17, 129, 2048 };
 	static const int64_t Ts[] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 33, 64, 128 };
 	static const moet_dtype dts[] = { MOET_DT_F8_E4M3, MOET_DT_BF16, MOET_DT_F32 };
