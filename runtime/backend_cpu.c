@@ -24,6 +24,12 @@
 
 #define CPU_EXEC_MAX_TOK 256 /* tokens per executor batch; larger calls go in pieces */
 
+struct moet_rows {
+	moet_rowinfo *info;
+	int64_t *tokens;
+	int64_t cap;
+};
+
 typedef struct cpu_be {
 	moet_backend be;
 	const moet_cpu_kernels *kern;
@@ -33,6 +39,7 @@ typedef struct cpu_be {
 	size_t scratch_elems;
 	float *gather;        /* expert-grouped rows: x in, then y out */
 	size_t gather_elems;
+	moet_rows rows;       /* the current batch's row table */
 } cpu_be;
 
 static cpu_be *impl(moet_backend *be)
@@ -69,6 +76,8 @@ static void cpu_destroy(moet_backend *be)
 {
 	cpu_be *c = impl(be);
 	moet_cpuexec_destroy(c->ex);
+	free(c->rows.info);
+	free(c->rows.tokens);
 	free(c->scratch);
 	free(c->gather);
 	free(c);
@@ -113,13 +122,35 @@ static int cpu_bind_vec(moet_backend *be, const float *host, int64_t n, const fl
 	return 0;
 }
 
-static int cpu_embed(moet_backend *be, const moet_mat *table, const int64_t *tokens, int64_t n,
+static int cpu_prepare_rows(moet_backend *be, const moet_rowinfo *rows, const int64_t *tokens,
+			    int64_t n, int64_t n_layers, const moet_rows **out)
+{
+	moet_rows *r = &impl(be)->rows;
+	(void)n_layers;
+	if (n > r->cap) {
+		moet_rowinfo *ni = realloc(r->info, (size_t)n * sizeof(*ni));
+		if (ni)
+			r->info = ni;
+		int64_t *nt = realloc(r->tokens, (size_t)n * sizeof(*nt));
+		if (nt)
+			r->tokens = nt;
+		if (!ni || !nt)
+			return moet_err(MOET_ENOMEM, "row table of %lld rows", (long long)n);
+		r->cap = n;
+	}
+	memcpy(r->info, rows, (size_t)n * sizeof(*rows));
+	memcpy(r->tokens, tokens, (size_t)n * sizeof(*tokens));
+	*out = r;
+	return 0;
+}
+
+static int cpu_embed(moet_backend *be, const moet_mat *table, const moet_rows *rw, int64_t n,
 		     float *x)
 {
 	(void)be;
 	const int64_t H = table->cols;
 	for (int64_t t = 0; t < n; t++) {
-		const size_t off = (size_t)tokens[t] * (size_t)H;
+		const size_t off = (size_t)rw->tokens[t] * (size_t)H;
 		float *row = x + t * H;
 		for (int64_t i = 0; i < H; i++) {
 			switch (table->dtype) {
@@ -188,10 +219,11 @@ static int cpu_add(moet_backend *be, float *x, const float *y, int64_t n_elems)
 }
 
 static int cpu_rope(moet_backend *be, float *x, int64_t x_stride, int64_t head_stride,
-		    int64_t n_heads, int64_t n, const moet_rowinfo *rows, const float *inv_freq,
+		    int64_t n_heads, int64_t n, const moet_rows *rw, const float *inv_freq,
 		    int64_t n_freq, float attn_factor, int interleave)
 {
 	(void)be;
+	const moet_rowinfo *rows = rw->info;
 	float cos_t[256], sin_t[256]; /* n_freq <= 256: the model checks qk_rope_head_dim <= 512 */
 	for (int64_t t = 0; t < n; t++) {
 		moet_rope_tables_ref(inv_freq, n_freq, attn_factor, rows[t].pos, cos_t, sin_t);
@@ -204,9 +236,10 @@ static int cpu_rope(moet_backend *be, float *x, int64_t x_stride, int64_t head_s
 
 static int cpu_kv_store(moet_backend *be, const moet_attn_dims *d, int64_t l, const float *kvb,
 			int64_t kvb_stride, const float *k_pe, int64_t k_pe_stride, int64_t n,
-			const moet_rowinfo *rows)
+			const moet_rows *rw)
 {
 	(void)be;
+	const moet_rowinfo *rows = rw->info;
 	const int64_t qk = d->nope + d->rope, k_row = d->n_heads * qk, v_row = d->n_heads * d->v_dim;
 	for (int64_t t = 0; t < n; t++) {
 		float *krow = rows[t].k + l * rows[t].k_layer + rows[t].pos * k_row;
@@ -223,9 +256,10 @@ static int cpu_kv_store(moet_backend *be, const moet_attn_dims *d, int64_t l, co
 }
 
 static int cpu_attend(moet_backend *be, const moet_attn_dims *d, int64_t l, const float *q,
-		      int64_t q_stride, int64_t n, const moet_rowinfo *rows, float *out,
+		      int64_t q_stride, int64_t n, const moet_rows *rw, float *out,
 		      int64_t out_stride)
 {
+	const moet_rowinfo *rows = rw->info;
 	const int64_t qk = d->nope + d->rope, k_row = d->n_heads * qk, v_row = d->n_heads * d->v_dim;
 	int64_t max_pos = 0;
 	for (int64_t t = 0; t < n; t++)
@@ -333,11 +367,13 @@ out:
 }
 
 static int cpu_experts(moet_backend *be, const moet_ffn_w *experts, const int32_t *ids,
-		       int64_t top_k, const float *h, int64_t n, float *y)
+		       int64_t top_k, const float *h, int64_t n, float *y, int32_t *slot)
 {
 	cpu_be *c = impl(be);
 	const int64_t H = experts[0].gate.cols, I = experts[0].gate.rows;
 	int rc;
+	for (int64_t p = 0; p < n * top_k; p++)
+		slot[p] = (int32_t)p; /* y in pair order */
 	if (c->ex)
 		return experts_team(c, experts, ids, top_k, h, n, y);
 	float *s = scratch(be, (size_t)I);
@@ -380,15 +416,17 @@ static int cpu_ffn(moet_backend *be, const moet_ffn_w *w, const float *h, int64_
 	return moet_expert_ffn(c->kern, &w->gate, &w->up, &w->down, h, n, s, out);
 }
 
-static int cpu_combine(moet_backend *be, const float *y, const float *weights, int64_t top_k,
-		       const float *shared, int64_t n, int64_t dim, float *out)
+static int cpu_combine(moet_backend *be, const float *y, const int32_t *slot,
+		       const float *weights, int64_t top_k, const float *shared, int64_t n,
+		       int64_t dim, float *out)
 {
 	(void)be;
 	for (int64_t t = 0; t < n; t++)
 		for (int64_t j = 0; j < dim; j++) {
 			float r = 0.0f;
 			for (int64_t i = 0; i < top_k; i++)
-				r = MOET_FMA(weights[t * top_k + i], y[(t * top_k + i) * dim + j], r);
+				r = MOET_FMA(weights[t * top_k + i],
+					     y[(int64_t)slot[t * top_k + i] * dim + j], r);
 			if (shared)
 				r = r + shared[t * dim + j];
 			out[t * dim + j] = moet_canon_nan(r);
@@ -405,6 +443,7 @@ static const moet_backend_ops cpu_ops = {
 	.download = cpu_copy,
 	.bind_mat = cpu_bind_mat,
 	.bind_vec = cpu_bind_vec,
+	.prepare_rows = cpu_prepare_rows,
 	.embed = cpu_embed,
 	.rmsnorm = cpu_rmsnorm,
 	.linear = cpu_linear,

@@ -31,7 +31,7 @@ void moet_model_free_bufs(moet_model *m)
 {
 	moet_fwd_bufs *b = &m->bufs;
 	void *p[] = { b->x, b->h, b->q, b->qa, b->kva, b->kvb, b->attn, b->out, b->rlogits,
-		      b->rw, b->y, b->shared, b->logits, b->ids, b->tokens, b->rows };
+		      b->rw, b->y, b->shared, b->logits, b->ids, b->slot };
 	for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++)
 		if (p[i])
 			m->be->ops->free(m->be, p[i]);
@@ -64,8 +64,7 @@ static int ensure_bufs(moet_model *m, int64_t n)
 		{ (void **)&b->shared, n * H, 4 },
 		{ (void **)&b->logits, n * c->vocab_size, 4 },
 		{ (void **)&b->ids, n * k, 4 },
-		{ (void **)&b->tokens, n, 8 },
-		{ (void **)&b->rows, n, sizeof(moet_rowinfo) },
+		{ (void **)&b->slot, n * k, 4 },
 	};
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
 		int rc = m->be->ops->alloc(m->be, (size_t)want[i].elems * want[i].size, want[i].p);
@@ -113,7 +112,7 @@ static int check_batch(const moet_model *m, const moet_seq_step *steps, int n_st
 			return rc;                                                         \
 	} while (0)
 
-static int attention(moet_model *m, int64_t l, int64_t n, const moet_rowinfo *rows)
+static int attention(moet_model *m, int64_t l, int64_t n, const moet_rows *rows)
 {
 	const moet_config *c = &m->cfg;
 	const moet_layer_w *lw = &m->layers[l];
@@ -190,10 +189,11 @@ static int feed_forward(moet_model *m, int64_t l, int64_t n, const moet_seq_step
 	TRY(op->route(be, c, b->rlogits, lw->router_bias, n, b->ids, b->rw));
 	if (m->route_fn)
 		TRY(observe_routes(m, l, n, steps, n_steps));
-	TRY(op->experts(be, lw->experts, b->ids, k, b->h, n, b->y));
+	TRY(op->experts(be, lw->experts, b->ids, k, b->h, n, b->y, b->slot));
 	if (lw->has_shared)
 		TRY(op->ffn(be, &lw->mlp, b->h, n, b->shared));
-	return op->combine(be, b->y, b->rw, k, lw->has_shared ? b->shared : NULL, n, H, b->out);
+	return op->combine(be, b->y, b->slot, b->rw, k, lw->has_shared ? b->shared : NULL, n, H,
+			   b->out);
 }
 
 /* Final norm and lm_head for the rows that want logits, downloaded into each step. */
@@ -259,14 +259,14 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 			tok[t] = steps[s].tokens[i];
 		}
 	}
-	if ((rc = op->upload(be, b->rows, rows, (size_t)n * sizeof(*rows))) ||
-	    (rc = op->upload(be, b->tokens, tok, (size_t)n * sizeof(*tok))) ||
-	    (rc = op->embed(be, &m->embed, b->tokens, n, b->x)))
+	const moet_rows *brows = NULL;
+	if ((rc = op->prepare_rows(be, rows, tok, n, c->num_hidden_layers, &brows)) ||
+	    (rc = op->embed(be, &m->embed, brows, n, b->x)))
 		goto out;
 	for (int64_t l = 0; l < c->num_hidden_layers && !rc; l++) {
 		const moet_layer_w *lw = &m->layers[l];
 		if ((rc = op->rmsnorm(be, b->x, H, lw->in_norm, n, H, c->rms_norm_eps, b->h, H)) ||
-		    (rc = attention(m, l, n, b->rows)) || (rc = op->add(be, b->x, b->out, n * H)) ||
+		    (rc = attention(m, l, n, brows)) || (rc = op->add(be, b->x, b->out, n * H)) ||
 		    (rc = op->rmsnorm(be, b->x, H, lw->post_norm, n, H, c->rms_norm_eps, b->h, H)) ||
 		    (rc = feed_forward(m, l, n, steps, n_steps)) ||
 		    (rc = op->add(be, b->x, b->out, n * H)))

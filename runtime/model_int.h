@@ -42,9 +42,7 @@ typedef struct moet_layer_w {
 typedef struct moet_fwd_bufs {
 	int64_t cap_rows;         /* rows the buffers hold */
 	float *x, *h, *q, *qa, *kva, *kvb, *attn, *out, *rlogits, *rw, *y, *shared, *logits;
-	int32_t *ids;
-	int64_t *tokens;
-	moet_rowinfo *rows;
+	int32_t *ids, *slot;
 } moet_fwd_bufs;
 
 struct moet_model {

@@ -11,8 +11,9 @@
  *               one the backend computes on (CPU: the same bytes; CUDA: a device copy of the
  *               bytes, verbatim); bind_vec likewise for small binary32 vectors
  *   activations backend buffers from alloc (CPU: malloc), [rows][width] with explicit strides
- *   rows        a moet_rowinfo per row (backend memory, filled by upload): which cache, which
- *               position; attention and the K/V store read it
+ *   rows        per batch, prepare_rows turns the host's row table (a moet_rowinfo per row:
+ *               which cache, which position; and the token ids) into the backend's own form
+ *               (moet_rows, opaque); embed, rope, the K/V store and attention read it
  *
  * Ops return 0 or a negative MOET_E* code; they may run asynchronously (CUDA: one stream);
  * download and sync wait. NOTE: the op set is deliberately close to the reference's steps, so
@@ -28,6 +29,7 @@
 #include "moet_mat.h"
 
 typedef struct moet_backend moet_backend;
+typedef struct moet_rows moet_rows; /* a batch's row table in the backend's form */
 
 /* Where one row of a batch reads and writes its attention cache. */
 typedef struct moet_rowinfo {
@@ -66,8 +68,12 @@ typedef struct moet_backend_ops {
 	int (*bind_mat)(moet_backend *be, const moet_mat *host, moet_mat *out);
 	int (*bind_vec)(moet_backend *be, const float *host, int64_t n, const float **out);
 
-	/* x[t][:] = dec(table[tokens[t]][:]) for t < n; table [V x H] BF16/F16/F32 (bound). */
-	int (*embed)(moet_backend *be, const moet_mat *table, const int64_t *tokens, int64_t n,
+	/* The batch's rows (host arrays of n entries) in the backend's form, valid until the
+	 * next call (owned by the backend). n_layers: the model's layer count. */
+	int (*prepare_rows)(moet_backend *be, const moet_rowinfo *rows, const int64_t *tokens,
+			    int64_t n, int64_t n_layers, const moet_rows **out);
+	/* x[t][:] = dec(table[token of row t][:]) for t < n; table [V x H] BF16/F16/F32. */
+	int (*embed)(moet_backend *be, const moet_mat *table, const moet_rows *rows, int64_t n,
 		     float *x);
 	/* out[t] = rmsnorm(x[t]) * w over dim columns; out may alias x. */
 	int (*rmsnorm)(moet_backend *be, const float *x, int64_t x_stride, const float *w,
@@ -81,30 +87,31 @@ typedef struct moet_backend_ops {
 	 * head h of row t starts at x + t*x_stride + h*head_stride. inv_freq[n_freq] (bound),
 	 * attn_factor multiplies cos and sin. */
 	int (*rope)(moet_backend *be, float *x, int64_t x_stride, int64_t head_stride,
-		    int64_t n_heads, int64_t n, const moet_rowinfo *rows, const float *inv_freq,
+		    int64_t n_heads, int64_t n, const moet_rows *rows, const float *inv_freq,
 		    int64_t n_freq, float attn_factor, int interleave);
 	/* Writes layer l's K and V of each row into its cache at its position: per head h,
 	 * K = [kvb[t][h*(nope+v) .. +nope] | k_pe[t][0 .. rope]], V = kvb[t][h*(nope+v)+nope ..]. */
 	int (*kv_store)(moet_backend *be, const moet_attn_dims *d, int64_t l, const float *kvb,
 			int64_t kvb_stride, const float *k_pe, int64_t k_pe_stride, int64_t n,
-			const moet_rowinfo *rows);
+			const moet_rows *rows);
 	/* out[t][h*v_dim ..] = softmax(q_h . K_h[0..pos] x scale) . V_h for each row, layer l. */
 	int (*attend)(moet_backend *be, const moet_attn_dims *d, int64_t l, const float *q,
-		      int64_t q_stride, int64_t n, const moet_rowinfo *rows, float *out,
+		      int64_t q_stride, int64_t n, const moet_rows *rows, float *out,
 		      int64_t out_stride);
 	/* Router: scores = sigmoid(logits) (exp_c); noaux_tc selection in canonical order and
 	 * weights (cpu/router_ref.c), ids [n][top_k], weights [n][top_k]. */
 	int (*route)(moet_backend *be, const moet_config *c, const float *logits,
 		     const float *bias, int64_t n, int32_t *ids, float *weights);
-	/* y[t*top_k + i][:] = expert ids[t][i] (from experts[]) applied to h[t], for all pairs. */
+	/* Every (row t, slot i) pair: expert ids[t][i] (of experts[]) applied to h[t], written to
+	 * y[slot[t][i]][:] (y holds n * top_k rows; the backend chooses their order). */
 	int (*experts)(moet_backend *be, const moet_ffn_w *experts, const int32_t *ids,
-		       int64_t top_k, const float *h, int64_t n, float *y);
+		       int64_t top_k, const float *h, int64_t n, float *y, int32_t *slot);
 	/* out[t] = FFN(w, h[t]) (dense MLP or shared experts). */
 	int (*ffn)(moet_backend *be, const moet_ffn_w *w, const float *h, int64_t n, float *out);
-	/* out[t][j] = canon(sum_i fma(weights[t][i], y[t*top_k+i][j], .) + (shared ? shared[t][j]
-	 * : 0)), i in canonical order, the contract's combine. out may alias shared. */
-	int (*combine)(moet_backend *be, const float *y, const float *weights, int64_t top_k,
-		       const float *shared, int64_t n, int64_t dim, float *out);
+	/* out[t][j] = canon(sum_i fma(weights[t][i], y[slot[t][i]][j], .) + (shared ?
+	 * shared[t][j] : 0)), i in canonical order: the contract's combine. out may alias shared. */
+	int (*combine)(moet_backend *be, const float *y, const int32_t *slot, const float *weights,
+		       int64_t top_k, const float *shared, int64_t n, int64_t dim, float *out);
 } moet_backend_ops;
 
 struct moet_backend {

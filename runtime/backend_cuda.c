@@ -1,0 +1,416 @@
+/*
+ * backend_cuda.c: the CUDA backend of the model graph: device memory, the checkpoint's bytes
+ * copied verbatim to the device, and the ops of gpu/ (moet_gpu.h).
+ *
+ * Every op of gpu/ returns the CPU reference's bits (docs/gpu.md: linear, attention, router,
+ * combine, embed bit-equal; rmsnorm and rope measured bit-equal too), so this backend's
+ * logits are expected to equal the CPU backend's; tests/gpu/test_gpu_model.c checks it.
+ *
+ *   prepare_rows   host row table -> device: tokens and positions as int32, and per layer the
+ *                  K and V base pointers of every row's cache (what kv_write and attention
+ *                  take), in one upload
+ *   experts        the ids come back to the host (one sync per MoE layer), pairs are grouped
+ *                  by expert (stable), and the grouped call of gpu/expert.cu computes them;
+ *                  slot[] tells combine where each pair's output row is
+ *
+ * NOTE: one stream (the legacy default stream): copies and kernels run in issue order, and a
+ * download waits for what came before it. Weights are bound once at open; nothing but the
+ * grow-only row table and expert scratch is allocated per batch.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "moet_backend.h"
+#include "moet_err.h"
+#include "moet_gpu.h"
+
+struct moet_rows {
+	int32_t *tok;        /* device [n] */
+	int32_t *pos;        /* device [n] */
+	float **kbase;       /* device [n_layers][n]: row t's cache K at layer l */
+	float **vbase;       /* device [n_layers][n] */
+	int64_t k_row, v_row;/* floats per position (from the row table) */
+	int64_t n;
+};
+
+typedef struct cuda_be {
+	moet_backend be;
+	int device;
+	void **owned;        /* bound weights and vectors */
+	int n_owned, cap_owned;
+	moet_rows rows;
+	void *rows_dev;      /* one device block behind rows */
+	size_t rows_bytes;
+	void *host_stage;    /* host staging of the row block */
+	void *scratch;       /* expert h rows */
+	size_t scratch_bytes;
+	int32_t *pair_tok;   /* device [cap_pairs]: the token of each grouped pair */
+	int32_t *iota;       /* device [cap_pairs]: 0, 1, 2, ... (dense FFN pairs) */
+	int64_t cap_pairs;
+} cuda_be;
+
+static cuda_be *impl(moet_backend *be)
+{
+	return (cuda_be *)be->impl;
+}
+
+static int keep(cuda_be *c, void *p)
+{
+	if (c->n_owned == c->cap_owned) {
+		int cap = c->cap_owned ? 2 * c->cap_owned : 256;
+		void **n = realloc(c->owned, (size_t)cap * sizeof(*n));
+		if (!n) {
+			moet_gpu_free(p);
+			return moet_err(MOET_ENOMEM, "CUDA backend: weight list");
+		}
+		c->owned = n;
+		c->cap_owned = cap;
+	}
+	c->owned[c->n_owned++] = p;
+	return 0;
+}
+
+static void cu_destroy(moet_backend *be)
+{
+	cuda_be *c = impl(be);
+	for (int i = 0; i < c->n_owned; i++)
+		moet_gpu_free(c->owned[i]);
+	free(c->owned);
+	moet_gpu_free(c->rows_dev);
+	free(c->host_stage);
+	moet_gpu_free(c->scratch);
+	moet_gpu_free(c->pair_tok);
+	moet_gpu_free(c->iota);
+	free(c);
+}
+
+static int cu_alloc(moet_backend *be, size_t bytes, void **out)
+{
+	(void)be;
+	return moet_gpu_alloc(bytes ? bytes : 64, out);
+}
+
+static void cu_free(moet_backend *be, void *p)
+{
+	(void)be;
+	moet_gpu_free(p);
+}
+
+static int cu_upload(moet_backend *be, void *dst, const void *src, size_t bytes)
+{
+	(void)be;
+	return bytes ? moet_gpu_copy_h2d(dst, src, bytes) : 0;
+}
+
+static int cu_download(moet_backend *be, void *dst, const void *src, size_t bytes)
+{
+	(void)be;
+	return bytes ? moet_gpu_copy_d2h(dst, src, bytes) : 0;
+}
+
+/* A device copy of n bytes of host memory, owned by the backend. */
+static int dev_copy(cuda_be *c, const void *host, size_t bytes, void **out)
+{
+	void *d = NULL;
+	int rc = moet_gpu_alloc(bytes ? bytes : 64, &d);
+	if (rc)
+		return rc;
+	if ((rc = keep(c, d)))
+		return rc;
+	if (bytes && (rc = moet_gpu_copy_h2d(d, host, bytes)))
+		return rc;
+	*out = d;
+	return 0;
+}
+
+static int cu_bind_mat(moet_backend *be, const moet_mat *host, moet_mat *out)
+{
+	cuda_be *c = impl(be);
+	void *d = NULL, *s = NULL;
+	size_t bytes = (size_t)host->rows * (size_t)host->cols * moet_dtype_size(host->dtype);
+	int rc = dev_copy(c, host->data, bytes, &d);
+	if (rc)
+		return rc;
+	*out = *host;
+	out->data = d;
+	if (host->scale_inv) {
+		size_t sb = (size_t)((host->rows + MOET_BLOCK - 1) / MOET_BLOCK) *
+			    (size_t)((host->cols + MOET_BLOCK - 1) / MOET_BLOCK) * sizeof(float);
+		if ((rc = dev_copy(c, host->scale_inv, sb, &s)))
+			return rc;
+		out->scale_inv = s;
+	}
+	return 0;
+}
+
+static int cu_bind_vec(moet_backend *be, const float *host, int64_t n, const float **out)
+{
+	void *d = NULL;
+	int rc = dev_copy(impl(be), host, (size_t)n * sizeof(float), &d);
+	if (!rc)
+		*out = d;
+	return rc;
+}
+
+static int cu_prepare_rows(moet_backend *be, const moet_rowinfo *rows, const int64_t *tokens,
+			   int64_t n, int64_t n_layers, const moet_rows **out)
+{
+	cuda_be *c = impl(be);
+	/* layout of the block: tok[n] pos[n] (int32, padded to 8 bytes) kbase[L][n] vbase[L][n] */
+	size_t ints = ((size_t)(2 * n) * sizeof(int32_t) + 7) & ~(size_t)7;
+	size_t bytes = ints + (size_t)(2 * n_layers * n) * sizeof(float *);
+	int rc;
+	if (bytes > c->rows_bytes) {
+		void *stage = realloc(c->host_stage, bytes);
+		if (!stage)
+			return moet_err(MOET_ENOMEM, "row table staging");
+		c->host_stage = stage;
+		moet_gpu_free(c->rows_dev);
+		c->rows_dev = NULL;
+		c->rows_bytes = 0;
+		if ((rc = moet_gpu_alloc(bytes, &c->rows_dev)))
+			return rc;
+		c->rows_bytes = bytes;
+	}
+	int32_t *tok = c->host_stage, *pos = tok + n;
+	float **kb = (float **)((char *)c->host_stage + ints), **vb = kb + n_layers * n;
+	for (int64_t t = 0; t < n; t++) {
+		tok[t] = (int32_t)tokens[t];
+		pos[t] = (int32_t)rows[t].pos;
+		for (int64_t l = 0; l < n_layers; l++) {
+			kb[l * n + t] = rows[t].k + l * rows[t].k_layer;
+			vb[l * n + t] = rows[t].v + l * rows[t].v_layer;
+		}
+	}
+	if ((rc = moet_gpu_copy_h2d(c->rows_dev, c->host_stage, bytes)))
+		return rc;
+	moet_rows *r = &c->rows;
+	r->tok = c->rows_dev;
+	r->pos = r->tok + n;
+	r->kbase = (float **)((char *)c->rows_dev + ints);
+	r->vbase = r->kbase + n_layers * n;
+	r->n = n;
+	*out = r;
+	return 0;
+}
+
+static int cu_embed(moet_backend *be, const moet_mat *table, const moet_rows *rows, int64_t n,
+		    float *x)
+{
+	(void)be;
+	return moet_gpu_embed(table, rows->tok, n, x, NULL);
+}
+
+static int cu_rmsnorm(moet_backend *be, const float *x, int64_t x_stride, const float *w,
+		      int64_t n, int64_t dim, double eps, float *out, int64_t out_stride)
+{
+	(void)be;
+	return moet_gpu_rmsnorm(x, x_stride, w, dim, n, eps, out, out_stride, NULL);
+}
+
+static int cu_linear(moet_backend *be, const moet_mat *w, const float *x, int64_t x_stride,
+		     int64_t n, float *y, int64_t y_stride)
+{
+	(void)be;
+	return moet_gpu_linear(w, x, x_stride, n, y, y_stride, NULL);
+}
+
+static int cu_add(moet_backend *be, float *x, const float *y, int64_t n_elems)
+{
+	(void)be;
+	return moet_gpu_add(x, y, n_elems, NULL);
+}
+
+static int cu_rope(moet_backend *be, float *x, int64_t x_stride, int64_t head_stride,
+		   int64_t n_heads, int64_t n, const moet_rows *rows, const float *inv_freq,
+		   int64_t n_freq, float attn_factor, int interleave)
+{
+	(void)be;
+	if (n_heads == 1)
+		head_stride = 2 * n_freq; /* unused with one head; gpu/rope.cu checks overlap */
+	return moet_gpu_rope(x, n, x_stride, n_heads, head_stride, n_freq, rows->pos, inv_freq,
+			     attn_factor, interleave, NULL);
+}
+
+static int cu_kv_store(moet_backend *be, const moet_attn_dims *d, int64_t l, const float *kvb,
+		       int64_t kvb_stride, const float *k_pe, int64_t k_pe_stride, int64_t n,
+		       const moet_rows *rows)
+{
+	(void)be;
+	const int64_t qk = d->nope + d->rope;
+	return moet_gpu_kv_write(kvb, kvb_stride, k_pe, k_pe_stride, n, d->n_heads, d->nope,
+				 d->rope, d->v_dim, rows->kbase + l * rows->n,
+				 rows->vbase + l * rows->n, d->n_heads * qk, d->n_heads * d->v_dim,
+				 rows->pos, NULL);
+}
+
+static int cu_attend(moet_backend *be, const moet_attn_dims *d, int64_t l, const float *q,
+		     int64_t q_stride, int64_t n, const moet_rows *rows, float *out,
+		     int64_t out_stride)
+{
+	(void)be;
+	const int64_t qk = d->nope + d->rope;
+	return moet_gpu_attention(q, q_stride, n, d->n_heads, qk, d->v_dim,
+				  rows->kbase + l * rows->n, rows->vbase + l * rows->n,
+				  d->n_heads * qk, d->n_heads * d->v_dim, rows->pos,
+				  d->softmax_scale, out, out_stride, NULL);
+}
+
+static int cu_route(moet_backend *be, const moet_config *c, const float *logits,
+		    const float *bias, int64_t n, int32_t *ids, float *weights)
+{
+	(void)be;
+	return moet_gpu_router(logits, n, c->n_routed_experts, bias, c->n_group, c->topk_group,
+			       c->num_experts_per_tok, c->norm_topk_prob,
+			       (float)c->routed_scaling_factor, ids, weights, NULL);
+}
+
+/* Grow-only device scratch: expert h rows, the pair token table and an iota. */
+static int ensure_pairs(cuda_be *c, int64_t pairs, int64_t inter)
+{
+	size_t need = moet_gpu_expert_scratch_bytes(pairs, inter);
+	int rc;
+	if (need > c->scratch_bytes) {
+		moet_gpu_free(c->scratch);
+		c->scratch = NULL;
+		c->scratch_bytes = 0;
+		if ((rc = moet_gpu_alloc(need, &c->scratch)))
+			return rc;
+		c->scratch_bytes = need;
+	}
+	if (pairs > c->cap_pairs) {
+		int32_t *iota = malloc((size_t)pairs * sizeof(*iota));
+		if (!iota)
+			return moet_err(MOET_ENOMEM, "iota");
+		for (int64_t i = 0; i < pairs; i++)
+			iota[i] = (int32_t)i;
+		moet_gpu_free(c->pair_tok);
+		moet_gpu_free(c->iota);
+		c->pair_tok = c->iota = NULL;
+		c->cap_pairs = 0;
+		rc = moet_gpu_alloc((size_t)pairs * sizeof(int32_t), (void **)&c->pair_tok);
+		if (!rc)
+			rc = moet_gpu_alloc((size_t)pairs * sizeof(int32_t), (void **)&c->iota);
+		if (!rc)
+			rc = moet_gpu_copy_h2d(c->iota, iota, (size_t)pairs * sizeof(int32_t));
+		free(iota);
+		if (rc)
+			return rc;
+		c->cap_pairs = pairs;
+	}
+	return 0;
+}
+
+typedef struct pair_key {
+	int32_t expert;
+	int32_t pair;
+} pair_key;
+
+static int by_expert_then_pair(const void *a, const void *b)
+{
+	const pair_key *x = a, *y = b;
+	if (x->expert != y->expert)
+		return x->expert < y->expert ? -1 : 1;
+	return (x->pair > y->pair) - (x->pair < y->pair);
+}
+
+static int cu_experts(moet_backend *be, const moet_ffn_w *experts, const int32_t *ids,
+		      int64_t top_k, const float *h, int64_t n, float *y, int32_t *slot)
+{
+	cuda_be *c = impl(be);
+	const int64_t P = n * top_k;
+	int32_t *hid = malloc((size_t)P * sizeof(*hid));
+	int32_t *tok = malloc((size_t)P * sizeof(*tok));
+	int32_t *sl = malloc((size_t)P * sizeof(*sl));
+	pair_key *key = malloc((size_t)P * sizeof(*key));
+	moet_gpu_expert *ge = malloc((size_t)P * sizeof(*ge));
+	int n_exp = 0;
+	int rc = (!hid || !tok || !sl || !key || !ge) ? moet_err(MOET_ENOMEM, "expert grouping")
+						       : 0;
+	if (!rc)
+		rc = ensure_pairs(c, P, experts[0].gate.rows);
+	if (!rc)
+		rc = moet_gpu_copy_d2h(hid, ids, (size_t)P * sizeof(*hid));
+	if (rc)
+		goto out;
+	for (int64_t p = 0; p < P; p++)
+		key[p] = (pair_key){ hid[p], (int32_t)p };
+	qsort(key, (size_t)P, sizeof(*key), by_expert_then_pair);
+	for (int64_t q = 0; q < P; q++) {
+		if (q == 0 || key[q].expert != key[q - 1].expert) {
+			const moet_ffn_w *e = &experts[key[q].expert];
+			ge[n_exp++] = (moet_gpu_expert){ e->gate, e->up, e->down, 0 };
+		}
+		ge[n_exp - 1].n_tok++;
+		tok[q] = key[q].pair / (int32_t)top_k;
+		sl[key[q].pair] = (int32_t)q;
+	}
+	if ((rc = moet_gpu_copy_h2d(c->pair_tok, tok, (size_t)P * sizeof(*tok))) ||
+	    (rc = moet_gpu_copy_h2d(slot, sl, (size_t)P * sizeof(*sl))))
+		goto out;
+	rc = moet_gpu_expert_ffn(ge, n_exp, h, n, c->pair_tok, c->scratch, c->scratch_bytes, y,
+				 NULL);
+out:
+	free(hid);
+	free(tok);
+	free(sl);
+	free(key);
+	free(ge);
+	return rc;
+}
+
+static int cu_ffn(moet_backend *be, const moet_ffn_w *w, const float *h, int64_t n, float *out)
+{
+	cuda_be *c = impl(be);
+	moet_gpu_expert e = { w->gate, w->up, w->down, n };
+	int rc = ensure_pairs(c, n, w->gate.rows);
+	if (rc)
+		return rc;
+	return moet_gpu_expert_ffn(&e, 1, h, n, c->iota, c->scratch, c->scratch_bytes, out, NULL);
+}
+
+static int cu_combine(moet_backend *be, const float *y, const int32_t *slot,
+		      const float *weights, int64_t top_k, const float *shared, int64_t n,
+		      int64_t dim, float *out)
+{
+	(void)be;
+	return moet_gpu_combine(y, n * top_k, slot, weights, top_k, shared, n, dim, out, NULL);
+}
+
+static const moet_backend_ops cuda_ops = {
+	.name = "cuda",
+	.destroy = cu_destroy,
+	.alloc = cu_alloc,
+	.free = cu_free,
+	.upload = cu_upload,
+	.download = cu_download,
+	.bind_mat = cu_bind_mat,
+	.bind_vec = cu_bind_vec,
+	.prepare_rows = cu_prepare_rows,
+	.embed = cu_embed,
+	.rmsnorm = cu_rmsnorm,
+	.linear = cu_linear,
+	.add = cu_add,
+	.rope = cu_rope,
+	.kv_store = cu_kv_store,
+	.attend = cu_attend,
+	.route = cu_route,
+	.experts = cu_experts,
+	.ffn = cu_ffn,
+	.combine = cu_combine,
+};
+
+int moet_backend_cuda_create(int device, moet_backend **out)
+{
+	const char *why = NULL;
+	if (moet_gpu_count(&why) <= device)
+		return moet_err(MOET_EDEVICE, "--device cuda: no CUDA device %d (%s)", device,
+				why ? why : "fewer devices");
+	cuda_be *c = calloc(1, sizeof(*c));
+	if (!c)
+		return moet_err(MOET_ENOMEM, "CUDA backend");
+	c->device = device;
+	c->be = (moet_backend){ .ops = &cuda_ops, .impl = c };
+	*out = &c->be;
+	return 0;
+}
