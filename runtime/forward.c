@@ -21,6 +21,7 @@
 
 #include "model_int.h"
 #include "moet_err.h"
+#include "moet_sample.h"
 
 static int64_t imax(int64_t a, int64_t b)
 {
@@ -290,13 +291,15 @@ int moet_model_forward(moet_model *m, moet_kv *kv, const int64_t *tokens, int64_
 	return moet_model_forward_batch(m, &st, 1);
 }
 
-int moet_model_generate(moet_model *m, const int64_t *prompt, int64_t n_prompt, int64_t max_new,
-			int stop_at_eos, int64_t *out_ids, int64_t *out_n)
+int moet_model_generate_sampled(moet_model *m, const int64_t *prompt, int64_t n_prompt,
+				int64_t max_new, int stop_at_eos, const moet_sample_params *sp,
+				int64_t *out_ids, int64_t *out_n)
 {
 	const moet_config *c = &m->cfg;
 	const int64_t V = c->vocab_size;
 	moet_kv *kv = NULL;
 	float *logits = NULL;
+	int64_t *scratch = NULL;
 	int rc;
 	*out_n = 0;
 	if (n_prompt <= 0)
@@ -304,7 +307,8 @@ int moet_model_generate(moet_model *m, const int64_t *prompt, int64_t n_prompt, 
 	if ((rc = moet_kv_create(m, n_prompt + max_new, &kv)))
 		return rc;
 	logits = malloc((size_t)V * sizeof(float));
-	if (!logits) {
+	scratch = malloc((size_t)V * sizeof(int64_t));
+	if (!logits || !scratch) {
 		rc = moet_err(MOET_ENOMEM, "logits");
 		goto out;
 	}
@@ -313,18 +317,26 @@ int moet_model_generate(moet_model *m, const int64_t *prompt, int64_t n_prompt, 
 	for (int64_t i = 0; i < max_new; i++) {
 		if ((rc = moet_model_forward_batch(m, &st, 1)))
 			goto out;
-		int64_t best = 0;
-		for (int64_t v = 1; v < V; v++)
-			if (logits[v] > logits[best])
-				best = v;
-		out_ids[(*out_n)++] = best;
-		if ((stop_at_eos && best == c->eos_token_id) || i + 1 == max_new)
+		int64_t next;
+		if ((rc = moet_sample(logits, V, sp, moet_kv_len(kv), scratch, &next)))
+			goto out;
+		out_ids[(*out_n)++] = next;
+		if ((stop_at_eos && next == c->eos_token_id) || i + 1 == max_new)
 			break;
 		st.tokens = &out_ids[*out_n - 1];
 		st.n_tok = 1;
 	}
 out:
+	free(scratch);
 	free(logits);
 	moet_kv_destroy(kv);
 	return rc;
+}
+
+int moet_model_generate(moet_model *m, const int64_t *prompt, int64_t n_prompt, int64_t max_new,
+			int stop_at_eos, int64_t *out_ids, int64_t *out_n)
+{
+	const moet_sample_params greedy = { .temperature = 0, .top_k = 0, .top_p = 1, .seed = 0 };
+	return moet_model_generate_sampled(m, prompt, n_prompt, max_new, stop_at_eos, &greedy,
+					   out_ids, out_n);
 }

@@ -17,6 +17,7 @@
 
 #include "moet_ckpt.h"
 #include "moet_config.h"
+#include "moet_sample.h"
 
 typedef struct moet_model moet_model;
 typedef struct moet_kv moet_kv;
@@ -96,5 +97,11 @@ void moet_model_set_route_observer(moet_model *m, moet_route_fn fn, void *ctx);
  */
 int moet_model_generate(moet_model *m, const int64_t *prompt, int64_t n_prompt, int64_t max_new,
 			int stop_at_eos, int64_t *out_ids, int64_t *out_n);
+
+/* The same with sampling (moet_sample.h): the token at position p is drawn with the draw of
+ * (sp->seed, p), so a seeded generation is reproducible on every backend and batch. */
+int moet_model_generate_sampled(moet_model *m, const int64_t *prompt, int64_t n_prompt,
+				int64_t max_new, int stop_at_eos, const moet_sample_params *sp,
+				int64_t *out_ids, int64_t *out_n);
 
 #endif

@@ -13,14 +13,20 @@
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: moet-hybrid generate --model DIR --tokens ID,ID,... [--max-new N] "
-		   "[--ignore-eos] [--device cpu|cuda]\n\n"
-		   "Runs the prompt through the model and prints the greedy continuation (argmax,\n"
-		   "ties to the lowest id) as comma-separated token ids on one line.\n\n"
+		   "[--ignore-eos] [--device cpu|cuda]\n"
+		   "       [--temperature T] [--top-k K] [--top-p P] [--seed S]\n\n"
+		   "Runs the prompt through the model and prints the continuation (greedy: argmax,\n"
+		   "ties to the lowest id; or sampled) as comma-separated token ids on one line.\n\n"
 		   "  --model DIR     checkpoint directory (config.json + safetensors shards)\n"
 		   "  --device D      cpu (the reference backend, default) or cuda\n"
 		   "  --tokens IDS    prompt token ids, comma-separated\n"
 		   "  --max-new N     tokens to generate (default 16)\n"
-		   "  --ignore-eos    do not stop at the model's eos_token_id\n");
+		   "  --ignore-eos    do not stop at the model's eos_token_id\n"
+		   "  --temperature T sample with temperature T (default 0: greedy)\n"
+		   "  --top-k K       sample among the K most likely tokens (default 0: all)\n"
+		   "  --top-p P       nucleus sampling: the smallest set of mass >= P (default 1)\n"
+		   "  --seed S        seed of the draws (default 0); a draw depends only on the\n"
+		   "                  seed and the token's position: reproducible\n");
 }
 
 int moet_cli_generate(int argc, char **argv)
@@ -31,12 +37,18 @@ int moet_cli_generate(int argc, char **argv)
 		{ "tokens", required_argument, NULL, 't' },
 		{ "max-new", required_argument, NULL, 'n' },
 		{ "ignore-eos", no_argument, NULL, 'e' },
+		{ "temperature", required_argument, NULL, 'T' },
+		{ "top-k", required_argument, NULL, 'k' },
+		{ "top-p", required_argument, NULL, 'p' },
+		{ "seed", required_argument, NULL, 's' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *model_dir = NULL, *tokens = NULL, *device = "cpu";
 	long long max_new = 16;
-	int stop_at_eos = 1, c;
+	int stop_at_eos = 1, c, bad = 0;
+	char *end;
+	moet_sample_params sp = { .temperature = 0, .top_k = 0, .top_p = 1, .seed = 0 };
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
@@ -44,7 +56,6 @@ int moet_cli_generate(int argc, char **argv)
 		case 'd': device = optarg; break;
 		case 't': tokens = optarg; break;
 		case 'n': {
-			char *end;
 			max_new = strtoll(optarg, &end, 10);
 			if (*end || max_new < 1 || max_new > 1000000)
 				return moet_cli_fail("generate", moet_err(MOET_EINVAL, "--max-new '%s' "
@@ -52,14 +63,23 @@ int moet_cli_generate(int argc, char **argv)
 			break;
 		}
 		case 'e': stop_at_eos = 0; break;
+		case 'T': sp.temperature = strtod(optarg, &end); bad |= *end != 0; break;
+		case 'k': sp.top_k = strtoll(optarg, &end, 10); bad |= *end != 0; break;
+		case 'p': sp.top_p = strtod(optarg, &end); bad |= *end != 0; break;
+		case 's': sp.seed = strtoull(optarg, &end, 10); bad |= *end != 0; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
+	if (bad)
+		return moet_cli_fail("generate", moet_err(MOET_EINVAL, "--temperature, --top-k, "
+							  "--top-p and --seed take numbers"));
 	if (!model_dir || !tokens) {
 		usage(stderr);
 		return 2;
 	}
+	if (moet_sample_check(&sp))
+		return moet_cli_fail("generate", MOET_EINVAL);
 	int64_t *prompt = NULL, n_prompt = 0, *out = NULL, n_out = 0;
 	moet_model *m = NULL;
 	int rc = moet_cli_parse_tokens(tokens, &prompt, &n_prompt);
@@ -68,7 +88,8 @@ int moet_cli_generate(int argc, char **argv)
 	if (!rc && !(out = malloc((size_t)max_new * sizeof(*out))))
 		rc = moet_err(MOET_ENOMEM, "output ids");
 	if (!rc)
-		rc = moet_model_generate(m, prompt, n_prompt, max_new, stop_at_eos, out, &n_out);
+		rc = moet_model_generate_sampled(m, prompt, n_prompt, max_new, stop_at_eos, &sp,
+						  out, &n_out);
 	if (!rc) {
 		for (int64_t i = 0; i < n_out; i++)
 			printf("%s%lld", i ? "," : "", (long long)out[i]);

@@ -92,6 +92,8 @@ int main(void)
 		{ "logits --model FX --tokens 1 --out /nonexistent/dir/x.npy", 1, "/nonexistent/dir" },
 		{ "generate --model FX --tokens 1 --device tpu", 1, "--device 'tpu'" },
 		{ "generate --model FX --tokens 1 --device cuda", 1, "--device cuda" },
+		{ "generate --model FX --tokens 1 --temperature 1 --top-p 2", 1, "top_p 2" },
+		{ "generate --model FX --tokens 1 --temperature x", 1, "--temperature" },
 		{ "generate", 2, "usage" },
 		{ "logits --help", 0, "usage" },
 	};

@@ -247,6 +247,15 @@ int main(void)
 	CHECK(moet_model_generate(m, tok, T, 4, 0, out, &n_out) == 0 && n_out == 4, "generate");
 	CHECK(out[0] == best, "generate's first token %lld, argmax %lld", (long long)out[0],
 	      (long long)best);
+	/* seeded sampling: reproducible; temperature 0 is greedy */
+	int64_t s1[6], s2[6], s3[6], n1 = 0, n2 = 0, n3 = 0;
+	moet_sample_params sp = { .temperature = 1.0, .top_k = 0, .top_p = 0.95, .seed = 11 };
+	CHECK(moet_model_generate_sampled(m, tok, T, 6, 0, &sp, s1, &n1) == 0 &&
+	      moet_model_generate_sampled(m, tok, T, 6, 0, &sp, s2, &n2) == 0 && n1 == 6 &&
+	      n2 == 6 && memcmp(s1, s2, sizeof(s1)) == 0, "seeded sampling is reproducible");
+	sp.temperature = 0;
+	CHECK(moet_model_generate_sampled(m, tok, T, 4, 0, &sp, s3, &n3) == 0 && n3 == 4 &&
+	      memcmp(s3, out, 4 * sizeof(*out)) == 0, "temperature 0 = greedy");
 
 	test_batch(m, tok);
 	test_route_observer(m, tok);
