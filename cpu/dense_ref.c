@@ -74,3 +74,61 @@ void moet_attend_ref(const float *q, const float *k, int64_t k_stride, const flo
 		out[d] = (float)(acc / sum);
 	}
 }
+
+/* W[r][k] of a weight matrix, decoded and scaled, in binary64 (exact: both factors are
+ * binary32 and their product fits binary64). */
+static double weight_at(const moet_mat *w, int64_t r, int64_t k)
+{
+	size_t i = (size_t)r * (size_t)w->cols + (size_t)k;
+	double v;
+	switch (w->dtype) {
+	case MOET_DT_F8_E4M3: v = moet_dec_e4m3(((const uint8_t *)w->data)[i]); break;
+	case MOET_DT_BF16: v = moet_dec_bf16(((const uint16_t *)w->data)[i]); break;
+	default: v = ((const float *)w->data)[i]; break;
+	}
+	if (w->scale_inv) {
+		const int64_t n_blk = (w->cols + MOET_BLOCK - 1) / MOET_BLOCK;
+		v *= w->scale_inv[(r / MOET_BLOCK) * n_blk + k / MOET_BLOCK];
+	}
+	return v;
+}
+
+void moet_attend_latent_ref(const float *q_nope, const float *q_pe, const moet_mat *kv_b,
+			    int64_t head, int64_t nope, int64_t v_dim, int64_t rope,
+			    const float *cache, int64_t c_stride, int64_t n_pos, float scale,
+			    float *scratch, float *out)
+{
+	const int64_t L = kv_b->cols, row0 = head * (nope + v_dim);
+	float *q_abs = scratch, *o = scratch + L, *s = scratch + 2 * L;
+	for (int64_t j = 0; j < L; j++) {
+		double acc = 0.0;
+		for (int64_t i = 0; i < nope; i++)
+			acc += (double)q_nope[i] * weight_at(kv_b, row0 + i, j);
+		q_abs[j] = (float)acc;
+	}
+	float mx = -INFINITY;
+	for (int64_t p = 0; p < n_pos; p++) {
+		const float *cp = cache + p * c_stride;
+		double dot = 0.0;
+		for (int64_t j = 0; j < L; j++)
+			dot += (double)q_abs[j] * (double)cp[j];
+		for (int64_t r = 0; r < rope; r++)
+			dot += (double)q_pe[r] * (double)cp[L + r];
+		s[p] = (float)dot * scale;
+		if (s[p] > mx)
+			mx = s[p];
+	}
+	double sum = 0.0;
+	for (int64_t p = 0; p < n_pos; p++) {
+		s[p] = moet_exp_c(s[p] - mx);
+		sum += s[p];
+	}
+	for (int64_t j = 0; j < L; j++) {
+		double acc = 0.0;
+		for (int64_t p = 0; p < n_pos; p++)
+			acc += (double)s[p] * (double)cache[p * c_stride + j];
+		o[j] = (float)(acc / sum);
+	}
+	for (int64_t d = 0; d < v_dim; d++)
+		out[d] = moet_dot_ref(kv_b, row0 + nope + d, o);
+}

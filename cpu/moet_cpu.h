@@ -113,6 +113,22 @@ void moet_attend_ref(const float *q, const float *k, int64_t k_stride, const flo
 		     float *scratch, float *out);
 
 /*
+ * MLA attention of one head in the absorbed (latent-cache) form, for one query row:
+ *   q_abs[j] = sum_i q_nope[i] * W_UK[i][j]          (W_UK = kv_b's k_nope rows of head h)
+ *   s[p]     = (q_abs . c_p + q_pe . kpe_p) * scale   (the cache holds [c_p | kpe_p] per
+ *                                                      position: kv_lora + rope floats)
+ *   w = softmax(s) (exp_c, max-subtracted);  o[j] = sum_p w[p] c_p[j]
+ *   out[d]   = D(kv_b, row of v_d of head h, o)       (the contract dot)
+ * Sums other than the last run in binary64 in index order, rounded once. kv_b is the
+ * [heads*(nope+v) x kv_lora] matrix (FP8 with block scales, BF16 or F32); the cache rows are
+ * c_stride floats apart. scratch holds kv_lora * 2 + n_pos floats.
+ */
+void moet_attend_latent_ref(const float *q_nope, const float *q_pe, const moet_mat *kv_b,
+			    int64_t head, int64_t nope, int64_t v_dim, int64_t rope,
+			    const float *cache, int64_t c_stride, int64_t n_pos, float scale,
+			    float *scratch, float *out);
+
+/*
  * Expert selection of the noaux_tc router (DeepSeek-V3), for one token.
  *   biased[e] = score[e] + bias[e]   (score = sigmoid of the router logit)
  *   n_group > 1: group score = sum of the two largest biased scores of the group (the one

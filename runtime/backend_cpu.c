@@ -278,6 +278,43 @@ static int cpu_attend(moet_backend *be, const moet_attn_dims *d, int64_t l, cons
 	return 0;
 }
 
+static int cpu_kv_store_latent(moet_backend *be, int64_t l, const float *kva,
+			       int64_t kva_stride, int64_t width, int64_t n, const moet_rows *rw)
+{
+	(void)be;
+	for (int64_t t = 0; t < n; t++) {
+		const moet_rowinfo *r = &rw->info[t];
+		memcpy(r->k + l * r->k_layer + r->pos * width, kva + t * kva_stride,
+		       (size_t)width * sizeof(float));
+	}
+	return 0;
+}
+
+static int cpu_attend_latent(moet_backend *be, const moet_attn_dims *d, const moet_mat *kv_b,
+			     int64_t l, const float *q, int64_t q_stride, int64_t n,
+			     const moet_rows *rw, float *out, int64_t out_stride)
+{
+	const int64_t L = kv_b->cols, qk = d->nope + d->rope, width = L + d->rope;
+	int64_t max_pos = 0;
+	for (int64_t t = 0; t < n; t++)
+		max_pos = rw->info[t].pos + 1 > max_pos ? rw->info[t].pos + 1 : max_pos;
+	float *s = scratch(be, (size_t)(2 * L + max_pos));
+	if (!s)
+		return moet_err(MOET_ENOMEM, "attention scratch for %lld positions",
+				(long long)max_pos);
+	for (int64_t t = 0; t < n; t++) {
+		const moet_rowinfo *r = &rw->info[t];
+		const float *cache = r->k + l * r->k_layer;
+		for (int64_t h = 0; h < d->n_heads; h++) {
+			const float *qh = q + t * q_stride + h * qk;
+			moet_attend_latent_ref(qh, qh + d->nope, kv_b, h, d->nope, d->v_dim, d->rope,
+					       cache, width, r->pos + 1, d->softmax_scale, s,
+					       out + t * out_stride + h * d->v_dim);
+		}
+	}
+	return 0;
+}
+
 static int cpu_route(moet_backend *be, const moet_config *c, const float *logits,
 		     const float *bias, int64_t n, int32_t *ids, float *weights)
 {
@@ -451,6 +488,8 @@ static const moet_backend_ops cpu_ops = {
 	.rope = cpu_rope,
 	.kv_store = cpu_kv_store,
 	.attend = cpu_attend,
+	.kv_store_latent = cpu_kv_store_latent,
+	.attend_latent = cpu_attend_latent,
 	.route = cpu_route,
 	.experts = cpu_experts,
 	.ffn = cpu_ffn,

@@ -141,6 +141,13 @@ static int attention(moet_model *m, int64_t l, int64_t n, const moet_rows *rows)
 		     m->rope_attn_factor, c->rope_interleave));
 	TRY(op->rmsnorm(be, b->kva, kva_w, lw->kv_a_norm, n, c->kv_lora_rank, c->rms_norm_eps,
 			b->kva, kva_w));
+	if (m->mla_absorbed) {
+		/* the cache holds the latent [c | k_pe]; kv_b enters inside the attention */
+		TRY(op->kv_store_latent(be, l, b->kva, kva_w, kva_w, n, rows));
+		TRY(op->attend_latent(be, &d, &lw->kv_b, l, b->q, nh * qk, n, rows, b->attn,
+				      nh * c->v_head_dim));
+		return op->linear(be, &lw->o, b->attn, nh * c->v_head_dim, n, b->out, H);
+	}
 	TRY(op->linear(be, &lw->kv_b, b->kva, kva_w, n, b->kvb, nh * (nope + c->v_head_dim)));
 	/* NOTE: every row's K/V enters its cache before any row attends; a row then sees
 	 * positions 0 .. its own only, exactly as if each token came in a call of its own. */

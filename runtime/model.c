@@ -268,6 +268,21 @@ int moet_model_open_on(const char *dir, const char *device, moet_model **out)
 		goto fail;
 	if ((rc = moet_backend_create(device, &m->cfg, &m->be)))
 		goto fail;
+	/* NOTE: the expanded form (K and V per head cached) is the reference; the absorbed form
+	 * caches the 576-float latent of a Kimi-K2 position instead of 20480 floats.
+	 * MOET_MLA=absorbed selects it where the backend has it. */
+	const char *mla = getenv("MOET_MLA");
+	if (mla && !strcmp(mla, "absorbed")) {
+		if (!m->be->ops->attend_latent || !m->be->ops->kv_store_latent) {
+			rc = moet_err(MOET_EUNSUP, "MOET_MLA=absorbed: the %s backend has no "
+				      "absorbed-form attention yet", m->be->ops->name);
+			goto fail;
+		}
+		m->mla_absorbed = 1;
+	} else if (mla && mla[0] && strcmp(mla, "expanded")) {
+		rc = moet_err(MOET_EINVAL, "MOET_MLA='%s': expected expanded or absorbed", mla);
+		goto fail;
+	}
 	const moet_config *c = &m->cfg;
 	int64_t eshape[2] = { c->vocab_size, c->hidden_size };
 	if ((rc = moet_ckpt_find(m->ck, "model.embed_tokens.weight", MOET_DT_INVALID, 2, eshape,
@@ -360,11 +375,17 @@ int moet_kv_create(const moet_model *m, int64_t max_tokens, moet_kv **out)
 	kv->be = m->be;
 	kv->max_tokens = max_tokens;
 	kv->n_layers = c->num_hidden_layers;
-	kv->k_row = c->num_attention_heads * moet_config_qk_head_dim(c);
-	kv->v_row = c->num_attention_heads * c->v_head_dim;
+	if (m->mla_absorbed) {
+		kv->k_row = c->kv_lora_rank + c->qk_rope_head_dim;
+		kv->v_row = 0;
+	} else {
+		kv->k_row = c->num_attention_heads * moet_config_qk_head_dim(c);
+		kv->v_row = c->num_attention_heads * c->v_head_dim;
+	}
 	size_t per = (size_t)kv->n_layers * (size_t)max_tokens * sizeof(float);
 	if ((rc = m->be->ops->alloc(m->be, per * (size_t)kv->k_row, (void **)&kv->k)) ||
-	    (rc = m->be->ops->alloc(m->be, per * (size_t)kv->v_row, (void **)&kv->v))) {
+	    (rc = m->be->ops->alloc(m->be, per * (size_t)(kv->v_row ? kv->v_row : 1),
+				    (void **)&kv->v))) {
 		moet_kv_destroy(kv);
 		return moet_err_prefix(rc, "KV cache of %lld tokens", (long long)max_tokens);
 	}

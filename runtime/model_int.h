@@ -60,6 +60,7 @@ struct moet_model {
 	const float *inv_freq_b;  /* bound */
 	float rope_attn_factor;   /* multiplies cos and sin (yarn attention factor) */
 	float softmax_scale;      /* qk_head^-0.5 x mscale^2 */
+	int mla_absorbed;         /* attention in the absorbed form over a latent cache */
 	moet_fwd_bufs bufs;
 	moet_route_fn route_fn;   /* optional observer of routing decisions */
 	void *route_ctx;
@@ -69,8 +70,9 @@ struct moet_kv {
 	int64_t max_tokens;
 	int64_t len;
 	int64_t n_layers;
-	int64_t k_row;  /* floats per position per layer: heads x qk_head */
-	int64_t v_row;  /* heads x v_head */
+	int64_t k_row;  /* floats per position per layer: heads x qk_head (expanded form), or
+			   kv_lora + rope (absorbed form: the latent [c | k_pe]) */
+	int64_t v_row;  /* heads x v_head (expanded form), 0 (absorbed form) */
 	float *k;       /* [layers][max_tokens][k_row], backend memory */
 	float *v;       /* [layers][max_tokens][v_row], backend memory */
 	moet_backend *be; /* borrowed from the model */

@@ -98,6 +98,16 @@ typedef struct moet_backend_ops {
 	int (*attend)(moet_backend *be, const moet_attn_dims *d, int64_t l, const float *q,
 		      int64_t q_stride, int64_t n, const moet_rows *rows, float *out,
 		      int64_t out_stride);
+	/* Absorbed MLA (the latent cache; NULL in a backend without it). kv_store_latent: each
+	 * row's [c | k_pe] (width = kv_lora + rope floats at kva + t*kva_stride) into its cache
+	 * of layer l at its position (the K pointers of the rows; V is unused). attend_latent:
+	 * per row and head, cpu/moet_cpu.h's moet_attend_latent_ref over positions 0..pos, with
+	 * kv_b [heads*(nope+v) x kv_lora] (bound). */
+	int (*kv_store_latent)(moet_backend *be, int64_t l, const float *kva, int64_t kva_stride,
+			       int64_t width, int64_t n, const moet_rows *rows);
+	int (*attend_latent)(moet_backend *be, const moet_attn_dims *d, const moet_mat *kv_b,
+			     int64_t l, const float *q, int64_t q_stride, int64_t n,
+			     const moet_rows *rows, float *out, int64_t out_stride);
 	/* Router: scores = sigmoid(logits) (exp_c); noaux_tc selection in canonical order and
 	 * weights (cpu/router_ref.c), ids [n][top_k], weights [n][top_k]. */
 	int (*route)(moet_backend *be, const moet_config *c, const float *logits,
