@@ -255,27 +255,70 @@ static int cpu_kv_store(moet_backend *be, const moet_attn_dims *d, int64_t l, co
 	return 0;
 }
 
+/* One attention task: rows x heads items, each with `per` floats of scratch per worker. */
+typedef struct attn_task {
+	const moet_attn_dims *d;
+	const moet_mat *kv_b;   /* NULL: expanded form */
+	int64_t l, q_stride, out_stride, n, per;
+	const float *q;
+	const moet_rows *rw;
+	float *out, *scratch;
+} attn_task;
+
+static void attn_items(void *arg, int worker, int n_workers)
+{
+	const attn_task *a = arg;
+	const moet_attn_dims *d = a->d;
+	const int64_t items = a->n * d->n_heads, qk = d->nope + d->rope;
+	const int64_t lo = items * worker / n_workers, hi = items * (worker + 1) / n_workers;
+	float *s = a->scratch + (size_t)worker * (size_t)a->per;
+	for (int64_t it = lo; it < hi; it++) {
+		const int64_t t = it / d->n_heads, h = it % d->n_heads;
+		const moet_rowinfo *r = &a->rw->info[t];
+		const float *qh = a->q + t * a->q_stride + h * qk;
+		float *oh = a->out + t * a->out_stride + h * d->v_dim;
+		if (a->kv_b) {
+			const int64_t L = a->kv_b->cols;
+			moet_attend_latent_ref(qh, qh + d->nope, a->kv_b, h, d->nope, d->v_dim, d->rope,
+					       r->k + a->l * r->k_layer, L + d->rope, r->pos + 1,
+					       d->softmax_scale, s, oh);
+		} else {
+			const int64_t k_row = d->n_heads * qk, v_row = d->n_heads * d->v_dim;
+			moet_attend_ref(qh, r->k + a->l * r->k_layer + h * qk, k_row,
+					r->v + a->l * r->v_layer + h * d->v_dim, v_row, r->pos + 1, qk,
+					d->v_dim, d->softmax_scale, s, oh);
+		}
+	}
+}
+
+/* Runs an attention task on the team (or the calling thread), (row, head) items split in
+ * contiguous ranges: each item is computed by one thread, so the bits do not depend on it. */
+static int run_attention(moet_backend *be, attn_task *a)
+{
+	cpu_be *c = impl(be);
+	int64_t max_pos = 0;
+	for (int64_t t = 0; t < a->n; t++)
+		max_pos = a->rw->info[t].pos + 1 > max_pos ? a->rw->info[t].pos + 1 : max_pos;
+	const int workers = c->ex ? moet_cpuexec_n_threads(c->ex) : 1;
+	a->per = max_pos + (a->kv_b ? 2 * a->kv_b->cols : 0);
+	a->scratch = scratch(be, (size_t)(workers * a->per));
+	if (!a->scratch)
+		return moet_err(MOET_ENOMEM, "attention scratch for %lld positions",
+				(long long)max_pos);
+	if (!c->ex || a->n * a->d->n_heads < 2) {
+		attn_items(a, 0, 1);
+		return 0;
+	}
+	return moet_cpuexec_run(c->ex, attn_items, a);
+}
+
 static int cpu_attend(moet_backend *be, const moet_attn_dims *d, int64_t l, const float *q,
 		      int64_t q_stride, int64_t n, const moet_rows *rw, float *out,
 		      int64_t out_stride)
 {
-	const moet_rowinfo *rows = rw->info;
-	const int64_t qk = d->nope + d->rope, k_row = d->n_heads * qk, v_row = d->n_heads * d->v_dim;
-	int64_t max_pos = 0;
-	for (int64_t t = 0; t < n; t++)
-		max_pos = rows[t].pos + 1 > max_pos ? rows[t].pos + 1 : max_pos;
-	float *s = scratch(be, (size_t)max_pos);
-	if (!s)
-		return moet_err(MOET_ENOMEM, "attention scores for %lld positions", (long long)max_pos);
-	for (int64_t t = 0; t < n; t++) {
-		const float *kb = rows[t].k + l * rows[t].k_layer;
-		const float *vb = rows[t].v + l * rows[t].v_layer;
-		for (int64_t h = 0; h < d->n_heads; h++)
-			moet_attend_ref(q + t * q_stride + h * qk, kb + h * qk, k_row, vb + h * d->v_dim,
-					v_row, rows[t].pos + 1, qk, d->v_dim, d->softmax_scale, s,
-					out + t * out_stride + h * d->v_dim);
-	}
-	return 0;
+	attn_task a = { .d = d, .l = l, .q_stride = q_stride, .out_stride = out_stride, .n = n,
+			.q = q, .rw = rw, .out = out };
+	return run_attention(be, &a);
 }
 
 static int cpu_kv_store_latent(moet_backend *be, int64_t l, const float *kva,
@@ -294,25 +337,9 @@ static int cpu_attend_latent(moet_backend *be, const moet_attn_dims *d, const mo
 			     int64_t l, const float *q, int64_t q_stride, int64_t n,
 			     const moet_rows *rw, float *out, int64_t out_stride)
 {
-	const int64_t L = kv_b->cols, qk = d->nope + d->rope, width = L + d->rope;
-	int64_t max_pos = 0;
-	for (int64_t t = 0; t < n; t++)
-		max_pos = rw->info[t].pos + 1 > max_pos ? rw->info[t].pos + 1 : max_pos;
-	float *s = scratch(be, (size_t)(2 * L + max_pos));
-	if (!s)
-		return moet_err(MOET_ENOMEM, "attention scratch for %lld positions",
-				(long long)max_pos);
-	for (int64_t t = 0; t < n; t++) {
-		const moet_rowinfo *r = &rw->info[t];
-		const float *cache = r->k + l * r->k_layer;
-		for (int64_t h = 0; h < d->n_heads; h++) {
-			const float *qh = q + t * q_stride + h * qk;
-			moet_attend_latent_ref(qh, qh + d->nope, kv_b, h, d->nope, d->v_dim, d->rope,
-					       cache, width, r->pos + 1, d->softmax_scale, s,
-					       out + t * out_stride + h * d->v_dim);
-		}
-	}
-	return 0;
+	attn_task a = { .d = d, .kv_b = kv_b, .l = l, .q_stride = q_stride,
+			.out_stride = out_stride, .n = n, .q = q, .rw = rw, .out = out };
+	return run_attention(be, &a);
 }
 
 static int cpu_route(moet_backend *be, const moet_config *c, const float *logits,
