@@ -2,35 +2,39 @@
  * expert_onednn.c: fast mode of the CPU expert FFN through oneDNN bf16 matmul (moet_fast.h,
  * docs/fast-mode.md). Outside the exact-numerics contract by design.
  *
- * Scratch of a handle (sizes from the options; P = PANEL rows):
+ * Work split: every thread of the OpenMP team owns whole slices of weight rows and runs
+ * single-threaded oneDNN primitives on them, so that the dequantized panel is written and
+ * read in the thread's own L2 and never goes to memory:
  *
- *   xb    bf16 [max_tok][max_hidden]      the call's activations, rounded once
- *   hb    bf16 [max_tok][max_inter]       silu_c(g) * u, rounded once
- *   gu    f32  [max_tok][2P]              one panel's g (cols 0..p) and u (cols p..2p), or
- *                                         one down panel's output before it is copied to y
- *   sil   f32  [max_tok][P]               silu_c(g) before the multiply
- *   panel bf16 [2P][max(H, I)] + padding  dequantized rows (P gate + P up, or P down) in the
- *                                         blocked layout the primitive chose (e.g.
- *                                         BA16a64b2a); grown only when a new primitive
- *                                         needs more
- *   pad   oneDNN's scratchpad (user mode), grown likewise
+ *   phase 0  xb = bf16(x), in K chunks           [chunk][n_tok][kc]      (split over tokens)
+ *   phase 1  slice j: s gate rows + s up rows    for each K chunk c of H:
+ *              pack rows x chunk c -> panel (bf16, blocked, ~0.5 MB, in L2)
+ *              acc[n_tok][2s] (+)= xb_c . panel                          (1-thread matmul)
+ *            hb[.., rows of j] = bf16(silu_c(g) * u)                     (chunked like xb)
+ *   phase 2  slice j: s2 down rows               for each K chunk c of I:
+ *              pack, acc[n_tok][s2] (+)= hb_c . panel
+ *            y[:, rows of j] = canon_nan(acc)
  *
- * Matmul shapes: [n_tok x H] . [H x 2p] (gate|up panel) and [n_tok x I] . [I x p] (down
- * panel), weights in format "any" (see layout_offsets). Primitives are cached per
- * (M, K, N, ldc), least recently used evicted.
+ * Slices per phase are a multiple of the thread count where the rows allow (their size
+ * rounded to 16), so every thread gets the same work. K chunks are a multiple of 128 (whole
+ * scale blocks) and at most k_chunk; the matmul of chunk c > 0 adds into acc (oneDNN's sum
+ * post-op). Activations are stored chunk-major because oneDNN 2.6's brgemm matmul takes dense
+ * operands only (with a row stride above K it falls back to a much slower kernel).
  *
- * NOTE: OpenMP. Debian's oneDNN runs its primitives on the calling thread's OpenMP team;
- * the dequantization and silu loops here use the same team (same libgomp pool), so the two
- * never oversubscribe the cores. Only this file is compiled with -fopenmp.
+ * Per worker (thread): a oneDNN stream, a cache of primitives keyed by (M, K, N, sum) with
+ * their weights layouts, and scratch (panel, oneDNN scratchpad, acc), all allocated by the
+ * worker itself on first need (first touch on its core) and grown only for a larger shape.
+ *
+ * NOTE: OpenMP. Debian's oneDNN runs on OpenMP; inside a parallel region its primitives run
+ * on the calling thread alone (omp_in_parallel). Each worker also sets its own OpenMP thread
+ * count to 1 before creating primitives, so that oneDNN plans them for one thread. Only this
+ * file is compiled with -fopenmp.
  *
  * NOTE: AMX. Debian's oneDNN 2.6.3 dispatches to AMX by default where the CPU has it (and
- * asks Linux for the tile state itself): measured on the GPU machine's Sapphire Rapids host
- * with ONEDNN_MAX_CPU_ISA=ALL, the matmuls ran as brg:avx512_core_amx_bf16, so nothing here
- * opts in. ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 turns AMX off (for comparisons).
- *
- * NOTE: PANEL 512 measured best of 256/512/1024 on that host (16 threads, 64-1024 tokens).
+ * asks Linux for the tile state itself): on the GPU machine's Sapphire Rapids host the
+ * matmuls ran as brg:avx512_core_amx_bf16. ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 turns AMX off.
  */
-#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,145 +80,58 @@ int moet_fast_expert_ffn(moet_fast *f, const moet_mat *gate, const moet_mat *up,
 
 #else
 
-#include <immintrin.h>
+
 #include <omp.h>
 
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
 
+#include "fast_int.h"
 #include "moet_cpu.h"
 
-#ifndef MOET_FAST_PANEL
-#define MOET_FAST_PANEL 512 /* weight rows dequantized per matmul (gate and up: P each) */
-#endif
-#define PANEL MOET_FAST_PANEL
-#define CACHE_CAP 128 /* primitives; each n_tok uses up to 4 (full and last panel, 2 kinds) */
-
-/* ---- conversions: scalar, and AVX-512 F/BW/VL where the CPU has it ------------------------ */
-
-static int use_avx512; /* chosen once in fast_init, before any worker runs */
-
-/* bf16 bits of v, round to nearest even, every NaN as 0x7FC0 (vector: one lane per int). */
-__attribute__((target("avx512f,avx512bw,avx512vl")))
-static __m256i bf16_rne16(__m512 v)
-{
-	__m512i u = _mm512_castps_si512(v);
-	__m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-	u = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-	u = _mm512_srli_epi32(u, 16);
-	__mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-	u = _mm512_mask_mov_epi32(u, nan, _mm512_set1_epi32(0x7FC0));
-	return _mm512_cvtepi32_epi16(u);
-}
-
-__attribute__((target("avx512f,avx512bw,avx512vl")))
-static void to_bf16_avx512(const float *in, uint16_t *out, int64_t n)
-{
-	for (int64_t i = 0; i < n; i += 16) {
-		__mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
-		__m512 v = _mm512_maskz_loadu_ps(m, in + i);
-		_mm256_mask_storeu_epi16(out + i, m, bf16_rne16(v));
-	}
-}
-
-/*
- * e4m3fn codes -> binary32 without a table: for e > 0 the 7 magnitude bits shifted to f32
- * bits 20..26 plus 120 in the exponent field are the value; e == 0 (subnormal m 2^-9) goes
- * through int -> float, exact. NOTE: no f32 subnormal is ever formed: x86 multiplies them
- * through a microcode assist (~100 cycles), which made this loop 10x slower. 0x7F: NaN.
- */
-__attribute__((target("avx512f,avx512bw,avx512vl")))
-static void deq_e4m3_avx512(const uint8_t *q, float s, uint16_t *out, int64_t n)
-{
-	const __m512 vs = _mm512_set1_ps(s), sub = _mm512_set1_ps(0x1p-9f);
-	for (int64_t i = 0; i < n; i += 16) {
-		__mmask16 m = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
-		__m512i c = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, q + i));
-		__m512i mag = _mm512_and_si512(c, _mm512_set1_epi32(0x7F));
-		__m512i sgn = _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24);
-		__m512i nrm = _mm512_add_epi32(_mm512_slli_epi32(mag, 20),
-					       _mm512_set1_epi32(120 << 23));
-		__mmask16 is_sub = _mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8));
-		__m512 v = _mm512_castsi512_ps(nrm);
-		v = _mm512_mask_mul_ps(v, is_sub, _mm512_cvtepi32_ps(mag), sub);
-		v = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sgn));
-		__mmask16 nan = _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7F));
-		v = _mm512_mask_mov_ps(v, nan, _mm512_set1_ps(__builtin_nanf("")));
-		_mm256_mask_storeu_epi16(out + i, m, bf16_rne16(_mm512_mul_ps(v, vs)));
-	}
-}
-
-static void to_bf16(const float *in, uint16_t *out, int64_t n)
-{
-	if (use_avx512) {
-		to_bf16_avx512(in, out, n);
-		return;
-	}
-	for (int64_t i = 0; i < n; i++)
-		out[i] = moet_enc_bf16(in[i]);
-}
-
-/* Columns k0 .. k0+nk-1 of row r of w as bf16, inside one 128-column scale block: FP8 code x
- * the block's scale rounded once, or the BF16 bits as is. */
-static void deq_seg(const moet_mat *w, int64_t r, int64_t k0, int64_t nk, uint16_t *out)
-{
-	const int64_t K = w->cols;
-	if (w->dtype == MOET_DT_BF16) {
-		memcpy(out, (const uint16_t *)w->data + r * K + k0, (size_t)nk * 2);
-		return;
-	}
-	const uint8_t *q = (const uint8_t *)w->data + r * K + k0;
-	const int64_t bc = (K + MOET_BLOCK - 1) / MOET_BLOCK;
-	const float s = w->scale_inv[(r / MOET_BLOCK) * bc + k0 / MOET_BLOCK];
-	if (use_avx512) {
-		deq_e4m3_avx512(q, s, out, nk);
-		return;
-	}
-	for (int64_t k = 0; k < nk; k++) {
-		float v = moet_dec_e4m3(q[k]) * s;
-		out[k] = v != v ? 0x7FC0 : moet_enc_bf16(v);
-	}
-}
+#define WCAP 32 /* primitives cached per worker; one n_tok uses 2 to 8 */
+#define DEF_SLICE 64
+#define DEF_SLICE_DOWN 128
+#define DEF_K_CHUNK 2048
 
 typedef struct prim {
-	int64_t m, k, n, ldc; /* the key; m == 0: empty slot */
-	uint64_t used;        /* LRU clock */
+	int64_t m, k, n;       /* the key (with sum); m == 0: empty slot */
+	int sum;               /* adds into dst */
+	uint64_t used;         /* LRU clock */
 	dnnl_primitive_t p;
 	dnnl_memory_t src, wei, dst, pad;
-	int64_t pk, pn;          /* the weights' padded K and N */
-	int32_t *off_k, *off_n;  /* element (k, n) of the weights is at off_k[k] + off_n[n] */
-	int pairs;               /* k pairs (2j, 2j+1) adjacent, 4-byte aligned (VNNI) */
-	size_t wei_bytes;
+	moet_fast_layout lay;  /* the weights layout (off_k, off_n owned here) */
+	size_t wei_bytes, pad_bytes;
 } prim;
+
+typedef struct worker {
+	dnnl_stream_t strm;
+	uint16_t *panel;
+	size_t panel_bytes;
+	void *pad;
+	size_t pad_bytes;
+	float *acc;            /* [max_tok][max slice width] */
+	float *sil;            /* [max slice width] */
+	uint64_t clock;
+	int rc;                /* first error of this worker in the current call */
+	char msg[240];         /* its detail (moet_errmsg is per thread) */
+	prim cache[WCAP];
+} worker;
 
 struct moet_fast {
 	dnnl_engine_t eng;
-	dnnl_stream_t strm;
 	int n_threads;
 	int64_t max_tok, max_hidden, max_inter;
-	uint16_t *xb, *hb;
-	uint16_t *panel;          /* in the layout the matmul primitive chose */
-	size_t panel_bytes;
-	float *gu, *sil;
-	void *pad;
-	size_t pad_bytes;
-	uint64_t clock;
-	prim cache[CACHE_CAP];
+	int64_t slice, slice_down, k_chunk;
+	int64_t acc_cols;      /* widest slice: max(2 slice, slice_down) rounded to 16 */
+	uint16_t *xb, *hb;     /* chunk-major activations (see the note at the top) */
+	worker *w;             /* [n_threads] */
 };
-
-static pthread_once_t init_once = PTHREAD_ONCE_INIT;
-
-static void fast_init(void)
-{
-	use_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-		     __builtin_cpu_supports("avx512vl");
-}
 
 int moet_fast_available(void) { return 1; }
 
 const char *moet_fast_isa(void)
 {
-	pthread_once(&init_once, fast_init);
 	switch (dnnl_get_effective_cpu_isa()) {
 	case dnnl_cpu_isa_avx512_core_amx: return "amx";
 	case dnnl_cpu_isa_avx512_core_bf16: return "avx512_bf16";
@@ -248,8 +165,8 @@ static void prim_clear(prim *e)
 	dnnl_memory_destroy(e->wei);
 	dnnl_memory_destroy(e->dst);
 	dnnl_memory_destroy(e->pad);
-	free(e->off_k);
-	free(e->off_n);
+	free((void *)e->lay.off_k);
+	free((void *)e->lay.off_n);
 	memset(e, 0, sizeof(*e));
 }
 
@@ -257,18 +174,22 @@ void moet_fast_destroy(moet_fast *f)
 {
 	if (!f)
 		return;
-	for (int i = 0; i < CACHE_CAP; i++)
-		prim_clear(&f->cache[i]);
-	if (f->strm)
-		dnnl_stream_destroy(f->strm);
+	for (int t = 0; f->w && t < f->n_threads; t++) {
+		worker *w = &f->w[t];
+		for (int i = 0; i < WCAP; i++)
+			prim_clear(&w->cache[i]);
+		if (w->strm)
+			dnnl_stream_destroy(w->strm);
+		free(w->panel);
+		free(w->pad);
+		free(w->acc);
+		free(w->sil);
+	}
+	free(f->w);
 	if (f->eng)
 		dnnl_engine_destroy(f->eng);
 	free(f->xb);
 	free(f->hb);
-	free(f->panel);
-	free(f->gu);
-	free(f->sil);
-	free(f->pad);
 	free(f);
 }
 
@@ -277,15 +198,17 @@ static void *alloc64(size_t bytes)
 	return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
 }
 
+static int64_t up16(int64_t v) { return (v + 15) / 16 * 16; }
+
 int moet_fast_create(const moet_fast_opts *opts, moet_fast **out)
 {
 	moet_fast_opts o = opts ? *opts : (moet_fast_opts){ 0 };
 	moet_fast *f = NULL;
 	int rc;
 	*out = NULL;
-	if (o.max_tok < 0 || o.max_hidden < 0 || o.max_inter < 0 || o.n_threads < 0)
+	if (o.max_tok < 0 || o.max_hidden < 0 || o.max_inter < 0 || o.n_threads < 0 ||
+	    o.slice_rows < 0 || o.slice_rows_down < 0 || o.k_chunk < 0)
 		return moet_err(MOET_EINVAL, "fast expert mode: negative option");
-	pthread_once(&init_once, fast_init);
 	f = calloc(1, sizeof(*f));
 	if (!f)
 		return moet_err(MOET_ENOMEM, "fast expert mode: handle");
@@ -293,19 +216,22 @@ int moet_fast_create(const moet_fast_opts *opts, moet_fast **out)
 	f->max_hidden = o.max_hidden ? o.max_hidden : 7168;
 	f->max_inter = o.max_inter ? o.max_inter : 2048;
 	f->n_threads = o.n_threads ? o.n_threads : omp_get_max_threads();
+	f->slice = up16(o.slice_rows ? o.slice_rows : DEF_SLICE);
+	f->slice_down = up16(o.slice_rows_down ? o.slice_rows_down : DEF_SLICE_DOWN);
+	f->k_chunk = ((o.k_chunk ? o.k_chunk : DEF_K_CHUNK) + 127) / 128 * 128;
+	if (f->k_chunk < 128)
+		f->k_chunk = 128;
+	/* slice_count never makes a slice wider than its target */
+	f->acc_cols = 2 * f->slice > f->slice_down ? 2 * f->slice : f->slice_down;
 	f->xb = alloc64((size_t)f->max_tok * f->max_hidden * 2);
 	f->hb = alloc64((size_t)f->max_tok * f->max_inter * 2);
-
-	f->gu = alloc64((size_t)f->max_tok * 2 * PANEL * 4);
-	f->sil = alloc64((size_t)f->max_tok * PANEL * 4);
-	if (!f->xb || !f->hb || !f->gu || !f->sil) {
+	f->w = calloc((size_t)f->n_threads, sizeof(worker));
+	if (!f->xb || !f->hb || !f->w) {
 		rc = moet_err(MOET_ENOMEM, "fast expert mode: scratch for %lld tokens",
 			      (long long)f->max_tok);
 		goto fail;
 	}
 	DNNL_TRY(dnnl_engine_create(&f->eng, dnnl_cpu, 0), "engine creation");
-	DNNL_TRY(dnnl_stream_create(&f->strm, f->eng, dnnl_stream_default_flags),
-		 "stream creation");
 	*out = f;
 	return 0;
 fail:
@@ -318,18 +244,19 @@ fail:
  * outer strides per dimension plus nested inner blocks, so the offset splits into a part
  * for k and a part for n. NOTE: writing the dequantized panel straight into the layout the
  * primitive wants (format "any", e.g. BA16a64b2a: VNNI pairs of k) spares oneDNN its own copy
- * of plain weights, which every thread did again for its rows of the output.
+ * of plain weights, which it would redo for every block of output rows.
  */
 static int layout_offsets(const dnnl_memory_desc_t *md, prim *e)
 {
 	if (md->format_kind != dnnl_blocked)
 		return moet_err(MOET_EUNSUP, "fast expert mode: oneDNN weights layout not blocked");
 	const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
-	e->pk = md->padded_dims[0];
-	e->pn = md->padded_dims[1];
-	e->off_k = malloc(sizeof(int32_t) * e->pk);
-	e->off_n = malloc(sizeof(int32_t) * e->pn);
-	if (!e->off_k || !e->off_n)
+	int32_t *off[2];
+	e->lay.pk = md->padded_dims[0];
+	e->lay.pn = md->padded_dims[1];
+	e->lay.off_k = off[0] = malloc(sizeof(int32_t) * e->lay.pk);
+	e->lay.off_n = off[1] = malloc(sizeof(int32_t) * e->lay.pn);
+	if (!off[0] || !off[1])
 		return moet_err(MOET_ENOMEM, "fast expert mode: layout tables");
 	for (int d = 0; d < 2; d++) {
 		int64_t tb = 1;
@@ -337,38 +264,52 @@ static int layout_offsets(const dnnl_memory_desc_t *md, prim *e)
 			if (b->inner_idxs[i] == d)
 				tb *= b->inner_blks[i];
 		for (int64_t idx = 0; idx < md->padded_dims[d]; idx++) {
-			int64_t off = (idx / tb) * b->strides[d] + (d == 0 ? md->offset0 : 0);
+			int64_t o = (idx / tb) * b->strides[d] + (d == 0 ? md->offset0 : 0);
 			int64_t mul = 1, div = 1;
 			for (int i = b->inner_nblks - 1; i >= 0; i--) {
 				if (b->inner_idxs[i] == d) {
-					off += (idx / div) % b->inner_blks[i] * mul;
+					o += (idx / div) % b->inner_blks[i] * mul;
 					div *= b->inner_blks[i];
 				}
 				mul *= b->inner_blks[i];
 			}
-			(d == 0 ? e->off_k : e->off_n)[idx] = (int32_t)off;
+			off[d][idx] = (int32_t)o;
 		}
 	}
-	e->pairs = e->pk % 2 == 0;
-	for (int64_t j = 0; j + 1 < e->pk && e->pairs; j += 2)
-		e->pairs = e->off_k[j] % 2 == 0 && e->off_k[j + 1] == e->off_k[j] + 1;
-	for (int64_t n = 0; n < e->pn && e->pairs; n++)
-		e->pairs = e->off_n[n] % 2 == 0;
+	e->lay.nb = moet_fast_layout_nb(e->lay.pk, e->lay.pn, off[0], off[1]);
 	e->wei_bytes = dnnl_memory_desc_get_size(md);
 	return 0;
 }
 
-/* The cached primitive for dst[M x N] (row stride ldc) = src[M x K] . wei[K x N] (wei stored
- * as N rows of K), created on a miss (evicting the least recently used). */
-static int get_prim(moet_fast *f, int64_t m, int64_t k, int64_t n, int64_t ldc, prim **out)
+/* Grows *buf to bytes (contents dropped). */
+static int grow(void **buf, size_t *have, size_t bytes, const char *what)
 {
-	prim *e = NULL, *victim = &f->cache[0];
+	if (bytes <= *have)
+		return 0;
+	free(*buf);
+	*have = 0;
+	if (!(*buf = alloc64(bytes)))
+		return moet_err(MOET_ENOMEM, "fast expert mode: %s of %zu bytes", what, bytes);
+	*have = bytes;
+	return 0;
+}
+
+/*
+ * The worker's primitive for dst[M x N] (dense; sum: dst += ...) = src[M x K] (dense) .
+ * wei[K x N] (wei: weight rows as the N columns), created on a miss (evicting the least
+ * recently used); the worker's panel and scratchpad grown to fit it. Runs on the worker.
+ */
+static int get_prim(moet_fast *f, worker *w, int64_t m, int64_t k, int64_t n, int sum,
+		    prim **out)
+{
+	prim *e = NULL, *victim = &w->cache[0];
 	dnnl_primitive_attr_t attr = NULL;
+	dnnl_post_ops_t po = NULL;
 	dnnl_primitive_desc_t pd = NULL;
 	int rc = 0;
-	for (int i = 0; i < CACHE_CAP; i++) {
-		prim *c = &f->cache[i];
-		if (c->m == m && c->k == k && c->n == n && c->ldc == ldc) {
+	for (int i = 0; i < WCAP; i++) {
+		prim *c = &w->cache[i];
+		if (c->m == m && c->k == k && c->n == n && c->sum == sum) {
 			e = c;
 			break;
 		}
@@ -380,85 +321,66 @@ static int get_prim(moet_fast *f, int64_t m, int64_t k, int64_t n, int64_t ldc, 
 		prim_clear(e);
 		dnnl_memory_desc_t smd, wmd, dmd;
 		dnnl_matmul_desc_t desc;
-		DNNL_TRY(dnnl_memory_desc_init_by_strides(&smd, 2, (dnnl_dims_t){ m, k },
-							  dnnl_bf16, (dnnl_dims_t){ k, 1 }),
-			 "src descriptor");
+		DNNL_TRY(dnnl_memory_desc_init_by_tag(&smd, 2, (dnnl_dims_t){ m, k }, dnnl_bf16,
+						      dnnl_ab), "src descriptor");
 		DNNL_TRY(dnnl_memory_desc_init_by_tag(&wmd, 2, (dnnl_dims_t){ k, n }, dnnl_bf16,
-						      dnnl_format_tag_any),
-			 "weights descriptor");
-		DNNL_TRY(dnnl_memory_desc_init_by_strides(&dmd, 2, (dnnl_dims_t){ m, n },
-							  dnnl_f32, (dnnl_dims_t){ ldc, 1 }),
-			 "dst descriptor");
+						      dnnl_format_tag_any), "weights descriptor");
+		DNNL_TRY(dnnl_memory_desc_init_by_tag(&dmd, 2, (dnnl_dims_t){ m, n }, dnnl_f32,
+						      dnnl_ab), "dst descriptor");
 		DNNL_TRY(dnnl_matmul_desc_init(&desc, &smd, &wmd, NULL, &dmd), "matmul descriptor");
 		DNNL_TRY(dnnl_primitive_attr_create(&attr), "attr");
 		DNNL_TRY(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user),
 			 "scratchpad mode");
+		if (sum) {
+			DNNL_TRY(dnnl_post_ops_create(&po), "post-ops");
+			DNNL_TRY(dnnl_post_ops_append_sum(po, 1.0f), "sum post-op");
+			DNNL_TRY(dnnl_primitive_attr_set_post_ops(attr, po), "post-ops");
+		}
 		DNNL_TRY(dnnl_primitive_desc_create(&pd, &desc, attr, f->eng, NULL),
 			 "matmul primitive descriptor");
 		const dnnl_memory_desc_t *pmd = dnnl_primitive_desc_query_md(
 			pd, dnnl_query_scratchpad_md, 0);
-		size_t pad_bytes = pmd ? dnnl_memory_desc_get_size(pmd) : 0;
-		if (pad_bytes > f->pad_bytes) {
-			free(f->pad);
-			f->pad_bytes = 0;
-			f->pad = alloc64(pad_bytes);
-			if (!f->pad) {
-				rc = moet_err(MOET_ENOMEM, "fast expert mode: scratchpad %zu bytes",
-					      pad_bytes);
-				goto fail;
-			}
-			f->pad_bytes = pad_bytes;
-		}
+		e->pad_bytes = pmd ? dnnl_memory_desc_get_size(pmd) : 0;
 		wmd = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
-		rc = layout_offsets(&wmd, e);
-		if (rc)
+		if ((rc = layout_offsets(&wmd, e)) ||
+		    (rc = grow((void **)&w->panel, &w->panel_bytes, e->wei_bytes, "panel")) ||
+		    (rc = grow(&w->pad, &w->pad_bytes, e->pad_bytes, "scratchpad")))
 			goto fail;
-		if (e->wei_bytes > f->panel_bytes) {
-			free(f->panel);
-			f->panel_bytes = 0;
-			f->panel = alloc64(e->wei_bytes);
-			if (!f->panel) {
-				rc = moet_err(MOET_ENOMEM, "fast expert mode: panel %zu bytes",
-					      e->wei_bytes);
-				goto fail;
-			}
-			f->panel_bytes = e->wei_bytes;
-		}
 		DNNL_TRY(dnnl_primitive_create(&e->p, pd), "matmul primitive");
 		DNNL_TRY(dnnl_memory_create(&e->src, &smd, f->eng, DNNL_MEMORY_NONE), "memory");
 		DNNL_TRY(dnnl_memory_create(&e->wei, &wmd, f->eng, DNNL_MEMORY_NONE), "memory");
 		DNNL_TRY(dnnl_memory_create(&e->dst, &dmd, f->eng, DNNL_MEMORY_NONE), "memory");
-		if (pmd && pad_bytes)
+		if (pmd && e->pad_bytes)
 			DNNL_TRY(dnnl_memory_create(&e->pad, pmd, f->eng, DNNL_MEMORY_NONE),
 				 "memory");
-		e->m = m, e->k = k, e->n = n, e->ldc = ldc;
+		e->m = m, e->k = k, e->n = n, e->sum = sum;
 	}
-	e->used = ++f->clock;
+	e->used = ++w->clock;
 	*out = e;
 fail:
 	if (rc)
 		prim_clear(e);
 	dnnl_primitive_desc_destroy(pd);
+	dnnl_post_ops_destroy(po);
 	dnnl_primitive_attr_destroy(attr);
 	return rc;
 }
 
-/* dst = src . panel through primitive e (see get_prim). */
-static int matmul(moet_fast *f, prim *e, const uint16_t *src, float *dst)
+/* dst (+)= src . w->panel through primitive e, on the worker's stream. */
+static int matmul(worker *w, prim *e, const uint16_t *src, float *dst)
 {
 	int rc = 0;
-	const uint16_t *wei = f->panel;
 	dnnl_exec_arg_t args[4] = {
 		{ DNNL_ARG_SRC, e->src }, { DNNL_ARG_WEIGHTS, e->wei }, { DNNL_ARG_DST, e->dst },
 		{ DNNL_ARG_SCRATCHPAD, e->pad },
 	};
 	DNNL_TRY(dnnl_memory_set_data_handle(e->src, (void *)src), "set handle");
-	DNNL_TRY(dnnl_memory_set_data_handle(e->wei, (void *)wei), "set handle");
+	DNNL_TRY(dnnl_memory_set_data_handle(e->wei, w->panel), "set handle");
 	DNNL_TRY(dnnl_memory_set_data_handle(e->dst, dst), "set handle");
 	if (e->pad)
-		DNNL_TRY(dnnl_memory_set_data_handle(e->pad, f->pad), "set handle");
-	DNNL_TRY(dnnl_primitive_execute(e->p, f->strm, e->pad ? 4 : 3, args), "matmul");
-	DNNL_TRY(dnnl_stream_wait(f->strm), "stream wait");
+		DNNL_TRY(dnnl_memory_set_data_handle(e->pad, w->pad), "set handle");
+	DNNL_TRY(dnnl_primitive_execute(e->p, w->strm, e->pad ? 4 : 3, args), "matmul");
+	DNNL_TRY(dnnl_stream_wait(w->strm), "stream wait");
 fail:
 	return rc;
 }
@@ -472,50 +394,121 @@ static int check_mat(const moet_mat *w, const char *name)
 			w->dtype == MOET_DT_F8_E4M3 ? " without scales" : "");
 }
 
-/*
- * Dequantizes the weights of primitive e into f->panel, on the team: weights column n < p is
- * row r0 + n of w1, p <= n < 2p row r0 + n - p of w2 (when w2 is not NULL); padding (k >= K,
- * n beyond the rows) is written as zeros, as oneDNN requires.
- * NOTE: tiles of TILE_N rows x 128 columns (one scale block): a tile's part of the blocked
- * layout is a few KB that stays in L1 while its rows scatter into it; row by row over the
- * whole K, every store missed L1 (measured 2x slower than oneDNN's own copy).
- */
-#define TILE_N 64
-static void deq_panel(moet_fast *f, const prim *e, const moet_mat *w1, const moet_mat *w2,
-		      int64_t r0, int64_t p, int nthr)
+/* K split into chunks: nc chunks of kc columns (a multiple of 128), the last one shorter. */
+typedef struct chunks {
+	int64_t K, kc, nc, m; /* m: rows (tokens) of the chunk-major activations */
+} chunks;
+
+static chunks make_chunks(int64_t K, int64_t k_chunk, int64_t m)
 {
-	const int64_t K = w1->cols, rows = w2 ? 2 * p : p;
-	const int64_t tiles_n = (e->pn + TILE_N - 1) / TILE_N;
-	const int64_t tiles_k = (e->pk + MOET_BLOCK - 1) / MOET_BLOCK;
-#pragma omp parallel for collapse(2) schedule(static) num_threads(nthr)
-	for (int64_t tn = 0; tn < tiles_n; tn++)
-		for (int64_t tk = 0; tk < tiles_k; tk++) {
-			uint16_t tmp[MOET_BLOCK] __attribute__((aligned(64)));
-			const int64_t k0 = tk * MOET_BLOCK;
-			const int64_t kn = e->pk - k0 < MOET_BLOCK ? e->pk - k0 : MOET_BLOCK;
-			const int64_t kv = K - k0 < kn ? K - k0 : kn; /* columns with data */
-			const int32_t *ok = e->off_k + k0;
-			const int64_t n1 = (tn + 1) * TILE_N < e->pn ? (tn + 1) * TILE_N : e->pn;
-			for (int64_t n = tn * TILE_N; n < n1; n++) {
-				int64_t have = n < rows ? kv : 0;
-				if (have > 0)
-					deq_seg(n < p ? w1 : w2, r0 + (n < p ? n : n - p), k0, have,
-						tmp);
-				else
-					have = 0;
-				memset(tmp + have, 0, (size_t)(kn - have) * 2);
-				uint16_t *dst = f->panel + e->off_n[n];
-				if (e->pairs) {
-					uint32_t *d32 = (uint32_t *)dst;
-					const uint32_t *s32 = (const uint32_t *)tmp;
-					for (int64_t j = 0; j < kn / 2; j++)
-						d32[ok[2 * j] / 2] = s32[j];
-				} else {
-					for (int64_t k = 0; k < kn; k++)
-						dst[ok[k]] = tmp[k];
-				}
-			}
+	int64_t nc = (K + k_chunk - 1) / k_chunk;
+	int64_t kc = ((K + nc - 1) / nc + 127) / 128 * 128;
+	return (chunks){ .K = K, .kc = kc, .nc = (K + kc - 1) / kc, .m = m };
+}
+
+static int64_t chunk_len(const chunks *c, int64_t i)
+{
+	return c->K - i * c->kc < c->kc ? c->K - i * c->kc : c->kc;
+}
+
+/* Element (t, k) of chunk-major activations: chunk k / kc, row t, its row length. */
+static int64_t chunk_at(const chunks *c, int64_t t, int64_t k)
+{
+	const int64_t i = k / c->kc;
+	return i * c->kc * c->m + t * chunk_len(c, i) + (k - i * c->kc);
+}
+
+/* Rows split into slices: ns slices of s rows (a multiple of 16), the last one shorter;
+ * ns a multiple of nthr where the rows allow (whole slices per thread). */
+static void slice_count(int64_t rows, int64_t target, int nthr, int64_t *ns, int64_t *s)
+{
+	int64_t n = (rows + target - 1) / target, most = (rows + 15) / 16;
+	n = (n + nthr - 1) / nthr * nthr;
+	if (n > most)
+		n = most;
+	*s = up16((rows + n - 1) / n);
+	*ns = (rows + *s - 1) / *s;
+}
+
+/* acc[n_tok][cols] (+)= act . (rows a, b)^T over all K chunks (see the note at the top). */
+static int slice_matmul(moet_fast *f, worker *w, const chunks *ch, const uint16_t *act,
+			moet_fast_rows a, moet_fast_rows b, int64_t n_tok)
+{
+	const int64_t cols = a.n + b.n;
+	for (int64_t c = 0; c < ch->nc; c++) {
+		const int64_t kn = chunk_len(ch, c);
+		prim *e;
+		int rc = get_prim(f, w, n_tok, kn, cols, c > 0, &e);
+		if (rc)
+			return rc;
+		moet_fast_pack(&e->lay, a, b, c * ch->kc, kn, w->panel, 1);
+		if ((rc = matmul(w, e, act + c * ch->kc * n_tok, w->acc)))
+			return rc;
+	}
+	return 0;
+}
+
+/* Phase 1 for rows i0 .. i0+p-1: g, u into acc, then h into hb. */
+static int slice_gate_up(moet_fast *f, worker *w, const moet_mat *gate, const moet_mat *up,
+			 const chunks *cx, const chunks *ch, int64_t i0, int64_t p, int64_t n_tok)
+{
+	int rc = slice_matmul(f, w, cx, f->xb, (moet_fast_rows){ gate, i0, p },
+			      (moet_fast_rows){ up, i0, p }, n_tok);
+	if (rc)
+		return rc;
+	const moet_cpu_kernels *k = moet_cpu_kernels_get();
+	for (int64_t t = 0; t < n_tok; t++) {
+		const float *g = w->acc + t * 2 * p, *u = g + p;
+		k->silu_c(g, w->sil, p);
+		for (int64_t i = 0; i < p; i++)
+			w->sil[i] = w->sil[i] * u[i];
+		for (int64_t i = 0; i < p;) { /* segments inside one K chunk of phase 2 */
+			int64_t seg = ch->kc - (i0 + i) % ch->kc;
+			seg = seg < p - i ? seg : p - i;
+			moet_fast_to_bf16(w->sil + i, f->hb + chunk_at(ch, t, i0 + i), seg);
+			i += seg;
 		}
+	}
+	return 0;
+}
+
+/* Phase 2 for down rows j0 .. j0+p-1: y[:, j0 .. j0+p-1]. */
+static int slice_down(moet_fast *f, worker *w, const moet_mat *down, const chunks *ch,
+		      int64_t H, int64_t j0, int64_t p, int64_t n_tok, float *y)
+{
+	int rc = slice_matmul(f, w, ch, f->hb, (moet_fast_rows){ down, j0, p },
+			      (moet_fast_rows){ NULL, 0, 0 }, n_tok);
+	if (rc)
+		return rc;
+	for (int64_t t = 0; t < n_tok; t++)
+		for (int64_t j = 0; j < p; j++)
+			y[t * H + j0 + j] = moet_canon_nan(w->acc[t * p + j]);
+	return 0;
+}
+
+/* First use of a worker on its own thread: stream and per-slice scratch. */
+static int worker_init(moet_fast *f, worker *w)
+{
+	int rc = 0;
+	if (!w->strm)
+		DNNL_TRY(dnnl_stream_create(&w->strm, f->eng, dnnl_stream_default_flags),
+			 "stream creation");
+	if (!w->acc) {
+		w->acc = alloc64((size_t)f->max_tok * f->acc_cols * sizeof(float));
+		w->sil = alloc64((size_t)f->acc_cols * sizeof(float));
+		if (!w->acc || !w->sil)
+			rc = moet_err(MOET_ENOMEM, "fast expert mode: worker scratch");
+	}
+fail:
+	return rc;
+}
+
+static void worker_fail(worker *w, int rc)
+{
+	if (rc && !w->rc) {
+		w->rc = rc;
+		snprintf(w->msg, sizeof(w->msg), "%s", moet_errmsg());
+	}
 }
 
 int moet_fast_expert_ffn(moet_fast *f, const moet_mat *gate, const moet_mat *up,
@@ -548,53 +541,44 @@ int moet_fast_expert_ffn(moet_fast *f, const moet_mat *gate, const moet_mat *up,
 		return 0;
 	}
 	const int nthr = f->n_threads;
-	const int saved = omp_get_max_threads();
-	const moet_cpu_kernels *k = moet_cpu_kernels_get();
-	omp_set_num_threads(nthr); /* oneDNN sizes its team from the caller's setting */
+	const chunks cx = make_chunks(H, f->k_chunk, n_tok), ch = make_chunks(I, f->k_chunk, n_tok);
+	int64_t ns1, s1, ns2, s2;
+	slice_count(I, f->slice, nthr, &ns1, &s1);
+	slice_count(H, f->slice_down, nthr, &ns2, &s2);
+	if (2 * s1 > f->acc_cols || s2 > f->acc_cols)
+		return moet_err(MOET_EINVAL, "fast expert mode: slices of %lld/%lld rows above "
+				"the scratch's %lld", (long long)s1, (long long)s2,
+				(long long)f->acc_cols);
+	for (int t = 0; t < nthr; t++)
+		f->w[t].rc = 0;
 
-#pragma omp parallel for schedule(static) num_threads(nthr)
-	for (int64_t t = 0; t < n_tok; t++)
-		to_bf16(x + t * H, f->xb + t * H, H);
-
-	for (int64_t i0 = 0; i0 < I && !rc; i0 += PANEL) {
-		const int64_t p = I - i0 < PANEL ? I - i0 : PANEL;
-		prim *e;
-		rc = get_prim(f, n_tok, H, 2 * p, 2 * p, &e);
-		if (rc)
-			break;
-		deq_panel(f, e, gate, up, i0, p, nthr);
-		rc = matmul(f, e, f->xb, f->gu);
-		if (rc)
-			break;
-#pragma omp parallel for schedule(static) num_threads(nthr)
-		for (int64_t t = 0; t < n_tok; t++) {
-			const float *g = f->gu + t * 2 * p, *u = g + p;
-			float *s = f->sil + t * PANEL;
-			k->silu_c(g, s, p);
-			for (int64_t i = 0; i < p; i++)
-				s[i] = s[i] * u[i];
-			to_bf16(s, f->hb + t * I + i0, p);
-		}
-	}
-	for (int64_t j0 = 0; j0 < H && !rc; j0 += PANEL) {
-		const int64_t p = H - j0 < PANEL ? H - j0 : PANEL;
-		/* NOTE: a dense dst, copied out: with dst stride H instead of p, oneDNN 2.6
-		 * falls back from brgemm to its plain jit gemm (measured 8x slower here) */
-		prim *e;
-		rc = get_prim(f, n_tok, I, p, p, &e);
-		if (rc)
-			break;
-		deq_panel(f, e, down, NULL, j0, p, nthr);
-		rc = matmul(f, e, f->hb, f->gu);
-		if (rc)
-			break;
-#pragma omp parallel for schedule(static) num_threads(nthr)
+#pragma omp parallel num_threads(nthr)
+	{
+		worker *w = &f->w[omp_get_thread_num()];
+		omp_set_num_threads(1); /* this thread's nested setting: oneDNN plans for one */
+		worker_fail(w, worker_init(f, w));
+#pragma omp for schedule(static)
 		for (int64_t t = 0; t < n_tok; t++)
-			for (int64_t j = 0; j < p; j++)
-				y[t * H + j0 + j] = moet_canon_nan(f->gu[t * p + j]);
+			for (int64_t c = 0; c < cx.nc; c++)
+				moet_fast_to_bf16(x + t * H + c * cx.kc, f->xb + chunk_at(&cx, t,
+						  c * cx.kc), chunk_len(&cx, c));
+#pragma omp for schedule(static)
+		for (int64_t j = 0; j < ns1; j++)
+			if (!w->rc)
+				worker_fail(w, slice_gate_up(f, w, gate, up, &cx, &ch, j * s1,
+							     I - j * s1 < s1 ? I - j * s1 : s1,
+							     n_tok));
+#pragma omp for schedule(static)
+		for (int64_t j = 0; j < ns2; j++)
+			if (!w->rc)
+				worker_fail(w, slice_down(f, w, down, &ch, H, j * s2,
+							  H - j * s2 < s2 ? H - j * s2 : s2, n_tok,
+							  y));
 	}
-	omp_set_num_threads(saved);
-	return rc;
+	for (int t = 0; t < nthr; t++)
+		if (f->w[t].rc)
+			return moet_err(f->w[t].rc, "%s", f->w[t].msg);
+	return 0;
 }
 
 #endif

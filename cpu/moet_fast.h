@@ -4,16 +4,15 @@
  * bound that tests/cpu/test_expert_fast.c checks. Exact mode stays the default.
  *
  *   x [n_tok][H] f32 --bf16--> xb                      (once per call)
- *   for each panel of P gate rows and the same P up rows:
- *       dequantize the 2P rows (FP8 code x block scale, or BF16 as is) into bf16 [2P][H]
- *       [g | u] = xb . panel^T        oneDNN matmul, bf16 in, f32 accumulate and out
+ *   gate/up rows in slices of S (+ S up rows), each slice on one thread of the team:
+ *       dequantize the 2S rows (FP8 code x block scale, or BF16 as is) into bf16, a chunk
+ *       of at most k_chunk columns at a time, in the thread's own L2
+ *       [g | u] (+)= xb . panel^T     single-threaded oneDNN matmul, bf16 in, f32 out
  *       hb[t][i] = bf16(silu_c(g) * u)                 (f32, one multiply, then rounded)
- *   for each panel of P down rows:
- *       dequantize into bf16 [P][I]; y[:, panel] = hb . panel^T   (f32 out)
+ *   down rows in slices of S2, likewise: y[:, slice] = hb . panel^T   (f32 out)
  *   y = canon_nan(y)
  *
- * Only one or two panels are dequantized at a time, by the calling thread's OpenMP team,
- * right before the matmul that reads them: no dequantized copy of an expert is kept.
+ * No dequantized copy of an expert is kept: each thread's panel holds one slice's chunk.
  * oneDNN picks its kernels at run time (moet_fast_isa()): AMX bf16 where the CPU has it
  * (oneDNN 2.6.3 does so by default), AVX-512 bf16 or plain AVX-512 elsewhere. The speed-up
  * over exact mode comes from AMX; without it fast mode is about as fast as exact mode.
@@ -51,15 +50,19 @@ typedef struct moet_fast_opts {
 	int64_t max_hidden;/* largest H (gate/up cols, down rows); 0: 7168 */
 	int64_t max_inter; /* largest I (gate/up rows, down cols); 0: 2048 */
 	int n_threads;     /* OpenMP threads for dequantization and oneDNN; 0: omp default */
+	/* work split (docs/fast-mode.md); 0: the defaults measured best on the AMX host */
+	int64_t slice_rows;      /* gate rows (and as many up rows) per slice; 0: 64 */
+	int64_t slice_rows_down; /* down rows per slice; 0: 128 */
+	int64_t k_chunk;         /* most weight columns per matmul (rounded up to 128); 0: 2048 */
 } moet_fast_opts;
 
 /*
- * Creates a handle: a oneDNN CPU engine and stream, an empty primitive cache, and scratch
- * for max_tok tokens (2 x max_tok x (H + I) bytes of bf16, 12 x max_tok x P of f32, P = 512
- * panel rows); the weight panel (4 x P x max(H, I) bytes) and oneDNN's scratchpad are sized
- * by the first primitives. Calls allocate nothing except on the first use of an (n_tok,
- * shape) pair, which creates and caches its oneDNN primitives (128 kept, least recently used
- * evicted). opts may be NULL (all defaults).
+ * Creates a handle: a oneDNN CPU engine and scratch for max_tok tokens (2 x max_tok x (H + I)
+ * bytes of bf16). Each of the n_threads workers allocates its own on its first call: a oneDNN
+ * stream, 4 x max_tok x max(2 slice_rows, slice_rows_down) bytes of f32, and a panel and
+ * scratchpad sized by its primitives (about 2 x k_chunk x 2 slice_rows bytes). Calls allocate
+ * nothing except on the first use of an (n_tok, shape) pair, which creates and caches its
+ * oneDNN primitives (32 kept per worker, least recently used evicted). opts may be NULL.
  * Returns 0, MOET_EUNSUP (built without oneDNN, or oneDNN refused to create its engine or
  * stream; the detail has its status), MOET_EINVAL (negative option) or MOET_ENOMEM.
  * *out is the caller's (moet_fast_destroy).
@@ -75,7 +78,7 @@ void moet_fast_destroy(moet_fast *f);
  * down [H x I], each F8_E4M3 with its F32 [ceil(rows/128)][ceil(cols/128)] scales, or BF16
  * (scale_inv NULL); the three may differ in dtype. NaN outputs come out as 0x7FC00000.
  * Runs on the calling thread's OpenMP team (opts.n_threads threads); the caller's OpenMP
- * thread count is restored on return. Not thread-safe on one handle: one call at a time.
+ * settings are left as they are. Not thread-safe on one handle: one call at a time.
  * Returns 0, MOET_ESHAPE (matrices do not chain, or a dtype other than F8_E4M3/BF16, or F8
  * without scales), MOET_ERANGE (n_tok, H or I above the handle's maxima), MOET_EINVAL (NULL
  * or negative arguments), MOET_ENOMEM, or MOET_EUNSUP (oneDNN could not create or run a

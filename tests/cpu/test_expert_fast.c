@@ -20,6 +20,10 @@
  * fast mode deliberately mis-scaled blocks (a block scale x2, x1.25, and two blocks' scales
  * swapped, the kind of bug an indexing slip makes) and requiring violations.
  *
+ * All of that also on a handle with small slices and K chunks on 3 threads (many slices,
+ * partial ones, matmuls adding into their output); and the packer's vector paths against its
+ * scalar path bit for bit (check_pack).
+ *
  * Also: NaN codes give canonical NaNs where exact mode gives them, the mode switch
  * (MOET_EXPERT_MODE, moet_expert_mode_parse) and argument errors. Skips (77) without oneDNN.
  */
@@ -27,6 +31,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "fast_int.h"
 #include "moet_cpu.h"
 #include "moet_dtype.h"
 #include "moet_err.h"
@@ -350,6 +355,76 @@ static void check_errors(moet_fast *f)
 	wmat_free(&d);
 }
 
+/* oneDNN's BA16a<nb>b2a over pk x pn (fast_int.h), or a plain n-major layout (nb 0). */
+static void layout_make(moet_fast_layout *lay, int64_t pk, int64_t pn, int nb)
+{
+	int32_t *ok = malloc(sizeof(int32_t) * pk), *on = malloc(sizeof(int32_t) * pn);
+	for (int64_t k = 0; k < pk; k++)
+		ok[k] = nb ? (int32_t)((k / 32) * 32 * nb + (k % 32) / 2 * 2 * nb + k % 2)
+			   : (int32_t)k;
+	for (int64_t n = 0; n < pn; n++)
+		on[n] = nb ? (int32_t)((n / nb) * pk * nb + (n % nb) * 2) : (int32_t)(n * pk);
+	*lay = (moet_fast_layout){ .pk = pk, .pn = pn, .off_k = ok, .off_n = on, .nb = nb };
+}
+
+/*
+ * The packer's AVX-512 paths (16 x 32 transposed tiles for BA16a<nb>b2a, column segments
+ * otherwise) give the scalar path's bits, memcmp over the whole panel, for FP8 (with NaN,
+ * subnormal and zero codes) and BF16 rows, two sources, chunk offsets k0 on and off 32 and
+ * 128, partial last chunks and padding. Also: the layout check accepts exactly these.
+ */
+static void check_pack(void)
+{
+	wmat g, u;
+	wmat_make(&g, MOET_DT_F8_E4M3, 300, 700, 0.05);
+	wmat_make(&u, MOET_DT_BF16, 300, 700, 0.05);
+	for (int i = 0; i < 700; i += 37) /* NaN, -NaN, subnormal, -0 codes */
+		g.q[i * 3 % (300 * 700)] = (uint8_t[]){ 0x7F, 0xFF, 0x03, 0x80 }[i % 4];
+	static const struct { int nb; int64_t k0, kn, na, nbr, r0; } cs[] = {
+		{ 64, 0, 256, 64, 64, 0 },   { 64, 128, 200, 50, 30, 17 }, { 32, 32, 96, 32, 32, 128 },
+		{ 16, 384, 316, 16, 0, 283 }, { 64, 96, 100, 3, 70, 200 },  { 0, 0, 160, 40, 24, 5 },
+		{ 0, 40, 77, 20, 9, 250 },   { 64, 40, 77, 20, 9, 250 },
+	};
+	for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++) {
+		const int nb = cs[c].nb;
+		const int64_t pk = (cs[c].kn + 31) / 32 * 32, nn = cs[c].na + cs[c].nbr;
+		const int64_t pn = nb ? (nn + nb - 1) / nb * nb : nn + 5;
+		moet_fast_layout lay;
+		layout_make(&lay, pk, pn, nb);
+		CHECK(moet_fast_layout_nb(pk, pn, lay.off_k, lay.off_n) == nb,
+		      "case %zu: layout check says %d, not %d", c,
+		      moet_fast_layout_nb(pk, pn, lay.off_k, lay.off_n), nb);
+		const size_t n_el = (size_t)(pk * pn);
+		uint16_t *p0 = malloc(n_el * 2), *p1 = malloc(n_el * 2);
+		memset(p0, 0xAB, n_el * 2);
+		memset(p1, 0xCD, n_el * 2);
+		moet_fast_rows a = { &g.m, cs[c].r0, cs[c].na };
+		moet_fast_rows b = { &u.m, 300 - cs[c].nbr - (int64_t)c, cs[c].nbr };
+		moet_fast_pack(&lay, a, b, cs[c].k0, cs[c].kn, p0, 0);
+		moet_fast_pack(&lay, a, b, cs[c].k0, cs[c].kn, p1, 1);
+		size_t bad = 0;
+		while (bad < n_el && p0[bad] == p1[bad])
+			bad++;
+		CHECK(bad == n_el, "case %zu (nb %d): element %zu scalar %04x vector %04x", c, nb,
+		      bad, bad < n_el ? p0[bad] : 0, bad < n_el ? p1[bad] : 0);
+		/* the scalar path against the values themselves, at a few places */
+		const int64_t n = cs[c].na - 1, k = cs[c].kn - 1;
+		uint16_t want = moet_enc_bf16((float)g.w[(cs[c].r0 + n) * 700 + cs[c].k0 + k]);
+		uint16_t got = p0[lay.off_k[k] + lay.off_n[n]];
+		CHECK(got == want || (got == 0x7FC0 && (want & 0x7FFF) > 0x7F80), "case %zu: "
+		      "element (%lld, %lld) %04x, want %04x", c, (long long)k, (long long)n, got,
+		      want);
+		CHECK(p0[lay.off_k[pk - 1] + lay.off_n[pn - 1]] == 0 || pk == cs[c].kn,
+		      "case %zu: padding not zero", c);
+		free(p0);
+		free(p1);
+		free((void *)lay.off_k);
+		free((void *)lay.off_n);
+	}
+	wmat_free(&g);
+	wmat_free(&u);
+}
+
 static void check_mode(void)
 {
 	moet_expert_mode_t m = MOET_EXPERT_MODE_FAST;
@@ -369,6 +444,7 @@ static void check_mode(void)
 int main(void)
 {
 	check_mode();
+	check_pack();
 	moet_fast *f = NULL;
 	int rc = moet_fast_create(&(moet_fast_opts){ .max_tok = 256, .max_hidden = 1096,
 						     .max_inter = 600 }, &f);
@@ -390,6 +466,22 @@ int main(void)
 	check_detects_misscale(f);
 	check_nan(f);
 	check_errors(f);
+	moet_fast_destroy(f);
+	/* small slices and K chunks, 3 threads: many slices per phase, partial slices and
+	 * chunks, matmuls that add into their output (oneDNN's sum post-op) */
+	CHECK(moet_fast_create(&(moet_fast_opts){ .max_tok = 256, .max_hidden = 1096,
+						  .max_inter = 600, .n_threads = 3,
+						  .slice_rows = 16, .slice_rows_down = 40,
+						  .k_chunk = 200 }, &f) == 0, "create: %s",
+	      moet_errmsg());
+	if (f) {
+		check_shape(f, "fp8 chunked, 3 thr", MOET_DT_F8_E4M3, MOET_DT_F8_E4M3,
+			    MOET_DT_F8_E4M3, 1096, 424);
+		check_shape(f, "mixed chunked, 3 thr", MOET_DT_BF16, MOET_DT_F8_E4M3,
+			    MOET_DT_BF16, 264, 600);
+		check_detects_misscale(f);
+		check_nan(f);
+	}
 	moet_fast_destroy(f);
 	return moet_test_done("test_expert_fast");
 }
