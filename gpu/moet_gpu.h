@@ -197,6 +197,58 @@ int moet_gpu_combine(const float *y, int64_t n_y, const int32_t *slot, const flo
 int moet_gpu_argmax(const float *logits, int64_t n_rows, int64_t n_cols, int64_t stride,
 		    int32_t *out_ids, void *stream);
 
+/*
+ * ---- Benchmark support (gpu/bench_ceil.cu): `moet-hybrid bench gpu-experts` --------------
+ * The device's description, its ceilings measured in the calling process (device copy
+ * bandwidth, cuBLAS binary32 GEMM rate with TF32 off), a CUDA-event timer and random fills.
+ * Not for the inference path. Each returns 0, MOET_EINVAL, MOET_ENOMEM, MOET_EDEVICE (detail:
+ * file:line, the call, CUDA's or cuBLAS's status) or MOET_EUNSUP in a build without CUDA.
+ */
+typedef struct moet_gpu_info {
+	char name[256];          /* e.g. "NVIDIA H200" */
+	int cc_major, cc_minor;  /* compute capability */
+	int sm_count;
+	size_t mem_bytes, l2_bytes;
+	int driver_version;      /* cudaDriverGetVersion, e.g. 13000 */
+	int runtime_version;     /* cudaRuntimeGetVersion (the cudart linked in) */
+	int cublas_version;      /* cublasGetProperty major*10000 + minor*100 + patch */
+} moet_gpu_info;
+
+/* Describes device 0 (the one every other call of this header uses). */
+int moet_gpu_info_get(moet_gpu_info *out);
+
+/*
+ * Device-to-device copy ceiling: allocates two buffers of `bytes`, fills the source, makes one
+ * untimed copy, then times `reps` cudaMemcpyAsync D2D copies one by one with CUDA events:
+ * samples_s[i] = seconds of copy i. Each copy reads and writes `bytes`. Frees what it took.
+ */
+int moet_gpu_bench_copy(size_t bytes, int reps, double *samples_s);
+
+/*
+ * Binary32 GEMM ceiling: cuBLAS SGEMM C[m x n] = A[m x k] B[k x n] (column-major, random
+ * operands in [-1, 1)) with the math mode CUBLAS_PEDANTIC_MATH (no TF32, no reduced
+ * precision): 2 untimed calls, then `reps` calls each timed with CUDA events into samples_s.
+ * flops of one call: 2 m n k. Frees what it took (the handle too).
+ */
+int moet_gpu_bench_sgemm(int64_t m, int64_t n, int64_t k, int reps, double *samples_s);
+
+/* Fills `bytes` of device memory with pseudo-random bytes (a function of seed and offset),
+ * each ANDed with `mask` (0xFE keeps F8_E4M3 codes off the NaNs 0x7F/0xFF). Queued on stream. */
+int moet_gpu_bench_fill_bytes(void *dst, size_t bytes, uint64_t seed, uint8_t mask,
+			      void *stream);
+
+/* Fills n floats of device memory with pseudo-random values uniform in [lo, hi). */
+int moet_gpu_bench_fill_f32(float *dst, size_t n, uint64_t seed, float lo, float hi,
+			    void *stream);
+
+/* A pair of CUDA events: start() records the first on stream, stop() records the second, waits
+ * for it, and gives the seconds between them (the GPU time of the work queued in between). */
+typedef struct moet_gpu_timer moet_gpu_timer;
+int moet_gpu_timer_create(moet_gpu_timer **out);
+void moet_gpu_timer_destroy(moet_gpu_timer *t); /* accepts NULL */
+int moet_gpu_timer_start(moet_gpu_timer *t, void *stream);
+int moet_gpu_timer_stop(moet_gpu_timer *t, void *stream, double *out_s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -178,3 +178,61 @@ int moet_gpu_argmax(const float *logits, int64_t n_rows, int64_t n_cols, int64_t
 	(void)logits, (void)n_rows, (void)n_cols, (void)stride, (void)out_ids, (void)stream;
 	return no_cuda("moet_gpu_argmax");
 }
+
+/* ---- Benchmark support: MOET_EUNSUP (moet_gpu_count says why there is no device). ---- */
+
+int moet_gpu_info_get(moet_gpu_info *out)
+{
+	(void)out;
+	return no_cuda("moet_gpu_info_get");
+}
+
+int moet_gpu_bench_copy(size_t bytes, int reps, double *samples_s)
+{
+	(void)bytes, (void)reps, (void)samples_s;
+	return no_cuda("moet_gpu_bench_copy");
+}
+
+int moet_gpu_bench_sgemm(int64_t m, int64_t n, int64_t k, int reps, double *samples_s)
+{
+	(void)m, (void)n, (void)k, (void)reps, (void)samples_s;
+	return no_cuda("moet_gpu_bench_sgemm");
+}
+
+int moet_gpu_bench_fill_bytes(void *dst, size_t bytes, uint64_t seed, uint8_t mask,
+			      void *stream)
+{
+	(void)dst, (void)bytes, (void)seed, (void)mask, (void)stream;
+	return no_cuda("moet_gpu_bench_fill_bytes");
+}
+
+int moet_gpu_bench_fill_f32(float *dst, size_t n, uint64_t seed, float lo, float hi,
+			    void *stream)
+{
+	(void)dst, (void)n, (void)seed, (void)lo, (void)hi, (void)stream;
+	return no_cuda("moet_gpu_bench_fill_f32");
+}
+
+int moet_gpu_timer_create(moet_gpu_timer **out)
+{
+	if (out)
+		*out = NULL;
+	return no_cuda("moet_gpu_timer_create");
+}
+
+void moet_gpu_timer_destroy(moet_gpu_timer *t)
+{
+	(void)t;
+}
+
+int moet_gpu_timer_start(moet_gpu_timer *t, void *stream)
+{
+	(void)t, (void)stream;
+	return no_cuda("moet_gpu_timer_start");
+}
+
+int moet_gpu_timer_stop(moet_gpu_timer *t, void *stream, double *out_s)
+{
+	(void)t, (void)stream, (void)out_s;
+	return no_cuda("moet_gpu_timer_stop");
+}

@@ -100,4 +100,34 @@ typedef struct moet_bench_cpu_opts {
  */
 int moet_bench_cpu_experts(const moet_bench_cpu_opts *o, json_t *rec, FILE *log, FILE *table);
 
+/* ---- `bench gpu-experts` (bench_gpu.c) --------------------------------------------------- */
+
+typedef struct moet_bench_gpu_opts {
+	const int64_t *tokens;   /* tokens per expert to measure; NULL: the default list */
+	int n_tokens;
+	int group;               /* experts per grouped call; 0: 8 */
+	int rotate;              /* experts in the pool; 0: enough to defeat L2 (>= 64; 16 quick) */
+	int reps;                /* repetitions per row; 0: 10 (3 with quick) */
+	int quick;               /* the reduced set */
+	int64_t hidden, inter;   /* expert geometry; 0: Kimi-K2 (7168, 2048) */
+	const char *model_dir;   /* decode part: checkpoint dir (generated if empty); NULL: skip */
+	const char *decode_device; /* backend of the decode part; NULL: "cuda" */
+	const int64_t *batches;  /* decode batch sizes; NULL: 1, 16, 64 */
+	int n_batches;
+	int decode_steps;        /* timed decode steps per batch size; 0: 5 (3 with quick) */
+	int prompt_len;          /* prefill length per sequence; 0: 8 */
+	int no_kernel;           /* skip the ceilings and the kernel rows (tests of the decode
+				  * part on the CPU backend) */
+} moet_bench_gpu_opts;
+
+/*
+ * Runs the GPU expert bench: the device copy bandwidth and cuBLAS binary32 GEMM rate, the
+ * contract expert kernel (moet_gpu_expert_ffn) per token count, and, with a model dir, the
+ * decode step time of the model at each batch size. Adds ceilings, rows and the geometry,
+ * device and decode objects to rec, prints progress to `log` and the table last to `table`.
+ * Returns 0 or a MOET_E* code (detail set); MOET_EUNSUP when a part needs a CUDA device and
+ * there is none (the detail says why).
+ */
+int moet_bench_gpu_experts(const moet_bench_gpu_opts *o, json_t *rec, FILE *log, FILE *table);
+
 #endif

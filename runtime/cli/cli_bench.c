@@ -2,7 +2,7 @@
  * cli_bench.c: `moet-hybrid bench <name> ...`: the benchmark programs (docs/benchmarks.md).
  * Each bench prints progress to stderr, a table last on stdout and, with --json FILE, the
  * record of ../shared/design/BENCHMARKS.md. One entry per bench in the table below; later
- * benches (gpu-experts, e2e) add theirs.
+ * benches (e2e) add theirs.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -133,12 +133,135 @@ static int cpu_experts(int argc, char **argv)
 	return rc ? moet_cli_fail("bench cpu-experts", rc) : 0;
 }
 
+static void gpu_usage(FILE *f)
+{
+	fprintf(f,
+		"usage: moet-hybrid bench gpu-experts [options]\n\n"
+		"The CUDA contract expert kernel at the Kimi-K2 expert geometry (7168 x 2048, FP8\n"
+		"e4m3, 128x128 block scales), 8 experts per grouped call, against the device copy\n"
+		"bandwidth and the cuBLAS SGEMM rate (TF32 off) measured in the same run; with\n"
+		"--model-dir, the decode step time of a whole model on the GPU at batch 1, 16, 64.\n"
+		"Needs a CUDA device. Table last on stdout.\n\n"
+		"  --tokens LIST        tokens per expert (default 1,2,4,8,16,32,64,128,256,1024)\n"
+		"  --group N            experts per grouped call (default 8)\n"
+		"  --experts-rotate N   experts rotated over (default: >= 4 x L2 and >= 64)\n"
+		"  --reps N             timed repetitions per row (default 10; 3 with --quick)\n"
+		"  --model-dir DIR      decode part: a checkpoint; when DIR is missing or empty, a\n"
+		"                       2-layer kimi-k2 checkpoint with 384 experts (~22 GB) is\n"
+		"                       generated there first\n"
+		"  --batches LIST       decode batch sizes (default 1,16,64)\n"
+		"  --steps N            timed decode steps per batch size (default 5; 3 with --quick)\n"
+		"  --prompt N           prefill tokens per sequence (default 8)\n"
+		"  --quick              reduced set (tokens 1,8,64,256; 16 experts; 3 reps)\n"
+		"  --hidden N --inter N expert geometry override (tests)\n"
+		"  --decode-device D    backend of the decode part (default cuda; cpu for tests)\n"
+		"  --no-kernel          skip the ceilings and the kernel rows (tests)\n"
+		"  --json FILE          write the JSON record (docs/benchmarks.md)\n");
+}
+
+/* A comma list of integers in [lo, hi] into *out (malloc'd; replaces a previous list). */
+static int parse_list(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t **out,
+		      int *out_n)
+{
+	int64_t n = 0;
+	free(*out);
+	*out = NULL;
+	*out_n = 0;
+	int rc = moet_cli_parse_tokens(s, out, &n);
+	if (rc)
+		return rc == MOET_EINVAL ? moet_err(MOET_EINVAL, "%s: '%s' is not a list of "
+							  "integers", opt, s) : rc;
+	for (int64_t i = 0; i < n; i++)
+		if ((*out)[i] < lo || (*out)[i] > hi)
+			return moet_err(MOET_EINVAL, "%s: %lld is not in [%lld, %lld]", opt,
+					(long long)(*out)[i], (long long)lo, (long long)hi);
+	*out_n = (int)n;
+	return 0;
+}
+
+static int gpu_experts(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "tokens", required_argument, NULL, 'k' },
+		{ "group", required_argument, NULL, 'g' },
+		{ "experts-rotate", required_argument, NULL, 'e' },
+		{ "reps", required_argument, NULL, 'r' },
+		{ "model-dir", required_argument, NULL, 'd' },
+		{ "batches", required_argument, NULL, 'b' },
+		{ "steps", required_argument, NULL, 'S' },
+		{ "prompt", required_argument, NULL, 'p' },
+		{ "quick", no_argument, NULL, 'q' },
+		{ "hidden", required_argument, NULL, 'H' },
+		{ "inter", required_argument, NULL, 'I' },
+		{ "decode-device", required_argument, NULL, 'D' },
+		{ "no-kernel", no_argument, NULL, 'N' },
+		{ "json", required_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	moet_bench_gpu_opts o = { 0 };
+	const char *json_path = NULL;
+	int64_t *tokens = NULL, *batches = NULL;
+	long long v;
+	int c, rc = 0;
+	optind = 1;
+	while (!rc && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'k': rc = parse_list("--tokens", optarg, 1, 1 << 20, &tokens, &o.n_tokens);
+			o.tokens = tokens;
+			break;
+		case 'b': rc = parse_list("--batches", optarg, 1, 4096, &batches, &o.n_batches);
+			o.batches = batches;
+			break;
+		case 'g': rc = parse_int("--group", optarg, 1, 64, &v); o.group = (int)v; break;
+		case 'e': rc = parse_int("--experts-rotate", optarg, 1, 1 << 16, &v);
+			o.rotate = (int)v;
+			break;
+		case 'r': rc = parse_int("--reps", optarg, 1, 100000, &v); o.reps = (int)v; break;
+		case 'S': rc = parse_int("--steps", optarg, 1, 100000, &v); o.decode_steps = (int)v;
+			break;
+		case 'p': rc = parse_int("--prompt", optarg, 1, 1 << 16, &v); o.prompt_len = (int)v;
+			break;
+		case 'H': rc = parse_int("--hidden", optarg, 1, 1 << 20, &v); o.hidden = v; break;
+		case 'I': rc = parse_int("--inter", optarg, 1, 1 << 20, &v); o.inter = v; break;
+		case 'd': o.model_dir = optarg; break;
+		case 'D':
+			if (strcmp(optarg, "cuda") && strcmp(optarg, "cpu"))
+				rc = moet_err(MOET_EINVAL, "--decode-device: '%s' (want cuda or cpu)",
+					      optarg);
+			o.decode_device = optarg;
+			break;
+		case 'N': o.no_kernel = 1; break;
+		case 'q': o.quick = 1; break;
+		case 'j': json_path = optarg; break;
+		case 'h': gpu_usage(stdout); free(tokens); free(batches); return 0;
+		default: gpu_usage(stderr); free(tokens); free(batches); return 2;
+		}
+	}
+	if (!rc && optind < argc)
+		rc = moet_err(MOET_EINVAL, "unexpected argument '%s'", argv[optind]);
+	if (!rc && o.no_kernel && !o.model_dir)
+		rc = moet_err(MOET_EINVAL, "--no-kernel leaves nothing to run without --model-dir");
+	json_t *rec = NULL;
+	if (!rc)
+		rc = moet_bench_record_new("gpu-experts", &rec);
+	if (!rc)
+		rc = moet_bench_gpu_experts(&o, rec, stderr, stdout);
+	if (!rc && json_path)
+		rc = moet_bench_write(rec, json_path);
+	json_decref(rec);
+	free(tokens);
+	free(batches);
+	return rc ? moet_cli_fail("bench gpu-experts", rc) : 0;
+}
+
 static const struct {
 	const char *name;
 	int (*run)(int argc, char **argv);
 	const char *summary;
 } benches[] = {
 	{ "cpu-experts", cpu_experts, "CPU expert kernel vs read bandwidth and FMA peak" },
+	{ "gpu-experts", gpu_experts, "CUDA expert kernel vs copy bandwidth and SGEMM rate" },
 };
 
 static void usage(FILE *f)
