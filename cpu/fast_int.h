@@ -49,8 +49,10 @@ int moet_fast_layout_nb(int64_t pk, int64_t pn, const int32_t *off_k, const int3
  * bf16 to nearest even, NaN as 0x7FC0) or the BF16 bits as they are; every other element
  * of the pk x pn panel is 0. kn <= pk, a.n + b.n <= pn; the matrices are F8_E4M3 with
  * scales or BF16 (the caller checked). vec 0: scalar, element by element (the reference);
- * 1: AVX-512 where the CPU has F/BW/VL (same bits), 16 x 32 tiles when lay->nb and
- * k0 % 32 == 0. Single-threaded; panel is written only where the layout puts elements.
+ * 1: the fastest path this CPU has, the same bits: AVX-512 F/BW/VL, 16 x 32 tiles when
+ * lay->nb and k0 % 32 == 0, FP8 through per-block tables where it also has VBMI; 2: like 1
+ * without the tables (for tests). Single-threaded; writes only where the layout puts
+ * elements.
  */
 void moet_fast_pack(const moet_fast_layout *lay, moet_fast_rows a, moet_fast_rows b, int64_t k0,
 		    int64_t kn, uint16_t *panel, int vec);

@@ -384,6 +384,7 @@ static void check_pack(void)
 		{ 64, 0, 256, 64, 64, 0 },   { 64, 128, 200, 50, 30, 17 }, { 32, 32, 96, 32, 32, 128 },
 		{ 16, 384, 316, 16, 0, 283 }, { 64, 96, 100, 3, 70, 200 },  { 0, 0, 160, 40, 24, 5 },
 		{ 0, 40, 77, 20, 9, 250 },   { 64, 40, 77, 20, 9, 250 },
+		{ 64, 0, 700, 64, 0, 0 },    { 32, 160, 540, 48, 16, 120 }, { 64, 32, 668, 128, 0, 144 },
 	};
 	for (size_t c = 0; c < sizeof(cs) / sizeof(cs[0]); c++) {
 		const int nb = cs[c].nb;
@@ -396,17 +397,20 @@ static void check_pack(void)
 		      moet_fast_layout_nb(pk, pn, lay.off_k, lay.off_n), nb);
 		const size_t n_el = (size_t)(pk * pn);
 		uint16_t *p0 = malloc(n_el * 2), *p1 = malloc(n_el * 2);
-		memset(p0, 0xAB, n_el * 2);
-		memset(p1, 0xCD, n_el * 2);
 		moet_fast_rows a = { &g.m, cs[c].r0, cs[c].na };
 		moet_fast_rows b = { &u.m, 300 - cs[c].nbr - (int64_t)c, cs[c].nbr };
+		memset(p0, 0xAB, n_el * 2);
 		moet_fast_pack(&lay, a, b, cs[c].k0, cs[c].kn, p0, 0);
-		moet_fast_pack(&lay, a, b, cs[c].k0, cs[c].kn, p1, 1);
-		size_t bad = 0;
-		while (bad < n_el && p0[bad] == p1[bad])
-			bad++;
-		CHECK(bad == n_el, "case %zu (nb %d): element %zu scalar %04x vector %04x", c, nb,
-		      bad, bad < n_el ? p0[bad] : 0, bad < n_el ? p1[bad] : 0);
+		for (int vec = 1; vec <= 2; vec++) { /* with and without the FP8 tables */
+			memset(p1, 0xCD, n_el * 2);
+			moet_fast_pack(&lay, a, b, cs[c].k0, cs[c].kn, p1, vec);
+			size_t bad = 0;
+			while (bad < n_el && p0[bad] == p1[bad])
+				bad++;
+			CHECK(bad == n_el, "case %zu (nb %d, vec %d): element %zu scalar %04x "
+			      "vector %04x", c, nb, vec, bad, bad < n_el ? p0[bad] : 0,
+			      bad < n_el ? p1[bad] : 0);
+		}
 		/* the scalar path against the values themselves, at a few places */
 		const int64_t n = cs[c].na - 1, k = cs[c].kn - 1;
 		uint16_t want = moet_enc_bf16((float)g.w[(cs[c].r0 + n) * 700 + cs[c].k0 + k]);
