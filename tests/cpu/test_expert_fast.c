@@ -1,7 +1,8 @@
 /*
  * test_expert_fast.c: fast mode (cpu/expert_onednn.c) against exact mode (moet_expert_ffn with
  * the best kernel table) on random experts: FP8 with 128x128 block scales (partial blocks in
- * both directions), BF16, a mix, and I above one 512-row panel; 1, 7, 64 and 256 tokens. Every output must lie within two
+ * both directions), BF16, a mix, and several slices of gate/up rows; 1, 7, 64 and 256
+ * tokens. Every output must lie within two
  * bounds computed in binary64 from the exact weights and activations:
  *
  * - worst case (rigorous to first order): every rounding of fast mode at its maximum. bf16
