@@ -249,6 +249,24 @@ void moet_gpu_timer_destroy(moet_gpu_timer *t); /* accepts NULL */
 int moet_gpu_timer_start(moet_gpu_timer *t, void *stream);
 int moet_gpu_timer_stop(moet_gpu_timer *t, void *stream, double *out_s);
 
+/*
+ * Absorbed MLA (the latent cache; gpu/attention_latent.cu, kv_write_latent.cu).
+ * kv_write_latent: row t's latent (width = kv_lora + rope floats at kva + t * kva_stride) to
+ * c_base[t] + pos[t] * c_stride (c_base: device array of the rows' layer caches).
+ * attention_latent: for every row and head, moet_attend_latent_ref's operations (cpu/) over
+ * positions 0 .. pos[t]: q row t holds per head [q_nope (nope) | q_pe (rope)]; kv_b (device
+ * view, [heads*(nope+v) x kv_lora], F8_E4M3 + scales, BF16 or F32); out row t gets per head
+ * v_dim values. Bit for bit the CPU's (NaN payloads aside). kv_lora <= 1024, rope <= 256.
+ */
+int moet_gpu_kv_write_latent(const float *kva, long long kva_stride, long long width,
+			     long long n_rows, float *const *c_base, long long c_stride,
+			     const int32_t *pos, void *stream);
+int moet_gpu_attention_latent(const float *q, long long q_stride, long long n_rows,
+			      long long n_heads, long long nope, long long rope, long long v_dim,
+			      const moet_mat *kv_b, float *const *c_base, long long c_stride,
+			      const int32_t *pos, float scale, float *out, long long out_stride,
+			      void *stream);
+
 #ifdef __cplusplus
 }
 #endif

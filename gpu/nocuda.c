@@ -236,3 +236,24 @@ int moet_gpu_timer_stop(moet_gpu_timer *t, void *stream, double *out_s)
 	(void)t, (void)stream, (void)out_s;
 	return no_cuda("moet_gpu_timer_stop");
 }
+
+int moet_gpu_kv_write_latent(const float *kva, long long kva_stride, long long width,
+			     long long n_rows, float *const *c_base, long long c_stride,
+			     const int32_t *pos, void *stream)
+{
+	(void)kva, (void)kva_stride, (void)width, (void)n_rows, (void)c_base, (void)c_stride;
+	(void)pos, (void)stream;
+	return moet_err(MOET_EUNSUP, "kv_write_latent: this build has no CUDA");
+}
+
+int moet_gpu_attention_latent(const float *q, long long q_stride, long long n_rows,
+			      long long n_heads, long long nope, long long rope, long long v_dim,
+			      const moet_mat *kv_b, float *const *c_base, long long c_stride,
+			      const int32_t *pos, float scale, float *out, long long out_stride,
+			      void *stream)
+{
+	(void)q, (void)q_stride, (void)n_rows, (void)n_heads, (void)nope, (void)rope, (void)v_dim;
+	(void)kv_b, (void)c_base, (void)c_stride, (void)pos, (void)scale, (void)out;
+	(void)out_stride, (void)stream;
+	return moet_err(MOET_EUNSUP, "attention_latent: this build has no CUDA");
+}

@@ -256,6 +256,24 @@ static int cu_attend(moet_backend *be, const moet_attn_dims *d, int64_t l, const
 				  d->softmax_scale, out, out_stride, NULL);
 }
 
+static int cu_kv_store_latent(moet_backend *be, int64_t l, const float *kva, int64_t kva_stride,
+			      int64_t width, int64_t n, const moet_rows *rows)
+{
+	(void)be;
+	return moet_gpu_kv_write_latent(kva, kva_stride, width, n, rows->kbase + l * rows->n,
+					width, rows->pos, NULL);
+}
+
+static int cu_attend_latent(moet_backend *be, const moet_attn_dims *d, const moet_mat *kv_b,
+			    int64_t l, const float *q, int64_t q_stride, int64_t n,
+			    const moet_rows *rows, float *out, int64_t out_stride)
+{
+	(void)be;
+	return moet_gpu_attention_latent(q, q_stride, n, d->n_heads, d->nope, d->rope, d->v_dim,
+					 kv_b, rows->kbase + l * rows->n, kv_b->cols + d->rope,
+					 rows->pos, d->softmax_scale, out, out_stride, NULL);
+}
+
 static int cu_route(moet_backend *be, const moet_config *c, const float *logits,
 		    const float *bias, int64_t n, int32_t *ids, float *weights)
 {
@@ -394,6 +412,8 @@ static const moet_backend_ops cuda_ops = {
 	.rope = cu_rope,
 	.kv_store = cu_kv_store,
 	.attend = cu_attend,
+	.kv_store_latent = cu_kv_store_latent,
+	.attend_latent = cu_attend_latent,
 	.route = cu_route,
 	.experts = cu_experts,
 	.ffn = cu_ffn,

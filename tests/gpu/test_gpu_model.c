@@ -7,6 +7,7 @@
  *   - greedy generation on CUDA equals transformers' greedy ids;
  *   - batch invariance on the GPU: three sequences with ragged lengths at different positions
  *     in one batch give each sequence's solo logits bit for bit; a repeat run is identical.
+ * All of it for both MLA forms (MOET_MLA=expanded, absorbed).
  * Skips (77) without a CUDA device or without the fixtures.
  */
 #include <dirent.h>
@@ -91,6 +92,10 @@ int main(void)
 	}
 	struct dirent *de;
 	int n_fix = 0;
+	for (int form = 0; form < 2; form++) {
+	const char *form_name = form ? "absorbed" : "expanded";
+	setenv("MOET_MLA", form_name, 1);
+	rewinddir(d);
 	while ((de = readdir(d))) {
 		if (de->d_name[0] == '.')
 			continue;
@@ -127,8 +132,8 @@ int main(void)
 			      memcmp(out, greedy, ng * sizeof(*out)) == 0,
 			      "%s: GPU greedy ids differ from transformers'", de->d_name);
 			batch_invariance(gpu, prompt, (int64_t)np, de->d_name);
-			printf("%s: GPU logits %s the CPU's (%zu values); greedy %s\n", de->d_name,
-			       diff ? "DIFFER from" : "equal", np * (size_t)V,
+			printf("%s (%s MLA): GPU logits %s the CPU's (%zu values); greedy %s\n",
+			       de->d_name, form_name, diff ? "DIFFER from" : "equal", np * (size_t)V,
 			       memcmp(out, greedy, ng * sizeof(*out)) ? "differs" : "equal");
 			free(out);
 			free(a);
@@ -140,6 +145,7 @@ int main(void)
 		free(prompt);
 		free(greedy);
 		n_fix++;
+	}
 	}
 	closedir(d);
 	CHECK(n_fix > 0, "no fixtures found");
