@@ -1,6 +1,7 @@
 /*
- * backend.c: choosing a backend by name.
+ * backend.c: choosing a backend by name; helpers the backends share.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "moet_backend.h"
@@ -18,4 +19,24 @@ int moet_backend_create(const char *name, const moet_config *c, moet_backend **o
 	if (!strcmp(name, "cuda"))
 		return moet_backend_cuda_create(0, out);
 	return moet_err(MOET_EINVAL, "--device '%s': expected cpu or cuda", name);
+}
+
+static int by_expert_then_pair(const void *a, const void *b)
+{
+	const moet_expert_pair *x = a, *y = b;
+	if (x->expert != y->expert)
+		return x->expert < y->expert ? -1 : 1;
+	return (x->pair > y->pair) - (x->pair < y->pair);
+}
+
+int moet_expert_pairs_sort(const int32_t *ids, int64_t n, moet_expert_pair *out)
+{
+	for (int64_t p = 0; p < n; p++) {
+		if (ids[p] < 0)
+			return moet_err(MOET_EINVAL, "routing pair %lld: expert id %d", (long long)p,
+					ids[p]);
+		out[p] = (moet_expert_pair){ ids[p], p };
+	}
+	qsort(out, (size_t)n, sizeof(*out), by_expert_then_pair);
+	return 0;
 }

@@ -380,26 +380,13 @@ static int run_jobs(cpu_be *c, const moet_cpuexec_job *jobs, int n_jobs)
 	return 0;
 }
 
-typedef struct pair_key {
-	int32_t expert;
-	int64_t pair;
-} pair_key;
-
-static int by_expert_then_pair(const void *a, const void *b)
-{
-	const pair_key *x = a, *y = b;
-	if (x->expert != y->expert)
-		return x->expert < y->expert ? -1 : 1;
-	return (x->pair > y->pair) - (x->pair < y->pair);
-}
-
 /* The (row, slot) pairs grouped by expert: each used expert's rows gathered into one block,
  * one executor job per block (at most CPU_EXEC_MAX_TOK rows), outputs scattered back. */
 static int experts_team(cpu_be *c, const moet_ffn_w *experts, const int32_t *ids,
 			int64_t top_k, const float *h, int64_t n, float *y)
 {
 	const int64_t H = experts[0].gate.cols, P = n * top_k;
-	pair_key *key = malloc((size_t)P * sizeof(*key));
+	moet_expert_pair *key = malloc((size_t)P * sizeof(*key));
 	moet_cpuexec_job *jobs = malloc((size_t)P * sizeof(*jobs));
 	float *g = gather_buf(c, (size_t)(P * H));
 	int n_jobs = 0, rc = 0;
@@ -407,9 +394,8 @@ static int experts_team(cpu_be *c, const moet_ffn_w *experts, const int32_t *ids
 		rc = moet_err(MOET_ENOMEM, "expert grouping of %lld pairs", (long long)P);
 		goto out;
 	}
-	for (int64_t p = 0; p < P; p++)
-		key[p] = (pair_key){ ids[p], p };
-	qsort(key, (size_t)P, sizeof(*key), by_expert_then_pair);
+	if ((rc = moet_expert_pairs_sort(ids, P, key)))
+		goto out;
 	for (int64_t q = 0; q < P;) {
 		const moet_ffn_w *e = &experts[key[q].expert];
 		int64_t cnt = 1;

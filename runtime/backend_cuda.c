@@ -319,19 +319,6 @@ static int ensure_pairs(cuda_be *c, int64_t pairs, int64_t inter)
 	return 0;
 }
 
-typedef struct pair_key {
-	int32_t expert;
-	int32_t pair;
-} pair_key;
-
-static int by_expert_then_pair(const void *a, const void *b)
-{
-	const pair_key *x = a, *y = b;
-	if (x->expert != y->expert)
-		return x->expert < y->expert ? -1 : 1;
-	return (x->pair > y->pair) - (x->pair < y->pair);
-}
-
 static int cu_experts(moet_backend *be, const moet_ffn_w *experts, const int32_t *ids,
 		      int64_t top_k, const float *h, int64_t n, float *y, int32_t *slot)
 {
@@ -340,7 +327,7 @@ static int cu_experts(moet_backend *be, const moet_ffn_w *experts, const int32_t
 	int32_t *hid = malloc((size_t)P * sizeof(*hid));
 	int32_t *tok = malloc((size_t)P * sizeof(*tok));
 	int32_t *sl = malloc((size_t)P * sizeof(*sl));
-	pair_key *key = malloc((size_t)P * sizeof(*key));
+	moet_expert_pair *key = malloc((size_t)P * sizeof(*key));
 	moet_gpu_expert *ge = malloc((size_t)P * sizeof(*ge));
 	int n_exp = 0;
 	int rc = (!hid || !tok || !sl || !key || !ge) ? moet_err(MOET_ENOMEM, "expert grouping")
@@ -351,16 +338,15 @@ static int cu_experts(moet_backend *be, const moet_ffn_w *experts, const int32_t
 		rc = moet_gpu_copy_d2h(hid, ids, (size_t)P * sizeof(*hid));
 	if (rc)
 		goto out;
-	for (int64_t p = 0; p < P; p++)
-		key[p] = (pair_key){ hid[p], (int32_t)p };
-	qsort(key, (size_t)P, sizeof(*key), by_expert_then_pair);
+	if ((rc = moet_expert_pairs_sort(hid, P, key)))
+		goto out;
 	for (int64_t q = 0; q < P; q++) {
 		if (q == 0 || key[q].expert != key[q - 1].expert) {
 			const moet_ffn_w *e = &experts[key[q].expert];
 			ge[n_exp++] = (moet_gpu_expert){ e->gate, e->up, e->down, 0 };
 		}
 		ge[n_exp - 1].n_tok++;
-		tok[q] = key[q].pair / (int32_t)top_k;
+		tok[q] = (int32_t)(key[q].pair / top_k);
 		sl[key[q].pair] = (int32_t)q;
 	}
 	if ((rc = moet_gpu_copy_h2d(c->pair_tok, tok, (size_t)P * sizeof(*tok))) ||

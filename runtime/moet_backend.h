@@ -137,6 +137,16 @@ int moet_backend_cpu_create(int n_threads, int64_t max_inter, moet_backend **out
 /* The CUDA backend on device `device`; MOET_EUNSUP in a build without CUDA. */
 int moet_backend_cuda_create(int device, moet_backend **out);
 
+/* A (row, slot) routing pair and its expert. */
+typedef struct moet_expert_pair {
+	int32_t expert;
+	int64_t pair; /* t * top_k + i */
+} moet_expert_pair;
+
+/* out[0..n) = the pairs of ids[0..n) sorted by expert, then by pair index: consecutive runs
+ * of one expert, in the same order on every backend. Returns 0 or MOET_EINVAL (negative id). */
+int moet_expert_pairs_sort(const int32_t *ids, int64_t n, moet_expert_pair *out);
+
 /* By name: "cpu" or "cuda" (device 0), sized for the model of config c. */
 int moet_backend_create(const char *name, const moet_config *c, moet_backend **out);
 
