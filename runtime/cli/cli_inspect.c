@@ -19,6 +19,13 @@
  * bytes of one expert). --validate then reads every F8_E4M3, BF16, F16 and F32 tensor and
  * reports the first NaN code / non-finite value of each. Text output uses the JSON key names
  * so that both forms are easy to grep and parse.
+ *
+ * --placement FILE prints the per-GPU memory plan of a placement file instead (placement/,
+ * docs/placement.md): per GPU the experts it holds (count, per layer min-max), expert, dense
+ * and reserve bytes, the total against the budget, and the CPU tier; sizes are the
+ * checkpoint's (--model DIR) or computed from a gen-checkpoint preset's geometry (--preset
+ * NAME, for models not on disk). An invalid file, or a GPU over budget, exits 1 with the
+ * file's one-line error (after the table, for a GPU over budget).
  */
 #include <getopt.h>
 #include <inttypes.h>
@@ -32,6 +39,8 @@
 #include "moet_ckpt.h"
 #include "moet_config.h"
 #include "moet_err.h"
+#include "moet_gen.h"
+#include "moet_placement.h"
 
 enum part { P_EMBED, P_LM_HEAD, P_ATTN, P_NORM, P_DENSE, P_ROUTER, P_SHARED, P_ROUTED,
 	    P_MTP, P_OTHER, P_COUNT };
@@ -67,9 +76,14 @@ typedef struct summary {
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: moet-hybrid inspect --model DIR [--validate] [--json]\n"
+		   "       moet-hybrid inspect --model DIR|--preset NAME --placement FILE "
+		   "[--json]\n"
 		   "  --model DIR   checkpoint directory (config.json + safetensors shards)\n"
 		   "  --validate    also scan every FP8/BF16/F16/F32 tensor for NaN/Inf values\n"
 		   "  --json        print the summary as one JSON object\n"
+		   "  --placement FILE  print the per-GPU memory plan of a placement file\n"
+		   "  --preset NAME     with --placement: sizes from the geometry of a\n"
+		   "                    gen-checkpoint preset (tiny, kimi-k2) instead of --model\n"
 		   "exit status: 0 ok, 1 error (one line on stderr)\n");
 }
 
@@ -418,16 +432,183 @@ static json_t *summary_json(const char *dir, const moet_config *cf, const moet_c
 	return o;
 }
 
+/* ---- placement plan ------------------------------------------------------------------- */
+
+static json_t *usage_json(const char *name, const moet_placement_usage *u, bool gpu)
+{
+	json_t *o = json_pack("{sI sI sI sI sI}", "experts", (json_int_t)u->n_experts,
+			      "per_layer_min", (json_int_t)u->min_per_layer,
+			      "per_layer_max", (json_int_t)u->max_per_layer,
+			      "expert_bytes", (json_int_t)u->expert_bytes,
+			      "dense_bytes", (json_int_t)u->dense_bytes);
+	if (o && gpu) {
+		json_object_set_new(o, "name", json_string(name));
+		json_object_set_new(o, "reserve_bytes", json_integer((json_int_t)u->reserve_bytes));
+		json_object_set_new(o, "total_bytes", json_integer((json_int_t)u->total_bytes));
+		json_object_set_new(o, "budget_bytes", json_integer((json_int_t)u->budget_bytes));
+		json_object_set_new(o, "fits", json_boolean(u->total_bytes <= u->budget_bytes));
+	}
+	return o;
+}
+
+static void print_usage_row(const char *name, const moet_placement_usage *u, bool gpu)
+{
+	char per[48];
+	snprintf(per, sizeof(per), "%" PRId64 "-%" PRId64, u->min_per_layer, u->max_per_layer);
+	printf("  %-10s %8" PRId64 " %9s %11.3f %9.3f", name, u->n_experts, per,
+	       gib(u->expert_bytes), gib(u->dense_bytes));
+	if (!gpu) {
+		printf("\n");
+		return;
+	}
+	bool fits = u->total_bytes <= u->budget_bytes;
+	double room = fits ? gib(u->budget_bytes - u->total_bytes)
+			   : -gib(u->total_bytes - u->budget_bytes);
+	printf(" %11.3f %9.3f %10.3f %9.3f  %s\n", gib(u->reserve_bytes), gib(u->total_bytes),
+	       gib(u->budget_bytes), room, fits ? "ok" : "OVER BUDGET");
+}
+
+/* Prints the plan of `pl` at the sizes `sz`; `source` says where the sizes come from. */
+static int print_plan(const moet_placement *pl, const moet_placement_sizes *sz,
+		      const moet_config *cf, const char *source, bool as_json)
+{
+	const int n_gpus = moet_placement_n_gpus(pl);
+	const int dg = moet_placement_dense_gpu(pl);
+	uint64_t emin = UINT64_MAX, emax = 0;
+	int64_t n_moe = 0;
+	for (int64_t l = 0; l < sz->n_layers; l++) {
+		if (!moet_config_is_moe_layer(cf, l))
+			continue;
+		n_moe++;
+		for (int64_t e = 0; e < sz->n_experts; e++) {
+			uint64_t b = sz->expert_bytes[l * sz->n_experts + e];
+			emin = b < emin ? b : emin;
+			emax = b > emax ? b : emax;
+		}
+	}
+	if (emin == UINT64_MAX)
+		emin = 0;
+	const char *dense = dg == MOET_PLACEMENT_DENSE_SPLIT ? "split"
+				: moet_placement_gpu_at(pl, dg)->name;
+	moet_placement_usage u;
+	int rc;
+	if (as_json) {
+		json_t *o = json_object(), *gpus = json_array();
+		if (!o || !gpus) {
+			json_decref(o);
+			json_decref(gpus);
+			return moet_err(MOET_ENOMEM, "out of memory");
+		}
+		json_object_set_new(o, "placement", json_string(moet_placement_label(pl)));
+		json_object_set_new(o, "sizes_from", json_string(source));
+		json_object_set_new(o, "moe_layers", json_integer(n_moe));
+		json_object_set_new(o, "n_routed_experts", json_integer(sz->n_experts));
+		json_object_set_new(o, "expert_bytes_min", json_integer((json_int_t)emin));
+		json_object_set_new(o, "expert_bytes_max", json_integer((json_int_t)emax));
+		json_object_set_new(o, "dense_bytes", json_integer((json_int_t)sz->dense_bytes));
+		json_object_set_new(o, "dense", json_string(dense));
+		for (int g = 0; g < n_gpus; g++) {
+			if ((rc = moet_placement_usage_of(pl, sz, g, &u))) {
+				json_decref(o);
+				json_decref(gpus);
+				return rc;
+			}
+			json_array_append_new(gpus, usage_json(moet_placement_gpu_at(pl, g)->name,
+							       &u, true));
+		}
+		json_object_set_new(o, "gpus", gpus);
+		if ((rc = moet_placement_usage_of(pl, sz, MOET_PLACEMENT_CPU, &u))) {
+			json_decref(o);
+			return rc;
+		}
+		json_object_set_new(o, "cpu", usage_json("cpu", &u, false));
+		json_dumpf(o, stdout, JSON_INDENT(2));
+		fputc('\n', stdout);
+		json_decref(o);
+		return 0;
+	}
+	printf("placement: %s\n", moet_placement_label(pl));
+	printf("sizes: %s\n", source);
+	printf("moe_layers: %" PRId64 " of %" PRId64 ", n_routed_experts %" PRId64
+	       ", expert_bytes %" PRIu64, n_moe, sz->n_layers, sz->n_experts, emin);
+	if (emax != emin)
+		printf("-%" PRIu64, emax);
+	printf(" (%.2f MiB, gate+up+down with scales)\n", (double)emax / (1 << 20));
+	printf("dense_bytes: %" PRIu64 " (%.3f GiB: embedding %.3f, lm_head %.3f, attention %.3f,"
+	       " norms %.3f, dense_mlp %.3f, router %.3f, shared_experts %.3f, other %.3f)\n",
+	       sz->dense_bytes, gib(sz->dense_bytes), gib(sz->embed_bytes), gib(sz->lm_head_bytes),
+	       gib(sz->attn_bytes), gib(sz->norm_bytes), gib(sz->dense_mlp_bytes),
+	       gib(sz->router_bytes), gib(sz->shared_bytes), gib(sz->other_bytes));
+	printf("dense: %s%s\n", dense, dg == MOET_PLACEMENT_DENSE_SPLIT && n_gpus ?
+	       " (an even share on every GPU)" : n_gpus ? "" : " (no GPU: on the CPU)");
+	printf("  %-10s %8s %9s %11s %9s %11s %9s %10s %9s\n", "tier", "experts", "per_layer",
+	       "expert_GiB", "dense_GiB", "reserve_GiB", "total_GiB", "budget_GiB", "free_GiB");
+	for (int g = 0; g < n_gpus; g++) {
+		if ((rc = moet_placement_usage_of(pl, sz, g, &u)))
+			return rc;
+		print_usage_row(moet_placement_gpu_at(pl, g)->name, &u, true);
+	}
+	if ((rc = moet_placement_usage_of(pl, sz, MOET_PLACEMENT_CPU, &u)))
+		return rc;
+	print_usage_row("cpu", &u, false);
+	printf("cpu_expert_bytes: %" PRIu64 " (%.3f GiB)\n", u.expert_bytes, gib(u.expert_bytes));
+	return 0;
+}
+
+/* inspect --placement: sizes from the checkpoint (dir) or the preset's geometry. */
+static int inspect_placement(const char *cmd, const char *dir, const char *preset,
+			     const char *file, bool as_json)
+{
+	moet_config cf;
+	moet_ckpt *ck = NULL;
+	moet_placement_sizes *sz = NULL;
+	moet_placement *pl = NULL;
+	char source[512];
+	int rc;
+	if (dir && preset)
+		return moet_cli_fail(cmd, moet_err(MOET_EINVAL, "--model and --preset exclude each "
+						   "other"));
+	if (!dir && !preset)
+		return moet_cli_fail(cmd, moet_err(MOET_EINVAL, "--placement needs --model DIR or "
+						   "--preset NAME"));
+	if (preset) {
+		moet_gen_params gp;
+		moet_gen_params_init(&gp);
+		if ((rc = moet_gen_preset_parse(preset, &gp.preset)) ||
+		    (rc = moet_gen_config(&gp, &cf)) ||
+		    (rc = moet_placement_sizes_from_config(&cf, &sz)))
+			goto fail;
+		snprintf(source, sizeof(source), "computed from the geometry of preset %s", preset);
+	} else {
+		if ((rc = moet_config_load(dir, &cf)) || (rc = moet_ckpt_open(dir, &ck)) ||
+		    (rc = moet_placement_sizes_from_ckpt(&cf, ck, &sz)))
+			goto fail;
+		snprintf(source, sizeof(source), "the checkpoint %s", dir);
+	}
+	if ((rc = moet_placement_load(file, &cf, NULL, &pl)) ||
+	    (rc = print_plan(pl, sz, &cf, source, as_json)))
+		goto fail;
+	fflush(stdout);
+	rc = moet_placement_check(pl, sz);
+fail:
+	moet_placement_free(pl);
+	moet_placement_sizes_free(sz);
+	moet_ckpt_close(ck);
+	return rc ? moet_cli_fail(cmd, rc) : 0;
+}
+
 int moet_cli_inspect(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "validate", no_argument, NULL, 'v' },
 		{ "json", no_argument, NULL, 'j' },
+		{ "placement", required_argument, NULL, 'p' },
+		{ "preset", required_argument, NULL, 'P' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	const char *cmd = argv[0], *dir = NULL;
+	const char *cmd = argv[0], *dir = NULL, *placement = NULL, *preset = NULL;
 	bool do_validate = false, as_json = false;
 	int c, rc = 0, status = 1;
 	moet_config cf;
@@ -440,9 +621,11 @@ int moet_cli_inspect(int argc, char **argv)
 	memset(&S, 0, sizeof(S));
 	memset(&cf, 0, sizeof(cf));
 	opterr = 0;
-	while ((c = getopt_long(argc, argv, ":m:vjh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":m:vjp:P:h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'm': dir = optarg; break;
+		case 'p': placement = optarg; break;
+		case 'P': preset = optarg; break;
 		case 'v': do_validate = true; break;
 		case 'j': as_json = true; break;
 		case 'h': usage(stdout); return 0;
@@ -458,6 +641,13 @@ int moet_cli_inspect(int argc, char **argv)
 	if (optind < argc)
 		return moet_cli_fail(cmd, moet_err(MOET_EINVAL, "unexpected argument %s",
 						   argv[optind]));
+	if (placement && do_validate)
+		return moet_cli_fail(cmd, moet_err(MOET_EINVAL, "--validate and --placement are "
+						   "separate runs"));
+	if (placement)
+		return inspect_placement(cmd, dir, preset, placement, as_json);
+	if (preset)
+		return moet_cli_fail(cmd, moet_err(MOET_EINVAL, "--preset goes with --placement"));
 	if (!dir)
 		return moet_cli_fail(cmd, moet_err(MOET_EINVAL, "--model DIR is required"));
 

@@ -1,0 +1,219 @@
+/*
+ * place_sizes.c: the byte sizes of a model's parts, from a checkpoint or from its geometry.
+ *
+ * From a checkpoint, each tensor is sorted by its name in the published DeepSeek-V3 layout:
+ *
+ *   model.embed_tokens.weight                          embed
+ *   lm_head.weight                                     lm_head
+ *   model.norm.weight, model.layers.L.*layernorm*      norm
+ *   model.layers.L.self_attn.*                         attn
+ *   model.layers.L.mlp.{gate,up,down}_proj.*           dense_mlp
+ *   model.layers.L.mlp.gate.*                          router
+ *   model.layers.L.mlp.shared_experts.*                shared
+ *   model.layers.L.mlp.experts.E.*                     expert_bytes[L][E]
+ *   model.layers.L.* with L >= num_hidden_layers       mtp (not loaded: counted apart)
+ *   anything else                                      other (counted with the dense part)
+ *
+ * From the geometry, the same parts are computed for the layout gen-checkpoint writes and the
+ * published checkpoints have: a linear weight [r, c] is r*c F8_E4M3 bytes plus F32 block
+ * scales [ceil(r/br), ceil(c/bc)] when config.json has an fp8 quantization_config, else r*c
+ * BF16. A Kimi-K2 expert: 3 x (2048 x 7168 + 16 x 56 x 4) = 44,050,944 bytes.
+ * NOTE: the two paths are independent on purpose; tests/placement checks that they agree on a
+ * generated checkpoint.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moet_err.h"
+#include "moet_placement.h"
+
+void moet_placement_sizes_free(moet_placement_sizes *sz)
+{
+	if (!sz)
+		return;
+	free(sz->expert_bytes);
+	free(sz);
+}
+
+static int sizes_alloc(const moet_config *cf, moet_placement_sizes **out)
+{
+	*out = NULL;
+	if (cf->num_hidden_layers <= 0 || cf->n_routed_experts < 0 ||
+	    cf->num_hidden_layers > (1 << 20) || cf->n_routed_experts > (1 << 20))
+		return moet_err(MOET_EINVAL, "geometry out of range (%" PRId64 " layers, %" PRId64
+				" experts)", cf->num_hidden_layers, cf->n_routed_experts);
+	moet_placement_sizes *sz = calloc(1, sizeof(*sz));
+	size_t n = (size_t)cf->num_hidden_layers * (size_t)cf->n_routed_experts;
+	if (!sz || !(sz->expert_bytes = calloc(n ? n : 1, sizeof(uint64_t)))) {
+		free(sz);
+		return moet_err(MOET_ENOMEM, "out of memory");
+	}
+	sz->n_layers = cf->num_hidden_layers;
+	sz->n_experts = cf->n_routed_experts;
+	*out = sz;
+	return 0;
+}
+
+static void sum_dense(moet_placement_sizes *sz)
+{
+	sz->dense_bytes = sz->embed_bytes + sz->lm_head_bytes + sz->attn_bytes + sz->norm_bytes +
+			  sz->dense_mlp_bytes + sz->router_bytes + sz->shared_bytes +
+			  sz->other_bytes;
+}
+
+/* ---- from the checkpoint ------------------------------------------------------------------ */
+
+/* "123." at *s -> 123, *s past the dot; -1 if not that form. */
+static int64_t take_index(const char **s)
+{
+	const char *p = *s;
+	int64_t v = 0;
+	if (*p < '0' || *p > '9')
+		return -1;
+	while (*p >= '0' && *p <= '9') {
+		if (v > (INT64_MAX - 9) / 10)
+			return -1;
+		v = v * 10 + (*p++ - '0');
+	}
+	if (*p != '.')
+		return -1;
+	*s = p + 1;
+	return v;
+}
+
+static int starts(const char *s, const char *pfx)
+{
+	return strncmp(s, pfx, strlen(pfx)) == 0;
+}
+
+/* Adds one tensor to its part. */
+static void classify(moet_placement_sizes *sz, const moet_tensor *t)
+{
+	const char *n = t->name;
+	uint64_t b = t->n_bytes;
+	if (!strcmp(n, "model.embed_tokens.weight")) {
+		sz->embed_bytes += b;
+		return;
+	}
+	if (!strcmp(n, "lm_head.weight")) {
+		sz->lm_head_bytes += b;
+		return;
+	}
+	if (!strcmp(n, "model.norm.weight")) {
+		sz->norm_bytes += b;
+		return;
+	}
+	if (!starts(n, "model.layers.")) {
+		sz->other_bytes += b;
+		return;
+	}
+	const char *r = n + strlen("model.layers.");
+	int64_t L = take_index(&r);
+	if (L < 0) {
+		sz->other_bytes += b;
+	} else if (L >= sz->n_layers) {
+		sz->mtp_bytes += b;
+	} else if (starts(r, "mlp.experts.")) {
+		const char *e = r + strlen("mlp.experts.");
+		int64_t E = take_index(&e);
+		if (E >= 0 && E < sz->n_experts)
+			sz->expert_bytes[L * sz->n_experts + E] += b;
+		else
+			sz->other_bytes += b;
+	} else if (starts(r, "mlp.shared_experts.")) {
+		sz->shared_bytes += b;
+	} else if (starts(r, "mlp.gate.")) {
+		sz->router_bytes += b;
+	} else if (starts(r, "mlp.gate_proj.") || starts(r, "mlp.up_proj.") ||
+		   starts(r, "mlp.down_proj.")) {
+		sz->dense_mlp_bytes += b;
+	} else if (strstr(r, "layernorm")) {
+		sz->norm_bytes += b;
+	} else if (starts(r, "self_attn.")) {
+		sz->attn_bytes += b;
+	} else {
+		sz->other_bytes += b;
+	}
+}
+
+int moet_placement_sizes_from_ckpt(const moet_config *cf, const moet_ckpt *ck,
+				   moet_placement_sizes **out)
+{
+	moet_placement_sizes *sz = NULL;
+	int rc = sizes_alloc(cf, &sz);
+	if (rc)
+		return rc;
+	sz->from_ckpt = true;
+	for (size_t i = 0; i < moet_ckpt_count(ck); i++)
+		classify(sz, moet_ckpt_at(ck, i));
+	for (int64_t l = 0; l < sz->n_layers; l++) {
+		if (!moet_config_is_moe_layer(cf, l))
+			continue;
+		for (int64_t e = 0; e < sz->n_experts; e++)
+			if (!sz->expert_bytes[l * sz->n_experts + e]) {
+				rc = moet_err(MOET_ENOTFOUND, "%s: MoE layer %" PRId64 " has "
+					      "no tensors model.layers.%" PRId64 ".mlp.experts.%"
+					      PRId64 ".*", moet_ckpt_dir(ck), l, l, e);
+				moet_placement_sizes_free(sz);
+				return rc;
+			}
+	}
+	sum_dense(sz);
+	*out = sz;
+	return 0;
+}
+
+/* ---- from the geometry -------------------------------------------------------------------- */
+
+/* Bytes of a linear weight [r, c] with its block scales (FP8) or in BF16. */
+static uint64_t lin(const moet_config *cf, int64_t r, int64_t c)
+{
+	uint64_t w = (uint64_t)r * (uint64_t)c;
+	if (!cf->fp8)
+		return 2 * w;
+	uint64_t br = (uint64_t)(cf->fp8_block_rows > 0 ? cf->fp8_block_rows : 128);
+	uint64_t bc = (uint64_t)(cf->fp8_block_cols > 0 ? cf->fp8_block_cols : 128);
+	return w + 4 * (((uint64_t)r + br - 1) / br) * (((uint64_t)c + bc - 1) / bc);
+}
+
+int moet_placement_sizes_from_config(const moet_config *cf, moet_placement_sizes **out)
+{
+	const int64_t H = cf->hidden_size, V = cf->vocab_size, nh = cf->num_attention_heads;
+	const int64_t QL = cf->q_lora_rank, KL = cf->kv_lora_rank, M = cf->moe_intermediate_size;
+	const int64_t S = cf->n_shared_experts * M, E = cf->n_routed_experts;
+	moet_placement_sizes *sz = NULL;
+	int rc = sizes_alloc(cf, &sz);
+	if (rc)
+		return rc;
+	uint64_t attn = lin(cf, KL + cf->qk_rope_head_dim, H) +
+			lin(cf, nh * (cf->qk_nope_head_dim + cf->v_head_dim), KL) +
+			lin(cf, H, nh * cf->v_head_dim);
+	if (QL > 0)
+		attn += lin(cf, QL, H) + lin(cf, nh * moet_config_qk_head_dim(cf), QL);
+	else
+		attn += lin(cf, nh * moet_config_qk_head_dim(cf), H);
+	uint64_t norms = 2 * (2 * (uint64_t)H + (uint64_t)(QL > 0 ? QL : 0) + (uint64_t)KL);
+	uint64_t expert = 2 * lin(cf, M, H) + lin(cf, H, M);
+
+	sz->embed_bytes = 2 * (uint64_t)V * (uint64_t)H;
+	sz->lm_head_bytes = cf->tie_word_embeddings ? 0 : 2 * (uint64_t)V * (uint64_t)H;
+	sz->norm_bytes = 2 * (uint64_t)H;
+	for (int64_t l = 0; l < sz->n_layers; l++) {
+		sz->attn_bytes += attn;
+		sz->norm_bytes += norms;
+		if (!moet_config_is_moe_layer(cf, l)) {
+			sz->dense_mlp_bytes += 2 * lin(cf, cf->intermediate_size, H) +
+					       lin(cf, H, cf->intermediate_size);
+			continue;
+		}
+		sz->router_bytes += 2 * (uint64_t)E * (uint64_t)H + 4 * (uint64_t)E;
+		if (S > 0)
+			sz->shared_bytes += 2 * lin(cf, S, H) + lin(cf, H, S);
+		for (int64_t e = 0; e < E; e++)
+			sz->expert_bytes[l * E + e] = expert;
+	}
+	sum_dense(sz);
+	*out = sz;
+	return 0;
+}
