@@ -64,76 +64,28 @@ static void sum_dense(moet_placement_sizes *sz)
 
 /* ---- from the checkpoint ------------------------------------------------------------------ */
 
-/* "123." at *s -> 123, *s past the dot; -1 if not that form. */
-static int64_t take_index(const char **s)
-{
-	const char *p = *s;
-	int64_t v = 0;
-	if (*p < '0' || *p > '9')
-		return -1;
-	while (*p >= '0' && *p <= '9') {
-		if (v > (INT64_MAX - 9) / 10)
-			return -1;
-		v = v * 10 + (*p++ - '0');
-	}
-	if (*p != '.')
-		return -1;
-	*s = p + 1;
-	return v;
-}
-
-static int starts(const char *s, const char *pfx)
-{
-	return strncmp(s, pfx, strlen(pfx)) == 0;
-}
-
 /* Adds one tensor to its part. */
 static void classify(moet_placement_sizes *sz, const moet_tensor *t)
 {
-	const char *n = t->name;
+	int64_t L, E;
 	uint64_t b = t->n_bytes;
-	if (!strcmp(n, "model.embed_tokens.weight")) {
-		sz->embed_bytes += b;
-		return;
-	}
-	if (!strcmp(n, "lm_head.weight")) {
-		sz->lm_head_bytes += b;
-		return;
-	}
-	if (!strcmp(n, "model.norm.weight")) {
-		sz->norm_bytes += b;
-		return;
-	}
-	if (!starts(n, "model.layers.")) {
-		sz->other_bytes += b;
-		return;
-	}
-	const char *r = n + strlen("model.layers.");
-	int64_t L = take_index(&r);
-	if (L < 0) {
-		sz->other_bytes += b;
-	} else if (L >= sz->n_layers) {
-		sz->mtp_bytes += b;
-	} else if (starts(r, "mlp.experts.")) {
-		const char *e = r + strlen("mlp.experts.");
-		int64_t E = take_index(&e);
-		if (E >= 0 && E < sz->n_experts)
+	switch (moet_tensor_part(t->name, sz->n_layers, &L, &E)) {
+	case MOET_PART_EMBED: sz->embed_bytes += b; break;
+	case MOET_PART_LM_HEAD: sz->lm_head_bytes += b; break;
+	case MOET_PART_ATTN: sz->attn_bytes += b; break;
+	case MOET_PART_NORM: sz->norm_bytes += b; break;
+	case MOET_PART_DENSE_MLP: sz->dense_mlp_bytes += b; break;
+	case MOET_PART_ROUTER: sz->router_bytes += b; break;
+	case MOET_PART_SHARED: sz->shared_bytes += b; break;
+	case MOET_PART_MTP: sz->mtp_bytes += b; break;
+	case MOET_PART_EXPERT:
+		if (E < sz->n_experts) {
 			sz->expert_bytes[L * sz->n_experts + E] += b;
-		else
-			sz->other_bytes += b;
-	} else if (starts(r, "mlp.shared_experts.")) {
-		sz->shared_bytes += b;
-	} else if (starts(r, "mlp.gate.")) {
-		sz->router_bytes += b;
-	} else if (starts(r, "mlp.gate_proj.") || starts(r, "mlp.up_proj.") ||
-		   starts(r, "mlp.down_proj.")) {
-		sz->dense_mlp_bytes += b;
-	} else if (strstr(r, "layernorm")) {
-		sz->norm_bytes += b;
-	} else if (starts(r, "self_attn.")) {
-		sz->attn_bytes += b;
-	} else {
-		sz->other_bytes += b;
+			break;
+		}
+		sz->other_bytes += b; /* an expert id past the config's count */
+		break;
+	default: sz->other_bytes += b; break;
 	}
 }
 

@@ -85,4 +85,26 @@ int moet_safetensors_parse(const char *file_name, const uint8_t *buf, size_t n_b
 			   moet_tensor **out_tensors, size_t *out_count);
 void moet_safetensors_free(moet_tensor *tensors, size_t count);
 
+/* The parts of a DeepSeek-V3-layout model, by tensor name (runtime/tensor_part.c). */
+typedef enum moet_part {
+	MOET_PART_EMBED,
+	MOET_PART_LM_HEAD,
+	MOET_PART_ATTN,
+	MOET_PART_NORM,      /* every RMSNorm weight, the final norm included */
+	MOET_PART_DENSE_MLP,
+	MOET_PART_ROUTER,    /* mlp.gate.* (weight and e_score_correction_bias) */
+	MOET_PART_SHARED,
+	MOET_PART_EXPERT,    /* mlp.experts.E.* */
+	MOET_PART_MTP,       /* model.layers.L.* for L >= n_layers */
+	MOET_PART_OTHER,
+	MOET_PART_COUNT
+} moet_part;
+
+extern const char *const moet_part_names[MOET_PART_COUNT];
+
+/* The part of tensor `name` in a model of n_layers layers; *out_layer gets L of
+ * model.layers.L.* (else -1), *out_expert E of mlp.experts.E.* (else -1). */
+moet_part moet_tensor_part(const char *name, int64_t n_layers, int64_t *out_layer,
+			   int64_t *out_expert);
+
 #endif

@@ -42,13 +42,8 @@
 #include "moet_gen.h"
 #include "moet_placement.h"
 
-enum part { P_EMBED, P_LM_HEAD, P_ATTN, P_NORM, P_DENSE, P_ROUTER, P_SHARED, P_ROUTED,
-	    P_MTP, P_OTHER, P_COUNT };
-
-static const char *const part_names[P_COUNT] = {
-	"embedding", "lm_head", "attention", "norms", "dense_mlp", "router", "shared_experts",
-	"routed_experts", "mtp", "other",
-};
+#define P_COUNT MOET_PART_COUNT
+#define part_names moet_part_names
 
 typedef struct layer_sum {
 	uint64_t attn_bytes, norm_bytes, mlp_bytes;
@@ -87,29 +82,6 @@ static void usage(FILE *f)
 		   "exit status: 0 ok, 1 error (one line on stderr)\n");
 }
 
-/* Parses "123." at *s: the integer, and *s advanced past the dot. -1 if not that form. */
-static int64_t take_index(const char **s)
-{
-	const char *p = *s;
-	int64_t v = 0;
-	if (*p < '0' || *p > '9')
-		return -1;
-	while (*p >= '0' && *p <= '9') {
-		if (v > (INT64_MAX - 9) / 10)
-			return -1;
-		v = v * 10 + (*p++ - '0');
-	}
-	if (*p != '.')
-		return -1;
-	*s = p + 1;
-	return v;
-}
-
-static bool starts(const char *s, const char *pfx)
-{
-	return strncmp(s, pfx, strlen(pfx)) == 0;
-}
-
 static int add_mtp(summary *S, int64_t layer, uint64_t bytes)
 {
 	for (int64_t i = 0; i < S->n_mtp; i++)
@@ -129,50 +101,24 @@ static int add_mtp(summary *S, int64_t layer, uint64_t bytes)
 /* Sorts one tensor into its part (and layer). */
 static int classify(summary *S, const moet_config *cf, const moet_tensor *t)
 {
-	const char *n = t->name;
 	uint64_t b = t->n_bytes;
-	enum part p = P_OTHER;
-	if (!strcmp(n, "model.embed_tokens.weight"))
-		p = P_EMBED;
-	else if (!strcmp(n, "lm_head.weight"))
-		p = P_LM_HEAD;
-	else if (!strcmp(n, "model.norm.weight"))
-		p = P_NORM;
-	else if (starts(n, "model.layers.")) {
-		const char *r = n + strlen("model.layers.");
-		int64_t L = take_index(&r);
-		if (L >= cf->num_hidden_layers) {
-			p = P_MTP;
-			int rc = add_mtp(S, L, b);
-			if (rc)
-				return rc;
-		} else if (L >= 0) {
-			layer_sum *ls = &S->layers[L];
-			if (strstr(r, "layernorm") && !starts(r, "mlp.")) {
-				p = P_NORM;
-				ls->norm_bytes += b;
-			} else if (starts(r, "self_attn.")) {
-				p = P_ATTN;
-				ls->attn_bytes += b;
-			} else if (starts(r, "mlp.")) {
-				const char *m = r + 4;
-				ls->mlp_bytes += b;
-				if (starts(m, "experts.")) {
-					const char *e = m + strlen("experts.");
-					int64_t E = take_index(&e);
-					p = P_ROUTED;
-					if (E >= 0 && E < cf->n_routed_experts)
-						ls->expert_bytes[E] += b;
-				} else if (starts(m, "shared_experts.")) {
-					p = P_SHARED;
-				} else if (starts(m, "gate.")) {
-					p = P_ROUTER;
-				} else if (starts(m, "gate_proj.") || starts(m, "up_proj.") ||
-					   starts(m, "down_proj.")) {
-					p = P_DENSE;
-				}
-			}
-		}
+	int64_t L, E;
+	moet_part p = moet_tensor_part(t->name, cf->num_hidden_layers, &L, &E);
+	if (p == MOET_PART_MTP) {
+		int rc = add_mtp(S, L, b);
+		if (rc)
+			return rc;
+	} else if (L >= 0) {
+		layer_sum *ls = &S->layers[L];
+		if (p == MOET_PART_NORM)
+			ls->norm_bytes += b;
+		else if (p == MOET_PART_ATTN)
+			ls->attn_bytes += b;
+		else if (p == MOET_PART_EXPERT || p == MOET_PART_SHARED || p == MOET_PART_ROUTER ||
+			 p == MOET_PART_DENSE_MLP)
+			ls->mlp_bytes += b;
+		if (p == MOET_PART_EXPERT && E < cf->n_routed_experts)
+			ls->expert_bytes[E] += b;
 	}
 	S->part_bytes[p] += b;
 	S->part_tensors[p]++;
