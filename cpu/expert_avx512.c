@@ -32,26 +32,35 @@
  *   four zero-masked vpermt2b place (b2, b3) into bytes 2, 3 of the dwords, in column order.
  *   The tables are moet_dec_e4m3's bytes, so subnormals (m x 2^-9) and the NaN codes 0x7F,
  *   0xFF (0x7FC00000 | sign) come out exactly as the reference's (tested on all 256 codes).
- *   That is 7 shuffle-port ops per 64 codes; the shift decode the design suggested
- *   (((c & 0x7F) << 20) * 2^120, sign, NaN blend) costs about 6 per 16, which at one token
- *   would cap a core below its memory bandwidth. A build without VBMI support in the
- *   compiler uses that shift decode (its multiply by 2^120 reads subnormal operands: the
- *   contract runs with DAZ/FTZ off, which the tests check in MXCSR).
+ *   On Sapphire Rapids a 2-source byte permute is 3 uops, 2 of them on port 5 (measured:
+ *   2 cycles each), so this costs 12 port-5 cycles per 64 codes; the many-token path uses it
+ *   (its decode is shared by the tokens). The one-token path uses dec64_e4m3_wt instead: the
+ *   same two lookups, but on codes first arranged by one vpermb so that two 1-cycle
+ *   vpunpck{l,h}bw(b2, b3) give words b3:b2 paired two steps to a dword; a shift left 16
+ *   (port 0) and an and with 0xFFFF0000 (any port) then split each into two steps' weights:
+ *   7 port-5 cycles per 64 codes, the same bits (tested for every code at every column of
+ *   a block pair). The shift decode the design suggested (((c & 0x7F) << 20) * 2^120,
+ *   sign, NaN blend) costs about 6 ops per 16 and its fmas would read subnormal
+ *   operands (a microcode assist of ~130 cycles each on these cores, measured), so it is
+ *   only the fallback of a build without VBMI support in the compiler (the contract runs
+ *   with DAZ/FTZ off, which the tests check in MXCSR).
  * BF16: zero-extend the 16 words to dwords, shift left 16. F32: loaded as is.
  *
  * Blocking (constants below; measured on the 2-core Sapphire Rapids development VM).
  *   1 token (decode): rows one after another, each streamed block by block straight from the
  *     checkpoint's bytes into registers (8 zmm of weights per block), x held in L1, with a
- *     software prefetch PF_BYTES ahead of the stream (the hardware prefetcher alone left a
- *     core at ~40% of its read bandwidth; 3 KB ahead brings it to ~75-80%). The only serial
- *     chain per row is acc (one fma per block). Full blocks go in pairs (block2): the two
- *     blocks' 8-fma chains of P are independent, so their fmas are written interleaved and
- *     two chains are in flight without relying on the out-of-order window (16 zmm of
- *     weights); acc then takes the two blocks' scale fmas in block order. Measured: on an
- *     L2-resident matrix one core decodes ~13 GB/s (13.0 -> 13.5 GB/s with the pairs); the
- *     e4m3 decode, about 12 cycles per 64 codes on these cores (the 2-source byte permutes),
- *     is the bound, so one core stays near 11.5 GB/s from DRAM (~73% of its read ceiling);
- *     two or more cores per memory channel reach the decode targets (bench cpu-experts).
+ *     software prefetch of the stream PF_FAR ahead into L2 and PF_NEAR ahead into L1 (the
+ *     hardware prefetcher alone left a core at ~40% of its read bandwidth, 3 KB ahead into
+ *     L1 at ~75%; the two levels add ~5% more). The only serial chain per row is acc (one
+ *     fma per block). Full blocks go in pairs (block2): the two blocks' 8-fma chains of P
+ *     are independent, so their fmas are written interleaved and two chains are in flight
+ *     without relying on the out-of-order window (16 zmm of weights); acc then takes the
+ *     two blocks' scale fmas in block order. Measured on an L2-resident matrix, one core:
+ *     ~13.5 GB/s with dec64_e4m3 (24 port-5 cycles per block: the bound), ~18 GB/s with
+ *     dec64_e4m3_wt (~20 cycles per block against an issue bound of ~18.5: 14 port-5 uops,
+ *     4 port-0, 19 for either, per block); from DRAM one core then streams at ~85% of its
+ *     read bandwidth (was ~75%), two cores at ~80% of theirs (bench cpu-experts, decode-8x1:
+ *     was ~67%).
  *   n tokens: tokens in chunks of TCH, rows in panels of RP. For each 128-column block the
  *     chunk's activations of the block are packed into an L1 buffer (TCH x 128 floats,
  *     masked loads past K) and the panel's rows decoded once into another (RP x 128 floats);
@@ -88,8 +97,11 @@ enum {
 	RP = 24,  /* rows per panel (a multiple of TR) */
 	GU_ROWS = 64, /* rows per gate/up step at one token */
 };
-#ifndef PF_BYTES
-#define PF_BYTES 3072 /* software prefetch distance of the one-token stream */
+#ifndef PF_FAR
+#define PF_FAR 8192 /* one-token stream: prefetch to L2 this far ahead ... */
+#endif
+#ifndef PF_NEAR
+#define PF_NEAR 1536 /* ... and to L1 this far ahead */
 #endif
 _Static_assert(RP % TR == 0, "panel of whole tiles");
 _Static_assert(TR * TT + TR + 1 <= 28, "register tile fits the 32 zmm with room");
@@ -136,6 +148,39 @@ AI __m512i place_idx(int q)
 	const __m512i l = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
 	const __m512i base = _mm512_set1_epi32(0x40000000 + (16 * q) * 0x01010000);
 	return _mm512_add_epi32(_mm512_mullo_epi32(l, _mm512_set1_epi32(0x01010000)), base);
+}
+
+/*
+ * 64 codes into the four steps' weights with 7 shuffle-port uops (the one-token path; full
+ * blocks only): the codes are first arranged (one vpermb, constant index) so that byte
+ * 16l + k, k < 8, holds column (k & 1) * 16 + 4l + k / 2 and byte 16l + 8 + k column 32 +
+ * the same; the two lookups (b3 with the sign, b2) keep that order; vpunpck{l,h}bw(b2, b3)
+ * then make words b3:b2 whose dword 4l + k / 2 holds column 4l + k / 2 (low word) and that
+ * column + 16 (high word): the first step is the dwords shifted left 16, the second the
+ * dwords and 0xFFFF0000 (p0 and any port), the same bits as dec64_e4m3's w[0 .. 3].
+ */
+static const uint8_t wt_arrange[64] __attribute__((aligned(64))) = {
+	0,  16, 1,  17, 2,  18, 3,  19, 32, 48, 33, 49, 34, 50, 35, 51,
+	4,  20, 5,  21, 6,  22, 7,  23, 36, 52, 37, 53, 38, 54, 39, 55,
+	8,  24, 9,  25, 10, 26, 11, 27, 40, 56, 41, 57, 42, 58, 43, 59,
+	12, 28, 13, 29, 14, 30, 15, 31, 44, 60, 45, 61, 46, 62, 47, 63,
+};
+
+AI void dec64_e4m3_wt(const uint8_t *p, __m512 w[4])
+{
+	const __m512i c = _mm512_permutexvar_epi8(_mm512_load_si512(wt_arrange),
+						  _mm512_loadu_si512(p));
+	__m512i b3 = _mm512_permutex2var_epi8(_mm512_load_si512(e4m3_b3), c,
+					      _mm512_load_si512(e4m3_b3 + 64));
+	const __m512i b2 = _mm512_permutex2var_epi8(_mm512_load_si512(e4m3_b2), c,
+						    _mm512_load_si512(e4m3_b2 + 64));
+	b3 = _mm512_ternarylogic_epi32(b3, c, _mm512_set1_epi8((char)0x80), 0xF8); /* b3|(c&80) */
+	const __m512i lo = _mm512_unpacklo_epi8(b2, b3), hi = _mm512_unpackhi_epi8(b2, b3);
+	const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
+	w[0] = _mm512_castsi512_ps(_mm512_slli_epi32(lo, 16));
+	w[1] = _mm512_castsi512_ps(_mm512_and_si512(lo, top));
+	w[2] = _mm512_castsi512_ps(_mm512_slli_epi32(hi, 16));
+	w[3] = _mm512_castsi512_ps(_mm512_and_si512(hi, top));
 }
 
 /* Decodes n (1..64) codes at p into w[0 .. ceil(n/16)-1] (codes past n decode as +0). */
@@ -230,7 +275,13 @@ static size_t elem_bytes(moet_dtype dt)
 AI __m512 block1(moet_dtype dt, const void *row, int64_t k0, int kb, const float *v)
 {
 	__m512 w[8], p = _mm512_setzero_ps();
-	dec_block(dt, row, k0, kb, w);
+#ifdef __AVX512VBMI__
+	if (dt == MOET_DT_F8_E4M3 && kb == MOET_BLOCK) {
+		dec64_e4m3_wt((const uint8_t *)row + k0, w);
+		dec64_e4m3_wt((const uint8_t *)row + k0 + 64, w + 4);
+	} else
+#endif
+		dec_block(dt, row, k0, kb, w);
 #pragma GCC unroll 8
 	for (int t = 0; t < 8; t++) {
 		if (16 * t >= kb)
@@ -248,8 +299,19 @@ AI void block2(moet_dtype dt, const void *row, int64_t k0, const float *v, __m51
 	       __m512 *p1)
 {
 	__m512 w0[8], w1[8], a = _mm512_setzero_ps(), c = _mm512_setzero_ps();
-	dec_block(dt, row, k0, MOET_BLOCK, w0);
-	dec_block(dt, row, k0 + MOET_BLOCK, MOET_BLOCK, w1);
+#ifdef __AVX512VBMI__
+	if (dt == MOET_DT_F8_E4M3) {
+		const uint8_t *p = (const uint8_t *)row + k0;
+		dec64_e4m3_wt(p, w0);
+		dec64_e4m3_wt(p + 64, w0 + 4);
+		dec64_e4m3_wt(p + 128, w1);
+		dec64_e4m3_wt(p + 192, w1 + 4);
+	} else
+#endif
+	{
+		dec_block(dt, row, k0, MOET_BLOCK, w0);
+		dec_block(dt, row, k0 + MOET_BLOCK, MOET_BLOCK, w1);
+	}
 #pragma GCC unroll 8
 	for (int t = 0; t < 8; t++) {
 		a = _mm512_fmadd_ps(w0[t], _mm512_loadu_ps(v + k0 + 16 * t), a);
@@ -257,6 +319,17 @@ AI void block2(moet_dtype dt, const void *row, int64_t k0, const float *v, __m51
 	}
 	*p0 = a;
 	*p1 = c;
+}
+
+/* Software prefetch of the n bytes PF_FAR ahead of p into L2 and of those PF_NEAR ahead into
+ * L1 (rows are contiguous, so past a row's end this fetches the next row's start). */
+AI void prefetch_ahead(const char *p, size_t n)
+{
+#pragma GCC unroll 16
+	for (size_t o = 0; o < n; o += 64) {
+		_mm_prefetch(p + PF_FAR + o, _MM_HINT_T1);
+		_mm_prefetch(p + PF_NEAR + o, _MM_HINT_T0);
+	}
 }
 
 /* One row's D(W, r, v), streamed block by block from the row's bytes. */
@@ -271,22 +344,15 @@ AI float dot1(const moet_mat *m, moet_dtype dt, int64_t r, const float *v)
 	__m512 acc = _mm512_setzero_ps();
 	int64_t b = 0;
 	for (; b + 1 < n_full; b += 2) {
-		const char *pf = (const char *)row + (size_t)b * MOET_BLOCK * esz + PF_BYTES;
-#pragma GCC unroll 16
-		for (size_t o = 0; o < 2 * MOET_BLOCK * esz; o += 64)
-			_mm_prefetch(pf + o, _MM_HINT_T0);
+		prefetch_ahead((const char *)row + (size_t)b * MOET_BLOCK * esz,
+			       2 * MOET_BLOCK * esz);
 		__m512 p0, p1;
 		block2(dt, row, b * MOET_BLOCK, v, &p0, &p1);
 		acc = _mm512_fmadd_ps(p0, _mm512_set1_ps(srow ? srow[b] : 1.0f), acc);
 		acc = _mm512_fmadd_ps(p1, _mm512_set1_ps(srow ? srow[b + 1] : 1.0f), acc);
 	}
 	for (; b < n_full; b++) {
-		/* software prefetch PF_BYTES ahead in the stream (rows are contiguous, so past
-		 * the row's end this fetches the next row's start) */
-		const char *pf = (const char *)row + (size_t)b * MOET_BLOCK * esz + PF_BYTES;
-#pragma GCC unroll 8
-		for (size_t o = 0; o < MOET_BLOCK * esz; o += 64)
-			_mm_prefetch(pf + o, _MM_HINT_T0);
+		prefetch_ahead((const char *)row + (size_t)b * MOET_BLOCK * esz, MOET_BLOCK * esz);
 		__m512 p = block1(dt, row, b * MOET_BLOCK, MOET_BLOCK, v);
 		acc = _mm512_fmadd_ps(p, _mm512_set1_ps(srow ? srow[b] : 1.0f), acc);
 	}

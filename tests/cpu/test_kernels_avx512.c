@@ -3,7 +3,8 @@
  * bit (docs/numerics.md: an implementation is correct iff it returns the reference's bits).
  *
  *   1. decode: all 256 e4m3 codes (subnormals, +-0, the NaN codes), one per row, through
- *      rows() at 1 token (streaming path) and 9 tokens (tiled path);
+ *      rows() at 1 token (streaming path) and 9 tokens (tiled path); and every code at every
+ *      column of full blocks (a pair and a single) at 1 token;
  *   2. rows: random F8_E4M3 / BF16 / F32 matrices of every shape in use (K in {1, 7, 16, 17,
  *      127, 128, 129, 200, 273, 389, 512, 7168} x rows in {1, 3, 17, 129, 2048}) at 1..9,
  *      16, 33, 64, 128 tokens, row sub-ranges and padded strides; half the shapes with
@@ -188,6 +189,41 @@ static void test_all_codes(void)
 			bad += !agree(yt[t * 256 + c], want, 1, "code tiled", &m, T, c, t);
 	}
 	CHECK(bad == 0, "e4m3 codes: %d mismatches", bad);
+}
+
+/*
+ * Every e4m3 code at every column of full blocks through the one-token path (whose decode
+ * arranges a block's codes across registers before looking them up): K = 384 (a block pair,
+ * then a single full block); for each column j, row c (0..255) holds code c at column j and
+ * +0 elsewhere, rows 128..255 scaled by 2^-3; activations distinct (x[k] = 1 + k / 512), so
+ * a code decoded into the wrong column multiplies the wrong x. Each row's D is one product.
+ */
+static void test_all_codes_columns(void)
+{
+	enum { K = 384 };
+	uint8_t *w = calloc(256 * K, 1);
+	float sc[2 * 3] = { 1.0f, 1.0f, 1.0f, 0.125f, 0.125f, 0.125f }, x[K], y[256];
+	for (int k = 0; k < K; k++)
+		x[k] = 1.0f + (float)k / 512.0f;
+	moet_mat m = { MOET_DT_F8_E4M3, 256, K, w, sc };
+	int bad = 0, checked = 0;
+	for (int j = 0; j < K; j++) {
+		for (int c = 0; c < 256; c++) {
+			w[c * K + (j + K - 1) % K] = 0;
+			w[c * K + j] = (uint8_t)c;
+		}
+		K512->rows(&m, 0, 256, x, K, 1, y, 256);
+		for (int c = 0; c < 256; c++) {
+			float want = moet_dot_ref(&m, c, x);
+			float prod = moet_dec_e4m3((uint8_t)c) * x[j];
+			CHECK(want == prod * sc[3 * (c / 128)] || is_nan(want) || prod == 0.0f,
+			      "reference of code %02x at column %d: %a", c, j, want);
+			bad += !agree(y[c], want, (c & 0x7F) == 0x7F, "code column", &m, 1, c, j);
+			checked++;
+		}
+	}
+	CHECK(bad == 0 && checked == 256 * K, "e4m3 codes at every column: %d mismatches", bad);
+	free(w);
 }
 
 static void test_rows(void)
@@ -397,6 +433,7 @@ int main(int argc, char **argv)
 	unsigned csr = _mm_getcsr();
 	CHECK(!(csr & 0x8040u), "MXCSR %#x has FTZ or DAZ set: the contract forbids both", csr);
 	test_all_codes();
+	test_all_codes_columns();
 	test_rows();
 	test_gate_up_ffn();
 	test_env_and_model();
