@@ -37,8 +37,6 @@ typedef struct cpu_be {
 	int max_jobs;
 	float *scratch;
 	size_t scratch_elems;
-	float *gather;        /* expert-grouped rows: x in, then y out */
-	size_t gather_elems;
 	moet_rows rows;       /* the current batch's row table */
 } cpu_be;
 
@@ -60,18 +58,6 @@ static float *scratch(moet_backend *be, size_t elems)
 	return c->scratch;
 }
 
-static float *gather_buf(cpu_be *c, size_t elems)
-{
-	if (elems > c->gather_elems) {
-		float *p = realloc(c->gather, elems * sizeof(float));
-		if (!p)
-			return NULL;
-		c->gather = p;
-		c->gather_elems = elems;
-	}
-	return c->gather;
-}
-
 static void cpu_destroy(moet_backend *be)
 {
 	cpu_be *c = impl(be);
@@ -79,7 +65,6 @@ static void cpu_destroy(moet_backend *be)
 	free(c->rows.info);
 	free(c->rows.tokens);
 	free(c->scratch);
-	free(c->gather);
 	free(c);
 }
 
@@ -380,63 +365,49 @@ static int run_jobs(cpu_be *c, const moet_cpuexec_job *jobs, int n_jobs)
 	return 0;
 }
 
-/* The (row, slot) pairs grouped by expert: each used expert's rows gathered into one block,
- * one executor job per block (at most CPU_EXEC_MAX_TOK rows), outputs scattered back. */
-static int experts_team(cpu_be *c, const moet_ffn_w *experts, const int32_t *ids,
-			int64_t top_k, const float *h, int64_t n, float *y)
+/* The pairs, expert by expert: each expert's rows gathered into one block, one executor job
+ * per block (at most CPU_EXEC_MAX_TOK rows), computed in place in y. */
+static int cpu_experts_grouped(moet_backend *be, const moet_ffn_w *table,
+			       const moet_expert_pair *pairs, int64_t n_pairs, int64_t top_k,
+			       const float *h, int64_t n, float *y)
 {
-	const int64_t H = experts[0].gate.cols, P = n * top_k;
-	moet_expert_pair *key = malloc((size_t)P * sizeof(*key));
-	moet_cpuexec_job *jobs = malloc((size_t)P * sizeof(*jobs));
-	float *g = gather_buf(c, (size_t)(P * H));
-	int n_jobs = 0, rc = 0;
-	if (!key || !jobs || !g) {
-		rc = moet_err(MOET_ENOMEM, "expert grouping of %lld pairs", (long long)P);
-		goto out;
+	cpu_be *c = impl(be);
+	int rc = 0;
+	(void)n;
+	if (n_pairs <= 0)
+		return 0;
+	const int64_t H = table[pairs[0].expert].gate.cols;
+	for (int64_t q = 0; q < n_pairs; q++)
+		memcpy(y + q * H, h + (pairs[q].pair / top_k) * H, (size_t)H * sizeof(float));
+	if (!c->ex) {
+		float *s = scratch(be, (size_t)table[pairs[0].expert].gate.rows);
+		if (!s)
+			return moet_err(MOET_ENOMEM, "expert scratch");
+		for (int64_t q = 0; q < n_pairs && !rc; q++) {
+			const moet_ffn_w *e = &table[pairs[q].expert];
+			/* NOTE: x and y may alias in moet_expert_ffn (h is consumed first) */
+			rc = moet_expert_ffn(c->kern, &e->gate, &e->up, &e->down, y + q * H, 1, s,
+					     y + q * H);
+		}
+		return rc;
 	}
-	if ((rc = moet_expert_pairs_sort(ids, P, key)))
-		goto out;
-	for (int64_t q = 0; q < P;) {
-		const moet_ffn_w *e = &experts[key[q].expert];
+	moet_cpuexec_job *jobs = malloc((size_t)n_pairs * sizeof(*jobs));
+	int n_jobs = 0;
+	if (!jobs)
+		return moet_err(MOET_ENOMEM, "expert jobs for %lld pairs", (long long)n_pairs);
+	for (int64_t q = 0; q < n_pairs;) {
+		const moet_ffn_w *e = &table[pairs[q].expert];
 		int64_t cnt = 1;
-		while (q + cnt < P && key[q + cnt].expert == key[q].expert && cnt < CPU_EXEC_MAX_TOK)
+		while (q + cnt < n_pairs && pairs[q + cnt].expert == pairs[q].expert &&
+		       cnt < CPU_EXEC_MAX_TOK)
 			cnt++;
-		jobs[n_jobs++] = (moet_cpuexec_job){ e->gate, e->up, e->down, g + q * H, g + q * H,
+		jobs[n_jobs++] = (moet_cpuexec_job){ e->gate, e->up, e->down, y + q * H, y + q * H,
 						     cnt };
 		q += cnt;
 	}
-	for (int64_t q = 0; q < P; q++)
-		memcpy(g + q * H, h + (key[q].pair / top_k) * H, (size_t)H * sizeof(float));
 	rc = run_jobs(c, jobs, n_jobs);
-	for (int64_t q = 0; q < P && !rc; q++)
-		memcpy(y + key[q].pair * H, g + q * H, (size_t)H * sizeof(float));
-out:
-	free(key);
 	free(jobs);
 	return rc;
-}
-
-static int cpu_experts(moet_backend *be, const moet_ffn_w *experts, const int32_t *ids,
-		       int64_t top_k, const float *h, int64_t n, float *y, int32_t *slot)
-{
-	cpu_be *c = impl(be);
-	const int64_t H = experts[0].gate.cols, I = experts[0].gate.rows;
-	int rc;
-	for (int64_t p = 0; p < n * top_k; p++)
-		slot[p] = (int32_t)p; /* y in pair order */
-	if (c->ex)
-		return experts_team(c, experts, ids, top_k, h, n, y);
-	float *s = scratch(be, (size_t)I);
-	if (!s)
-		return moet_err(MOET_ENOMEM, "expert scratch");
-	for (int64_t t = 0; t < n; t++)
-		for (int64_t i = 0; i < top_k; i++) {
-			const moet_ffn_w *e = &experts[ids[t * top_k + i]];
-			if ((rc = moet_expert_ffn(c->kern, &e->gate, &e->up, &e->down, h + t * H, 1,
-						  s, y + (t * top_k + i) * H)))
-				return rc;
-		}
-	return 0;
 }
 
 static int cpu_ffn(moet_backend *be, const moet_ffn_w *w, const float *h, int64_t n, float *out)
@@ -504,7 +475,7 @@ static const moet_backend_ops cpu_ops = {
 	.kv_store_latent = cpu_kv_store_latent,
 	.attend_latent = cpu_attend_latent,
 	.route = cpu_route,
-	.experts = cpu_experts,
+	.experts_grouped = cpu_experts_grouped,
 	.ffn = cpu_ffn,
 	.combine = cpu_combine,
 };

@@ -9,9 +9,9 @@
  *   prepare_rows   host row table -> device: tokens and positions as int32, and per layer the
  *                  K and V base pointers of every row's cache (what kv_write and attention
  *                  take), in one upload
- *   experts        the ids come back to the host (one sync per MoE layer), pairs are grouped
- *                  by expert (stable), and the grouped call of gpu/expert.cu computes them;
- *                  slot[] tells combine where each pair's output row is
+ *   experts        the graph hands over the (expert, pair) list grouped by expert (host); the
+ *                  token index of each pair goes up and the grouped call of gpu/expert.cu
+ *                  computes them
  *
  * NOTE: one stream (the legacy default stream): copies and kernels run in issue order, and a
  * download waits for what came before it. Weights are bound once at open; nothing but the
@@ -319,46 +319,35 @@ static int ensure_pairs(cuda_be *c, int64_t pairs, int64_t inter)
 	return 0;
 }
 
-static int cu_experts(moet_backend *be, const moet_ffn_w *experts, const int32_t *ids,
-		      int64_t top_k, const float *h, int64_t n, float *y, int32_t *slot)
+static int cu_experts_grouped(moet_backend *be, const moet_ffn_w *table,
+			      const moet_expert_pair *pairs, int64_t n_pairs, int64_t top_k,
+			      const float *h, int64_t n, float *y)
 {
 	cuda_be *c = impl(be);
-	const int64_t P = n * top_k;
-	int32_t *hid = malloc((size_t)P * sizeof(*hid));
-	int32_t *tok = malloc((size_t)P * sizeof(*tok));
-	int32_t *sl = malloc((size_t)P * sizeof(*sl));
-	moet_expert_pair *key = malloc((size_t)P * sizeof(*key));
-	moet_gpu_expert *ge = malloc((size_t)P * sizeof(*ge));
+	if (n_pairs <= 0)
+		return 0;
+	int32_t *tok = malloc((size_t)n_pairs * sizeof(*tok));
+	moet_gpu_expert *ge = malloc((size_t)n_pairs * sizeof(*ge));
 	int n_exp = 0;
-	int rc = (!hid || !tok || !sl || !key || !ge) ? moet_err(MOET_ENOMEM, "expert grouping")
-						       : 0;
+	int rc = (!tok || !ge) ? moet_err(MOET_ENOMEM, "expert grouping") : 0;
 	if (!rc)
-		rc = ensure_pairs(c, P, experts[0].gate.rows);
-	if (!rc)
-		rc = moet_gpu_copy_d2h(hid, ids, (size_t)P * sizeof(*hid));
+		rc = ensure_pairs(c, n_pairs, table[pairs[0].expert].gate.rows);
 	if (rc)
 		goto out;
-	if ((rc = moet_expert_pairs_sort(hid, P, key)))
-		goto out;
-	for (int64_t q = 0; q < P; q++) {
-		if (q == 0 || key[q].expert != key[q - 1].expert) {
-			const moet_ffn_w *e = &experts[key[q].expert];
+	for (int64_t q = 0; q < n_pairs; q++) {
+		if (q == 0 || pairs[q].expert != pairs[q - 1].expert) {
+			const moet_ffn_w *e = &table[pairs[q].expert];
 			ge[n_exp++] = (moet_gpu_expert){ e->gate, e->up, e->down, 0 };
 		}
 		ge[n_exp - 1].n_tok++;
-		tok[q] = (int32_t)(key[q].pair / top_k);
-		sl[key[q].pair] = (int32_t)q;
+		tok[q] = (int32_t)(pairs[q].pair / top_k);
 	}
-	if ((rc = moet_gpu_copy_h2d(c->pair_tok, tok, (size_t)P * sizeof(*tok))) ||
-	    (rc = moet_gpu_copy_h2d(slot, sl, (size_t)P * sizeof(*sl))))
+	if ((rc = moet_gpu_copy_h2d(c->pair_tok, tok, (size_t)n_pairs * sizeof(*tok))))
 		goto out;
 	rc = moet_gpu_expert_ffn(ge, n_exp, h, n, c->pair_tok, c->scratch, c->scratch_bytes, y,
 				 NULL);
 out:
-	free(hid);
 	free(tok);
-	free(sl);
-	free(key);
 	free(ge);
 	return rc;
 }
@@ -401,7 +390,7 @@ static const moet_backend_ops cuda_ops = {
 	.kv_store_latent = cu_kv_store_latent,
 	.attend_latent = cu_attend_latent,
 	.route = cu_route,
-	.experts = cu_experts,
+	.experts_grouped = cu_experts_grouped,
 	.ffn = cu_ffn,
 	.combine = cu_combine,
 };

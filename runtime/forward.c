@@ -10,7 +10,8 @@
  * kv_a(h), RoPE on k_pe (shared by all heads), kvb = kv_b(rmsnorm(c)) = per head [k_nope | v];
  * K = [k_nope | k_pe] and V into the row's cache at its position; attention over positions
  * 0..pos; o_proj. MoE: router logits (linear), selection and weights (route), each selected
- * expert's FFN per (row, slot) pair (experts), shared experts (ffn), the canonical combine.
+ * expert's FFN per (row, slot) pair on the tier that owns it (dispatch.c), shared experts
+ * (ffn), the canonical combine.
  *
  * A batch holds several sequences (moet_seq_step), each with its own cache and positions:
  * every op is row-wise and batch-invariant, so a sequence's logits do not depend on how its
@@ -197,7 +198,7 @@ static int feed_forward(moet_model *m, int64_t l, int64_t n, const moet_seq_step
 	TRY(op->route(be, c, b->rlogits, lw->router_bias, n, b->ids, b->rw));
 	if (m->route_fn)
 		TRY(observe_routes(m, l, n, steps, n_steps));
-	TRY(op->experts(be, lw->experts, b->ids, k, b->h, n, b->y, b->slot));
+	TRY(moet_moe_dispatch(m, l, b->ids, n, b->h, b->y, b->slot));
 	if (lw->has_shared)
 		TRY(op->ffn(be, &lw->mlp, b->h, n, b->shared));
 	return op->combine(be, b->y, b->slot, b->rw, k, lw->has_shared ? b->shared : NULL, n, H,

@@ -42,7 +42,8 @@ static int is_squeezed_grid(const moet_tensor *t, const int64_t g[2])
 }
 
 /* Binds `prefix`.weight [rows x cols] (and its scale) as a moet_mat on the backend. */
-static int bind_linear(moet_model *m, const char *prefix, int64_t rows, int64_t cols,
+/* The host view of `prefix`.weight [rows x cols] (and its scale): the checkpoint's bytes. */
+static int host_linear(const moet_model *m, const char *prefix, int64_t rows, int64_t cols,
 		       moet_mat *out)
 {
 	const moet_ckpt *ck = m->ck;
@@ -60,8 +61,10 @@ static int bind_linear(moet_model *m, const char *prefix, int64_t rows, int64_t 
 				"F8_E4M3, BF16 or F32", moet_ckpt_shard_path(ck, t->shard), name,
 				moet_dtype_name(t->dtype));
 	host = (moet_mat){ .dtype = t->dtype, .rows = rows, .cols = cols, .data = t->data };
-	if (t->dtype != MOET_DT_F8_E4M3)
-		return m->be->ops->bind_mat(m->be, &host, out);
+	if (t->dtype != MOET_DT_F8_E4M3) {
+		*out = host;
+		return 0;
+	}
 	int64_t sshape[2] = { cdiv(rows, MOET_BLOCK), cdiv(cols, MOET_BLOCK) };
 	snprintf(name, sizeof(name), "%s.weight_scale_inv", prefix);
 	s = moet_ckpt_get(ck, name);
@@ -72,7 +75,17 @@ static int bind_linear(moet_model *m, const char *prefix, int64_t rows, int64_t 
 	    (rc = moet_ckpt_find(ck, name, MOET_DT_F32, 2, sshape, &s)))
 		return rc;
 	host.scale_inv = s->data;
-	return m->be->ops->bind_mat(m->be, &host, out);
+	*out = host;
+	return 0;
+}
+
+/* Binds `prefix`.weight [rows x cols] (and its scale) as a moet_mat on the backend. */
+static int bind_linear(moet_model *m, const char *prefix, int64_t rows, int64_t cols,
+		       moet_mat *out)
+{
+	moet_mat host;
+	int rc = host_linear(m, prefix, rows, cols, &host);
+	return rc ? rc : m->be->ops->bind_mat(m->be, &host, out);
 }
 
 /* Keeps a decoded host vector for the model's lifetime and binds it on the backend. */
@@ -115,19 +128,38 @@ static int load_vector(moet_model *m, const char *name, int64_t n, const float *
 	return keep_vector(m, v, n, out);
 }
 
-static int bind_ffn(moet_model *m, const char *prefix, int64_t inter, int64_t hidden,
+/* The host views of an FFN's three matrices. */
+static int host_ffn(const moet_model *m, const char *prefix, int64_t inter, int64_t hidden,
 		    moet_ffn_w *out)
 {
 	char name[NAME_BYTES];
 	int rc;
-	snprintf(name, sizeof(name), "%s.gate_proj", prefix);
-	if ((rc = bind_linear(m, name, inter, hidden, &out->gate)))
+	snprintf(name, sizeof(name), "%.200s.gate_proj", prefix);
+	if ((rc = host_linear(m, name, inter, hidden, &out->gate)))
 		return rc;
-	snprintf(name, sizeof(name), "%s.up_proj", prefix);
-	if ((rc = bind_linear(m, name, inter, hidden, &out->up)))
+	snprintf(name, sizeof(name), "%.200s.up_proj", prefix);
+	if ((rc = host_linear(m, name, inter, hidden, &out->up)))
 		return rc;
-	snprintf(name, sizeof(name), "%s.down_proj", prefix);
-	return bind_linear(m, name, hidden, inter, &out->down);
+	snprintf(name, sizeof(name), "%.200s.down_proj", prefix);
+	return host_linear(m, name, hidden, inter, &out->down);
+}
+
+/* The bound views of an FFN (dense MLP, shared experts, one routed expert); *host_out, when
+ * not NULL, gets the host views too. */
+static int bind_ffn(moet_model *m, const char *prefix, int64_t inter, int64_t hidden,
+		    moet_ffn_w *out, moet_ffn_w *host_out)
+{
+	moet_ffn_w h;
+	int rc = host_ffn(m, prefix, inter, hidden, &h);
+	if (!rc && host_out)
+		*host_out = h;
+	if (!rc)
+		rc = m->be->ops->bind_mat(m->be, &h.gate, &out->gate);
+	if (!rc)
+		rc = m->be->ops->bind_mat(m->be, &h.up, &out->up);
+	if (!rc)
+		rc = m->be->ops->bind_mat(m->be, &h.down, &out->down);
+	return rc;
 }
 
 static int bind_attention(moet_model *m, int64_t l, moet_layer_w *lw)
@@ -190,18 +222,20 @@ static int bind_moe(moet_model *m, int64_t l, moet_layer_w *lw)
 			return rc;
 	}
 	lw->experts = calloc((size_t)E, sizeof(*lw->experts));
-	if (!lw->experts)
+	lw->experts_host = calloc((size_t)E, sizeof(*lw->experts_host));
+	if (!lw->experts || !lw->experts_host)
 		return moet_err(MOET_ENOMEM, "%lld expert views", (long long)E);
 	for (int64_t e = 0; e < E; e++) {
 		snprintf(name, sizeof(name), "%s.experts.%lld", p, (long long)e);
-		if ((rc = bind_ffn(m, name, c->moe_intermediate_size, H, &lw->experts[e])))
+		if ((rc = bind_ffn(m, name, c->moe_intermediate_size, H, &lw->experts[e],
+				   &lw->experts_host[e])))
 			return rc;
 	}
 	if (c->n_shared_experts > 0) {
 		lw->has_shared = 1;
 		snprintf(name, sizeof(name), "%s.shared_experts", p);
 		return bind_ffn(m, name, c->n_shared_experts * c->moe_intermediate_size, H,
-				&lw->mlp);
+				&lw->mlp, NULL);
 	}
 	return 0;
 }
@@ -224,7 +258,7 @@ static int bind_layer(moet_model *m, int64_t l, moet_layer_w *lw)
 	if (lw->is_moe)
 		return bind_moe(m, l, lw);
 	snprintf(name, sizeof(name), "model.layers.%lld.mlp", (long long)l);
-	return bind_ffn(m, name, c->intermediate_size, c->hidden_size, &lw->mlp);
+	return bind_ffn(m, name, c->intermediate_size, c->hidden_size, &lw->mlp, NULL);
 }
 
 static int check_config(const moet_config *c, const char *dir)
@@ -333,11 +367,15 @@ void moet_model_close(moet_model *m)
 	if (!m)
 		return;
 	if (m->layers) {
-		for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++)
+		for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++) {
 			free(m->layers[l].experts);
+			free(m->layers[l].experts_host);
+		}
 		free(m->layers);
 	}
 	moet_model_free_bufs(m);
+	moet_model_set_placement(m, NULL, 0);
+	moet_model_free_dispatch(m);
 	for (int i = 0; i < m->n_host_vecs; i++)
 		free(m->host_vecs[i]);
 	free(m->host_vecs);

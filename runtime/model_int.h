@@ -17,6 +17,14 @@
 #define MOET_MODEL_MAX_EXPERTS 4096 /* the router's eligibility arrays */
 #define MOET_MODEL_MAX_TOPK 64
 
+/* A simulated device (the test double of issue 5, CPU backend only): its own copies of the
+ * bytes of the experts placed on it, table[l][e] (empty views for the others). */
+typedef struct moet_sim_device {
+	moet_ffn_w *table;        /* [layers x E] */
+	void **copies;            /* owned byte copies */
+	int64_t n_copies;
+} moet_sim_device;
+
 typedef struct moet_layer_w {
 	const float *in_norm;     /* [H] (bound) */
 	const float *post_norm;   /* [H] */
@@ -36,6 +44,7 @@ typedef struct moet_layer_w {
 	moet_mat router;          /* [E x H] */
 	const float *router_bias; /* [E] (zeros if the checkpoint has none) */
 	moet_ffn_w *experts;      /* [E], owned array of bound views */
+	moet_ffn_w *experts_host; /* [E], owned array of host views (the CPU tier's) */
 } moet_layer_w;
 
 /* Activation buffers of the forward pass (backend memory), grown to the largest batch. */
@@ -61,6 +70,15 @@ struct moet_model {
 	float rope_attn_factor;   /* multiplies cos and sin (yarn attention factor) */
 	float softmax_scale;      /* qk_head^-0.5 x mscale^2 */
 	int mla_absorbed;         /* attention in the absorbed form over a latent cache */
+	/* expert placement (moet_model_set_placement); NULL: every expert on the backend */
+	int16_t *owner;           /* [layers x E]: -1 CPU tier, g >= 0 device g */
+	int n_devices;
+	moet_sim_device *sim;     /* [n_devices] test doubles (CPU backend only) */
+	uint64_t *tier_pairs;     /* [1 + n_devices]: pairs served, CPU tier first */
+	moet_expert_pair *pairs;  /* host scratch of the dispatch, grown */
+	moet_expert_pair *tier_list;
+	int32_t *ids_h, *slot_h;
+	int64_t cap_pairs;
 	moet_fwd_bufs bufs;
 	moet_route_fn route_fn;   /* optional observer of routing decisions */
 	void *route_ctx;
@@ -77,6 +95,12 @@ struct moet_kv {
 	float *v;       /* [layers][max_tokens][v_row], backend memory */
 	moet_backend *be; /* borrowed from the model */
 };
+
+/* dispatch.c: the routed experts of MoE layer l for n rows: ids [n x top_k] (backend) ->
+ * y rows and slot[pair] (backend), per the placement. */
+int moet_moe_dispatch(struct moet_model *m, int64_t l, const int32_t *ids, int64_t n,
+		      const float *h, float *y, int32_t *slot);
+void moet_model_free_dispatch(struct moet_model *m);
 
 /* forward.c: releases the forward pass's buffers (backend memory). */
 void moet_model_free_bufs(struct moet_model *m);

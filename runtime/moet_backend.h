@@ -47,6 +47,12 @@ typedef struct moet_ffn_w {
 	moet_mat down; /* [H x I] */
 } moet_ffn_w;
 
+/* A (row, slot) routing pair and its expert. */
+typedef struct moet_expert_pair {
+	int32_t expert;
+	int64_t pair; /* t * top_k + i */
+} moet_expert_pair;
+
 /* Geometry the attention ops need (from config.json). */
 typedef struct moet_attn_dims {
 	int64_t n_heads, nope, rope, v_dim; /* qk head = nope + rope */
@@ -112,10 +118,12 @@ typedef struct moet_backend_ops {
 	 * weights (cpu/router_ref.c), ids [n][top_k], weights [n][top_k]. */
 	int (*route)(moet_backend *be, const moet_config *c, const float *logits,
 		     const float *bias, int64_t n, int32_t *ids, float *weights);
-	/* Every (row t, slot i) pair: expert ids[t][i] (of experts[]) applied to h[t], written to
-	 * y[slot[t][i]][:] (y holds n * top_k rows; the backend chooses their order). */
-	int (*experts)(moet_backend *be, const moet_ffn_w *experts, const int32_t *ids,
-		       int64_t top_k, const float *h, int64_t n, float *y, int32_t *slot);
+	/* y[q][:] = expert pairs[q].expert (of table[]) applied to h[pairs[q].pair / top_k], for
+	 * q < n_pairs; pairs (a host array) run expert by expert (moet_expert_pairs_sort order).
+	 * h has n rows. table entries of experts not named may be empty. */
+	int (*experts_grouped)(moet_backend *be, const moet_ffn_w *table,
+			       const moet_expert_pair *pairs, int64_t n_pairs, int64_t top_k,
+			       const float *h, int64_t n, float *y);
 	/* out[t] = FFN(w, h[t]) (dense MLP or shared experts). */
 	int (*ffn)(moet_backend *be, const moet_ffn_w *w, const float *h, int64_t n, float *out);
 	/* out[t][j] = canon(sum_i fma(weights[t][i], y[slot[t][i]][j], .) + (shared ?
@@ -136,12 +144,6 @@ int moet_backend_cpu_create(int n_threads, int64_t max_inter, moet_backend **out
 
 /* The CUDA backend on device `device`; MOET_EUNSUP in a build without CUDA. */
 int moet_backend_cuda_create(int device, moet_backend **out);
-
-/* A (row, slot) routing pair and its expert. */
-typedef struct moet_expert_pair {
-	int32_t expert;
-	int64_t pair; /* t * top_k + i */
-} moet_expert_pair;
 
 /* out[0..n) = the pairs of ids[0..n) sorted by expert, then by pair index: consecutive runs
  * of one expert, in the same order on every backend. Returns 0 or MOET_EINVAL (negative id). */

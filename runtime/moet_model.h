@@ -73,6 +73,21 @@ typedef struct moet_seq_step {
  */
 int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_steps);
 
+/*
+ * Places the routed experts: owner[l * n_routed_experts + e] = -1 (the CPU tier: computed from
+ * the checkpoint's mapped bytes) or g in [0, n_devices) (device g). On the CPU backend the
+ * devices are simulated: test doubles, each with a private copy of its experts' bytes,
+ * computed by the same kernels; any placement gives the same logits bit for bit (the
+ * contract). owner NULL removes the placement. The table is copied. Errors: MOET_EINVAL (an
+ * owner out of range), MOET_EUNSUP (a GPU backend: the hybrid engine is not built yet),
+ * MOET_ENOMEM.
+ */
+int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices);
+
+/* Routing pairs served per tier since the placement was set: out[0] the CPU tier, out[1 + g]
+ * device g (n_out entries written; 0 beyond the tiers). */
+void moet_model_tier_counts(const moet_model *m, uint64_t *out, int n_out);
+
 /* One routing decision, as the router made it (canonical order). */
 typedef struct moet_route_event {
 	int64_t layer;

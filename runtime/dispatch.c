@@ -1,0 +1,219 @@
+/*
+ * dispatch.c: the routed experts of a MoE layer, split by owner across the expert tiers.
+ *
+ *   ids (backend) -> host -> pairs (row, slot) sorted by expert (moet_expert_pairs_sort)
+ *   no placement:  every pair on the backend, y rows in sorted order
+ *   placement:     owner[l][e] = -1 (CPU tier) or g (device g); each tier takes its pairs in
+ *                  sorted order and writes a contiguous run of y rows: device 0, 1, ..., then
+ *                  the CPU tier; slot[pair] = the pair's y row
+ *   combine (backend) then reads the k rows of each token through slot[], in canonical order.
+ *
+ * Each expert's output depends only on its weights' bytes and its row of h, computed by the
+ * contract kernel; the combine's order is the router's canonical order, not the tiers'. So the
+ * logits do not depend on the placement: the property `verify` checks, and that the tests
+ * check on every commit with simulated devices.
+ *
+ * NOTE: simulated devices (moet_sim_device) are the CI's test double for GPUs: on the CPU
+ * backend, each owns a private copy of the bytes of the experts placed on it and computes them
+ * with the backend's kernels, so a wrong routing of pairs or bytes shows as a different bit.
+ * The CPU tier computes from the checkpoint's own mapped bytes (experts_host).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_int.h"
+#include "moet_err.h"
+
+static void sim_free(moet_sim_device *d)
+{
+	for (int64_t i = 0; i < d->n_copies; i++)
+		free(d->copies[i]);
+	free(d->copies);
+	free(d->table);
+	memset(d, 0, sizeof(*d));
+}
+
+/* A private copy of one matrix's bytes (and scales). */
+static int copy_mat(moet_sim_device *d, const moet_mat *src, moet_mat *dst)
+{
+	size_t bytes = (size_t)src->rows * (size_t)src->cols * moet_dtype_size(src->dtype);
+	size_t sb = src->scale_inv ? (size_t)((src->rows + MOET_BLOCK - 1) / MOET_BLOCK) *
+					     (size_t)((src->cols + MOET_BLOCK - 1) / MOET_BLOCK) *
+					     sizeof(float)
+				   : 0;
+	void *data = malloc(bytes ? bytes : 1), *scale = sb ? malloc(sb) : NULL;
+	void **nc = realloc(d->copies, (size_t)(d->n_copies + 2) * sizeof(*nc));
+	if (nc)
+		d->copies = nc;
+	if (!data || (sb && !scale) || !nc) {
+		free(data);
+		free(scale);
+		return moet_err(MOET_ENOMEM, "simulated device: copy of %zu bytes", bytes + sb);
+	}
+	memcpy(data, src->data, bytes);
+	if (sb)
+		memcpy(scale, src->scale_inv, sb);
+	d->copies[d->n_copies++] = data;
+	if (scale)
+		d->copies[d->n_copies++] = scale;
+	*dst = *src;
+	dst->data = data;
+	dst->scale_inv = scale;
+	return 0;
+}
+
+int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
+{
+	const moet_config *c = &m->cfg;
+	const int64_t L = c->num_hidden_layers, E = c->n_routed_experts;
+	int rc = 0;
+	for (int g = 0; m->sim && g < m->n_devices; g++)
+		sim_free(&m->sim[g]);
+	free(m->sim);
+	free(m->owner);
+	free(m->tier_pairs);
+	m->sim = NULL;
+	m->owner = NULL;
+	m->tier_pairs = NULL;
+	m->n_devices = 0;
+	if (!owner)
+		return 0;
+	if (strcmp(m->be->ops->name, "cpu"))
+		return moet_err(MOET_EUNSUP, "placement on the %s backend: the hybrid engine over "
+				"GPUs is not built yet (issue 5); use --device cpu with simulated "
+				"devices", m->be->ops->name);
+	if (n_devices < 0 || n_devices > 64)
+		return moet_err(MOET_EINVAL, "placement: %d devices (0 .. 64)", n_devices);
+	for (int64_t i = 0; i < L * E; i++)
+		if (owner[i] < -1 || owner[i] >= n_devices)
+			return moet_err(MOET_EINVAL, "placement: layer %lld expert %lld has owner %d, "
+					"not -1 (CPU) or a device below %d", (long long)(i / E),
+					(long long)(i % E), owner[i], n_devices);
+	m->owner = malloc((size_t)(L * E) * sizeof(*m->owner));
+	m->tier_pairs = calloc((size_t)(1 + n_devices), sizeof(*m->tier_pairs));
+	m->sim = calloc((size_t)(n_devices ? n_devices : 1), sizeof(*m->sim));
+	if (!m->owner || !m->tier_pairs || !m->sim) {
+		rc = moet_err(MOET_ENOMEM, "placement tables");
+		goto fail;
+	}
+	memcpy(m->owner, owner, (size_t)(L * E) * sizeof(*owner));
+	m->n_devices = n_devices;
+	for (int g = 0; g < n_devices; g++) {
+		moet_sim_device *d = &m->sim[g];
+		if (!(d->table = calloc((size_t)(L * E), sizeof(*d->table)))) {
+			rc = moet_err(MOET_ENOMEM, "simulated device %d", g);
+			goto fail;
+		}
+		for (int64_t l = 0; l < L; l++) {
+			if (!m->layers[l].is_moe)
+				continue;
+			for (int64_t e = 0; e < E; e++) {
+				if (owner[l * E + e] != g)
+					continue;
+				const moet_ffn_w *src = &m->layers[l].experts_host[e];
+				moet_ffn_w *dst = &d->table[l * E + e];
+				if ((rc = copy_mat(d, &src->gate, &dst->gate)) ||
+				    (rc = copy_mat(d, &src->up, &dst->up)) ||
+				    (rc = copy_mat(d, &src->down, &dst->down)))
+					goto fail;
+			}
+		}
+	}
+	return 0;
+fail:
+	moet_model_set_placement(m, NULL, 0);
+	return rc;
+}
+
+void moet_model_tier_counts(const moet_model *m, uint64_t *out, int n_out)
+{
+	for (int i = 0; i < n_out; i++)
+		out[i] = (m->tier_pairs && i <= m->n_devices) ? m->tier_pairs[i] : 0;
+}
+
+static int ensure_pairs_h(moet_model *m, int64_t P)
+{
+	if (P <= m->cap_pairs)
+		return 0;
+	moet_expert_pair *a = realloc(m->pairs, (size_t)P * sizeof(*a));
+	if (a)
+		m->pairs = a;
+	moet_expert_pair *b = realloc(m->tier_list, (size_t)P * sizeof(*b));
+	if (b)
+		m->tier_list = b;
+	int32_t *c = realloc(m->ids_h, (size_t)P * sizeof(*c));
+	if (c)
+		m->ids_h = c;
+	int32_t *d = realloc(m->slot_h, (size_t)P * sizeof(*d));
+	if (d)
+		m->slot_h = d;
+	if (!a || !b || !c || !d)
+		return moet_err(MOET_ENOMEM, "dispatch tables of %lld pairs", (long long)P);
+	m->cap_pairs = P;
+	return 0;
+}
+
+void moet_model_free_dispatch(moet_model *m)
+{
+	free(m->pairs);
+	free(m->tier_list);
+	free(m->ids_h);
+	free(m->slot_h);
+	m->pairs = m->tier_list = NULL;
+	m->ids_h = m->slot_h = NULL;
+	m->cap_pairs = 0;
+}
+
+/* One tier's pairs (owner == tier, in sorted order) into y rows from *row; slots recorded. */
+static int run_tier(moet_model *m, int64_t l, int tier, const moet_ffn_w *table, int64_t P,
+		    int64_t top_k, const float *h, int64_t n, float *y, int64_t *row)
+{
+	const int64_t E = m->cfg.n_routed_experts, H = m->cfg.hidden_size;
+	int64_t cnt = 0;
+	for (int64_t q = 0; q < P; q++) {
+		const moet_expert_pair *pq = &m->pairs[q];
+		int owner = m->owner ? m->owner[l * E + pq->expert] : 0;
+		if (owner != tier)
+			continue;
+		m->slot_h[pq->pair] = (int32_t)(*row + cnt);
+		m->tier_list[cnt++] = *pq;
+	}
+	if (!cnt)
+		return 0;
+	int rc = m->be->ops->experts_grouped(m->be, table, m->tier_list, cnt, top_k, h, n,
+					     y + *row * H);
+	if (m->tier_pairs)
+		m->tier_pairs[tier + 1] += (uint64_t)cnt;
+	*row += cnt;
+	return rc;
+}
+
+int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, const float *h,
+		      float *y, int32_t *slot)
+{
+	const moet_config *c = &m->cfg;
+	const int64_t k = c->num_experts_per_tok, P = n * k, E = c->n_routed_experts;
+	const moet_layer_w *lw = &m->layers[l];
+	int64_t row = 0;
+	int rc;
+	if ((rc = ensure_pairs_h(m, P)) ||
+	    (rc = m->be->ops->download(m->be, m->ids_h, ids, (size_t)P * sizeof(int32_t))))
+		return rc;
+	for (int64_t p = 0; p < P; p++)
+		if (m->ids_h[p] < 0 || m->ids_h[p] >= E)
+			return moet_err(MOET_ERANGE, "layer %lld: routed expert %d outside [0, %lld)",
+					(long long)l, m->ids_h[p], (long long)E);
+	if ((rc = moet_expert_pairs_sort(m->ids_h, P, m->pairs)))
+		return rc;
+	if (!m->owner) {
+		rc = run_tier(m, l, 0, lw->experts, P, k, h, n, y, &row);
+	} else {
+		for (int g = 0; g < m->n_devices && !rc; g++)
+			rc = run_tier(m, l, g, m->sim[g].table + l * E, P, k, h, n, y, &row);
+		if (!rc)
+			rc = run_tier(m, l, -1, lw->experts_host, P, k, h, n, y, &row);
+	}
+	if (rc)
+		return rc;
+	return m->be->ops->upload(m->be, slot, m->slot_h, (size_t)P * sizeof(int32_t));
+}

@@ -1,0 +1,139 @@
+/*
+ * test_hybrid_sim.c: placement never changes a bit. On the CPU backend with simulated devices
+ * (the test double of issue 5: each device holds a private copy of its experts' bytes), the
+ * logits of a ragged batch of three sequences (prefill, then decode steps) are memcmp-equal to
+ * the run without placement, for placements all-CPU, all on one device, random splits over
+ * three devices and the CPU (>= 25% of routings on the CPU), and a different split per layer;
+ * at batch sizes 1 and 3. The tier counters add up to the routings. Bad owners are refused.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "moet_err.h"
+#include "moet_gen.h"
+#include "moet_model.h"
+#include "moet_test.h"
+
+#define SEQS 3
+#define STEPS 3
+
+static uint64_t rng = 88172645463325252ull;
+static uint64_t next(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+
+/* Prefill of ragged lengths then STEPS decode steps; all logits into out (per sequence, per
+ * call, concatenated). batched: all sequences in one call, else one call per sequence. */
+static size_t run(moet_model *m, int batched, float *out)
+{
+	const int64_t V = moet_model_config(m)->vocab_size;
+	const int64_t len[SEQS] = { 5, 9, 2 };
+	int64_t tok[SEQS][16];
+	moet_kv *kv[SEQS];
+	size_t at = 0;
+	for (int s = 0; s < SEQS; s++) {
+		CHECK(moet_kv_create(m, 32, &kv[s]) == 0, "kv");
+		for (int i = 0; i < 16; i++)
+			tok[s][i] = (s * 37 + i * 11 + 3) % V;
+	}
+	for (int step = 0; step <= STEPS; step++) {
+		moet_seq_step st[SEQS];
+		for (int s = 0; s < SEQS; s++) {
+			int64_t from = step == 0 ? 0 : len[s] + step - 1, cnt = step == 0 ? len[s] : 1;
+			st[s] = (moet_seq_step){ .kv = kv[s], .tokens = tok[s] + from, .n_tok = cnt,
+						 .out_logits = out + at, .last_only = 1 };
+			at += (size_t)V;
+		}
+		if (batched) {
+			CHECK(moet_model_forward_batch(m, st, SEQS) == 0, "batch: %s", moet_errmsg());
+		} else {
+			for (int s = 0; s < SEQS; s++)
+				CHECK(moet_model_forward_batch(m, &st[s], 1) == 0, "solo: %s",
+				      moet_errmsg());
+		}
+	}
+	for (int s = 0; s < SEQS; s++)
+		moet_kv_destroy(kv[s]);
+	return at;
+}
+
+int main(void)
+{
+	char *dir = moet_test_mkdtemp("hybrid-sim");
+	moet_gen_params gp;
+	moet_gen_params_init(&gp);
+	gp.seed = 5;
+	CHECK(dir && moet_gen_checkpoint(dir, &gp) == 0, "gen: %s", moet_errmsg());
+	moet_model *m = NULL;
+	CHECK(moet_model_open(dir, &m) == 0, "open: %s", moet_errmsg());
+	if (!m)
+		return moet_test_done("test_hybrid_sim");
+	const moet_config *c = moet_model_config(m);
+	const int64_t L = c->num_hidden_layers, E = c->n_routed_experts, V = c->vocab_size;
+	const size_t n_logits = (size_t)(SEQS * (STEPS + 1) * V);
+	float *ref = malloc(n_logits * sizeof(float)), *got = malloc(n_logits * sizeof(float));
+	int16_t *own = malloc((size_t)(L * E) * sizeof(*own));
+	run(m, 1, ref);
+
+	const char *names[] = { "all-cpu", "all-device", "random-3", "per-layer", "random-3 solo" };
+	for (int pl = 0; pl < 5; pl++) {
+		int n_dev = pl == 0 ? 0 : pl == 1 ? 1 : 3;
+		for (int64_t l = 0; l < L; l++)
+			for (int64_t e = 0; e < E; e++) {
+				int16_t o;
+				if (pl == 0)
+					o = -1;
+				else if (pl == 1)
+					o = 0;
+				else if (pl == 3)
+					o = (int16_t)((l % 2) ? (e % 4) - 1 : 2 - (e % 4));
+				else /* half the experts on the CPU, the rest over 3 devices */
+					o = (int16_t)((next() % 2) ? -1 : (int)(next() % 3));
+				own[l * E + e] = o;
+			}
+		CHECK(moet_model_set_placement(m, own, n_dev) == 0, "%s: %s", names[pl],
+		      moet_errmsg());
+		memset(got, 0xAB, n_logits * sizeof(float));
+		run(m, pl != 4, got);
+		CHECK(memcmp(ref, got, n_logits * sizeof(float)) == 0,
+		      "%s: logits differ from the run without placement", names[pl]);
+		uint64_t cnt[4];
+		moet_model_tier_counts(m, cnt, 4);
+		uint64_t total = cnt[0] + cnt[1] + cnt[2] + cnt[3];
+		/* routings: every MoE layer routes every token of every call to top_k experts */
+		int64_t moe_layers = 0;
+		for (int64_t l = 0; l < L; l++)
+			moe_layers += moet_config_is_moe_layer(c, l);
+		uint64_t want = (uint64_t)(moe_layers * c->num_experts_per_tok *
+					   (5 + 9 + 2 + SEQS * STEPS));
+		CHECK(total == want, "%s: tier counts add to %llu, want %llu", names[pl],
+		      (unsigned long long)total, (unsigned long long)want);
+		if (pl == 0)
+			CHECK(cnt[0] == total, "all-cpu: every pair on the CPU tier");
+		if (pl == 1)
+			CHECK(cnt[1] == total, "all-device: every pair on device 0");
+		if (pl == 2)
+			CHECK(cnt[0] * 4 >= total && cnt[1] && cnt[2] && cnt[3],
+			      "random-3: CPU share %llu of %llu (>= 25%%), every device used",
+			      (unsigned long long)cnt[0], (unsigned long long)total);
+		printf("%-14s CPU %llu, devices %llu %llu %llu of %llu routings: logits equal\n",
+		       names[pl], (unsigned long long)cnt[0], (unsigned long long)cnt[1],
+		       (unsigned long long)cnt[2], (unsigned long long)cnt[3],
+		       (unsigned long long)total);
+	}
+	own[3] = 7;
+	CHECK(moet_model_set_placement(m, own, 3) == MOET_EINVAL, "owner out of range refused");
+	CHECK(moet_model_set_placement(m, NULL, 0) == 0, "placement removed");
+	run(m, 1, got);
+	CHECK(memcmp(ref, got, n_logits * sizeof(float)) == 0, "after removing the placement");
+	moet_model_close(m);
+	free(ref);
+	free(got);
+	free(own);
+	free(dir);
+	return moet_test_done("test_hybrid_sim");
+}
