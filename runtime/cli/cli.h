@@ -10,6 +10,7 @@ int moet_cli_inspect(int argc, char **argv);
 int moet_cli_gen_checkpoint(int argc, char **argv);
 int moet_cli_logits(int argc, char **argv);
 int moet_cli_generate(int argc, char **argv);
+int moet_cli_verify(int argc, char **argv);
 int moet_cli_bench(int argc, char **argv);
 
 /* Prints "moet-hybrid <cmd>: <moet_errmsg() or code name>" to stderr; returns 1. */

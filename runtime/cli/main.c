@@ -15,6 +15,7 @@ static const struct {
 } commands[] = {
 	{ "generate", moet_cli_generate, "token ids in, greedy continuation ids out" },
 	{ "logits", moet_cli_logits, "token ids in, float32 logits [T, vocab] out (.npy)" },
+	{ "verify", moet_cli_verify, "a placement must not change a bit: logits with and without" },
 	{ "inspect", moet_cli_inspect, "summarize and validate a checkpoint" },
 	{ "gen-checkpoint", moet_cli_gen_checkpoint,
 	  "write a synthetic checkpoint in the published layout" },

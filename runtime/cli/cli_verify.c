@@ -1,0 +1,183 @@
+/*
+ * cli_verify.c: `moet-hybrid verify`: a placement must not change a bit. Runs prompts with
+ * the placement and without it (every expert on the backend), compares the logits with
+ * memcmp at several batch sizes, prints the share of routings each tier served and the first
+ * differing position if any; exit 1 on a difference.
+ *
+ * On the CPU backend the placement's GPUs are simulated devices (the test double: each holds
+ * a private copy of its experts' bytes); on a GPU backend the hybrid engine is the next step
+ * of issue 5 and verify says so.
+ */
+#include <getopt.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "moet_err.h"
+#include "moet_model.h"
+#include "moet_placement.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: moet-hybrid verify --model DIR --placement FILE [--device cpu] "
+		   "[--sim-devices N]\n"
+		   "                          [--prompts N] [--len N] [--steps N] [--seed S]\n\n"
+		   "Runs N synthetic prompts (token ids from the seed) through prefill and decode\n"
+		   "steps with the placement and without it, at batch size 1 (one call per\n"
+		   "sequence) and N (all sequences in one call), and compares every logit bit for\n"
+		   "bit. Prints the share of routings each tier served; exits 1 on a difference.\n\n"
+		   "  --placement FILE  placement file (docs/placement.md)\n"
+		   "  --device cpu      the CPU backend; the placement's GPUs are simulated devices\n"
+		   "  --sim-devices N   how many simulated devices (default: the file's GPU count;\n"
+		   "                    must be at least that)\n"
+		   "  --prompts N       sequences (default 4)   --len N  prompt length (default 12)\n"
+		   "  --steps N         decode steps (default 4) --seed S  token seed (default 1)\n");
+}
+
+typedef struct vopts {
+	int prompts, len, steps;
+	uint64_t seed;
+} vopts;
+
+/* All logits of the run (prefill last rows and decode steps), sequence-major per call. */
+static int run_all(moet_model *m, const vopts *o, int batched, float *out)
+{
+	const int64_t V = moet_model_config(m)->vocab_size;
+	moet_kv **kv = calloc((size_t)o->prompts, sizeof(*kv));
+	int64_t *tok = malloc((size_t)(o->prompts * (o->len + o->steps)) * sizeof(*tok));
+	moet_seq_step *st = malloc((size_t)o->prompts * sizeof(*st));
+	int rc = (!kv || !tok || !st) ? moet_err(MOET_ENOMEM, "verify buffers") : 0;
+	uint64_t x = o->seed * 0x9E3779B97F4A7C15ull + 1;
+	const int W = o->len + o->steps;
+	for (int i = 0; !rc && i < o->prompts * W; i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		tok[i] = (int64_t)(x % (uint64_t)V);
+	}
+	for (int s = 0; !rc && s < o->prompts; s++)
+		rc = moet_kv_create(m, W, &kv[s]);
+	size_t at = 0;
+	for (int step = 0; !rc && step <= o->steps; step++) {
+		for (int s = 0; s < o->prompts; s++) {
+			/* ragged prompts: sequence s uses len - s % 3 tokens */
+			int64_t plen = o->len - s % 3 > 0 ? o->len - s % 3 : 1;
+			int64_t from = step == 0 ? 0 : plen + step - 1, cnt = step == 0 ? plen : 1;
+			st[s] = (moet_seq_step){ .kv = kv[s], .tokens = tok + s * W + from,
+						 .n_tok = cnt, .out_logits = out + at, .last_only = 1 };
+			at += (size_t)V;
+		}
+		if (batched)
+			rc = moet_model_forward_batch(m, st, o->prompts);
+		for (int s = 0; !batched && !rc && s < o->prompts; s++)
+			rc = moet_model_forward_batch(m, &st[s], 1);
+	}
+	for (int s = 0; kv && s < o->prompts; s++)
+		moet_kv_destroy(kv[s]);
+	free(kv);
+	free(tok);
+	free(st);
+	return rc;
+}
+
+int moet_cli_verify(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "model", required_argument, NULL, 'm' },
+		{ "placement", required_argument, NULL, 'p' },
+		{ "device", required_argument, NULL, 'd' },
+		{ "sim-devices", required_argument, NULL, 'n' },
+		{ "prompts", required_argument, NULL, 'P' },
+		{ "len", required_argument, NULL, 'L' },
+		{ "steps", required_argument, NULL, 'S' },
+		{ "seed", required_argument, NULL, 's' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	const char *model_dir = NULL, *place = NULL, *device = "cpu";
+	vopts o = { 4, 12, 4, 1 };
+	int sim = -1, c, bad = 0;
+	char *end;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'm': model_dir = optarg; break;
+		case 'p': place = optarg; break;
+		case 'd': device = optarg; break;
+		case 'n': sim = (int)strtol(optarg, &end, 10); bad |= *end || sim < 0; break;
+		case 'P': o.prompts = (int)strtol(optarg, &end, 10); bad |= *end; break;
+		case 'L': o.len = (int)strtol(optarg, &end, 10); bad |= *end; break;
+		case 'S': o.steps = (int)strtol(optarg, &end, 10); bad |= *end; break;
+		case 's': o.seed = strtoull(optarg, &end, 10); bad |= *end != 0; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (!model_dir || !place) {
+		usage(stderr);
+		return 2;
+	}
+	if (bad || o.prompts < 1 || o.prompts > 256 || o.len < 1 || o.len > 4096 || o.steps < 0 ||
+	    o.steps > 4096)
+		return moet_cli_fail("verify", moet_err(MOET_EINVAL, "--prompts (1..256), --len "
+							"(1..4096), --steps (0..4096), --sim-devices "
+							"(>= 0) take integers in range"));
+	moet_model *m = NULL;
+	moet_placement_sizes *sz = NULL;
+	moet_placement *pl = NULL;
+	float *ref = NULL, *got = NULL;
+	int rc = moet_model_open_on(model_dir, device, &m), differ = 0;
+	if (!rc)
+		rc = moet_placement_sizes_from_ckpt(moet_model_config(m), moet_model_ckpt(m), &sz);
+	if (!rc)
+		rc = moet_placement_load(place, moet_model_config(m), sz, &pl);
+	int n_dev = rc ? 0 : moet_placement_n_gpus(pl);
+	if (!rc && sim >= 0 && sim < n_dev)
+		rc = moet_err(MOET_EINVAL, "--sim-devices %d: the placement names %d GPUs", sim,
+			      n_dev);
+	if (!rc && sim > n_dev)
+		n_dev = sim;
+	const int64_t V = rc ? 0 : moet_model_config(m)->vocab_size;
+	const size_t n_log = (size_t)(o.prompts * (o.steps + 1)) * (size_t)V;
+	if (!rc && (!(ref = malloc(n_log * sizeof(float))) || !(got = malloc(n_log * sizeof(float)))))
+		rc = moet_err(MOET_ENOMEM, "logits");
+	for (int batched = 0; !rc && batched < 2; batched++) {
+		if ((rc = moet_model_set_placement(m, NULL, 0)) || (rc = run_all(m, &o, batched, ref)) ||
+		    (rc = moet_model_set_placement(m, moet_placement_owners(pl), n_dev)) ||
+		    (rc = run_all(m, &o, batched, got)))
+			break;
+		size_t first = n_log;
+		for (size_t i = 0; i < n_log; i++)
+			if (memcmp(&ref[i], &got[i], sizeof(float))) {
+				first = i;
+				break;
+			}
+		uint64_t cnt[65] = { 0 }, total = 0;
+		moet_model_tier_counts(m, cnt, 1 + n_dev);
+		for (int t = 0; t <= n_dev; t++)
+			total += cnt[t];
+		printf("batch %d: %s", batched ? o.prompts : 1,
+		       first == n_log ? "logits bit-identical" : "LOGITS DIFFER");
+		if (first != n_log) {
+			size_t row = first / (size_t)V;
+			printf(" (first at sequence %zu, call %zu, token %zu: %a vs %a)",
+			       row % (size_t)o.prompts, row / (size_t)o.prompts, first % (size_t)V,
+			       ref[first], got[first]);
+			differ = 1;
+		}
+		printf("; routings: CPU %.1f%%", total ? 100.0 * (double)cnt[0] / (double)total : 0);
+		for (int g = 0; g < n_dev; g++)
+			printf(", %s %.1f%%", g < moet_placement_n_gpus(pl) ?
+			       moet_placement_gpu_at(pl, g)->name : "sim",
+			       total ? 100.0 * (double)cnt[1 + g] / (double)total : 0);
+		printf(" of %llu\n", (unsigned long long)total);
+	}
+	free(ref);
+	free(got);
+	moet_placement_free(pl);
+	moet_placement_sizes_free(sz);
+	moet_model_close(m);
+	if (rc)
+		return moet_cli_fail("verify", rc);
+	return differ ? 1 : 0;
+}

@@ -1,0 +1,63 @@
+/*
+ * test_cli_verify.c: `moet-hybrid verify` end to end on a generated tiny checkpoint with a
+ * placement over two simulated devices: bit-identical at batch 1 and 4 with the routings
+ * split over the CPU and both devices; a bad placement and too few --sim-devices exit 1 with
+ * one line; no arguments exit 2.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "moet_err.h"
+#include "moet_gen.h"
+#include "moet_test.h"
+
+int main(void)
+{
+	char *dir = moet_test_mkdtemp("cli-verify");
+	char model[4096], place[4096], bad[4096], cmd[16384];
+	moet_gen_params gp;
+	moet_gen_params_init(&gp);
+	gp.seed = 9;
+	snprintf(model, sizeof(model), "%s/m", dir ? dir : "/tmp");
+	CHECK(dir && moet_gen_checkpoint(model, &gp) == 0, "gen: %s", moet_errmsg());
+	snprintf(place, sizeof(place), "%s/p.yaml", dir);
+	snprintf(bad, sizeof(bad), "%s/bad.yaml", dir);
+	const char *yaml = "# two simulated GPUs\n"
+			   "gpus:\n  - {name: gpu0, budget: 1GB}\n  - {name: gpu1, budget: 1GB}\n"
+			   "default:\n  gpu0: \"0-9\"\n  gpu1: \"20-25\"\n"
+			   "layers:\n  2: {gpu1: \"0-15, 30\"}\n";
+	const char *bad_yaml = "gpus: [{name: gpu0, budget: 1GB}]\n"
+			       "layers:\n  1: {gpu0: \"0-40\"}\n";
+	CHECK(moet_test_write_file(place, yaml, strlen(yaml)) == 0, "write placement");
+	CHECK(moet_test_write_file(bad, bad_yaml, strlen(bad_yaml)) == 0, "write placement");
+
+	char *out = NULL;
+	snprintf(cmd, sizeof(cmd), "%s verify --model %s --placement %s", moet_test_bin(), model,
+		 place);
+	int rc = moet_test_run(cmd, &out);
+	CHECK(rc == 0 && out && strstr(out, "batch 1: logits bit-identical") &&
+	      strstr(out, "batch 4: logits bit-identical") && strstr(out, "gpu0") &&
+	      strstr(out, "gpu1"), "verify: rc %d, output '%s'", rc, out ? out : "");
+	free(out);
+
+	snprintf(cmd, sizeof(cmd), "%s verify --model %s --placement %s", moet_test_bin(), model,
+		 bad);
+	rc = moet_test_run(cmd, &out);
+	CHECK(rc == 1 && out && strstr(out, "bad.yaml:3") && strchr(out, '\n') == strrchr(out, '\n'),
+	      "bad placement: rc %d, '%s'", rc, out ? out : "");
+	free(out);
+
+	snprintf(cmd, sizeof(cmd), "%s verify --model %s --placement %s --sim-devices 1",
+		 moet_test_bin(), model, place);
+	rc = moet_test_run(cmd, &out);
+	CHECK(rc == 1 && out && strstr(out, "--sim-devices 1"), "too few devices: rc %d, '%s'", rc,
+	      out ? out : "");
+	free(out);
+
+	snprintf(cmd, sizeof(cmd), "%s verify", moet_test_bin());
+	rc = moet_test_run(cmd, &out);
+	CHECK(rc == 2, "no arguments: rc %d", rc);
+	free(out);
+	free(dir);
+	return moet_test_done("test_cli_verify");
+}
