@@ -19,4 +19,12 @@ int moet_cli_fail(const char *cmd, int code);
 /* Parses "1,2,3" into a malloc'd array of *out_n token ids. Returns 0 or MOET_EINVAL. */
 int moet_cli_parse_tokens(const char *s, int64_t **out, int64_t *out_n);
 
+typedef struct moet_model moet_model;
+
+/* Loads placement FILE against the model (sizes from its checkpoint) and sets it, with the
+ * file's GPUs as devices (simulated on the CPU backend); sim_devices >= 0 asks for that many
+ * (at least the file's count), -1 takes the file's. Returns 0 or the error code. */
+int moet_cli_apply_placement(moet_model *m, const char *path, int sim_devices,
+			     int *out_n_devices);
+
 #endif

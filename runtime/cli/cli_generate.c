@@ -14,11 +14,15 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: moet-hybrid generate --model DIR --tokens ID,ID,... [--max-new N] "
 		   "[--ignore-eos] [--device cpu|cuda]\n"
+		   "       [--placement FILE [--sim-devices N]]\n"
 		   "       [--temperature T] [--top-k K] [--top-p P] [--seed S]\n\n"
 		   "Runs the prompt through the model and prints the continuation (greedy: argmax,\n"
 		   "ties to the lowest id; or sampled) as comma-separated token ids on one line.\n\n"
 		   "  --model DIR     checkpoint directory (config.json + safetensors shards)\n"
 		   "  --device D      cpu (the reference backend, default) or cuda\n"
+		   "  --placement F   expert placement file (docs/placement.md); on --device cpu\n"
+		   "                  its GPUs are simulated devices (results do not change)\n"
+		   "  --sim-devices N simulated devices (default: the placement's GPU count)\n"
 		   "  --tokens IDS    prompt token ids, comma-separated\n"
 		   "  --max-new N     tokens to generate (default 16)\n"
 		   "  --ignore-eos    do not stop at the model's eos_token_id\n"
@@ -34,6 +38,8 @@ int moet_cli_generate(int argc, char **argv)
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "device", required_argument, NULL, 'd' },
+		{ "placement", required_argument, NULL, 'P' },
+		{ "sim-devices", required_argument, NULL, 'N' },
 		{ "tokens", required_argument, NULL, 't' },
 		{ "max-new", required_argument, NULL, 'n' },
 		{ "ignore-eos", no_argument, NULL, 'e' },
@@ -44,7 +50,9 @@ int moet_cli_generate(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	const char *model_dir = NULL, *tokens = NULL, *device = "cpu";
+	const char *model_dir = NULL, *tokens = NULL, *device = "cpu", *place = NULL;
+	int sim = -1, simbad = 0;
+	char *simend;
 	long long max_new = 16;
 	int stop_at_eos = 1, c, bad = 0;
 	char *end;
@@ -54,6 +62,8 @@ int moet_cli_generate(int argc, char **argv)
 		switch (c) {
 		case 'm': model_dir = optarg; break;
 		case 'd': device = optarg; break;
+		case 'P': place = optarg; break;
+		case 'N': sim = (int)strtol(optarg, &simend, 10); simbad |= *simend || sim < 0; break;
 		case 't': tokens = optarg; break;
 		case 'n': {
 			max_new = strtoll(optarg, &end, 10);
@@ -74,6 +84,9 @@ int moet_cli_generate(int argc, char **argv)
 	if (bad)
 		return moet_cli_fail("generate", moet_err(MOET_EINVAL, "--temperature, --top-k, "
 							  "--top-p and --seed take numbers"));
+	if (simbad)
+		return moet_cli_fail(argv[0], moet_err(MOET_EINVAL, "--sim-devices takes a "
+							"non-negative integer"));
 	if (!model_dir || !tokens) {
 		usage(stderr);
 		return 2;
@@ -85,6 +98,8 @@ int moet_cli_generate(int argc, char **argv)
 	int rc = moet_cli_parse_tokens(tokens, &prompt, &n_prompt);
 	if (!rc)
 		rc = moet_model_open_on(model_dir, device, &m);
+	if (!rc && place)
+		rc = moet_cli_apply_placement(m, place, sim, NULL);
 	if (!rc && !(out = malloc((size_t)max_new * sizeof(*out))))
 		rc = moet_err(MOET_ENOMEM, "output ids");
 	if (!rc)

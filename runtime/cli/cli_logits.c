@@ -14,11 +14,14 @@
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: moet-hybrid logits --model DIR --tokens ID,ID,... --out FILE.npy\n"
-		   "       [--device cpu|cuda]\n\n"
+		   "       [--device cpu|cuda] [--placement FILE [--sim-devices N]]\n\n"
 		   "Runs the tokens as one sequence (positions 0..T-1) and writes the logits of\n"
 		   "every position as a float32 NumPy array of shape [T, vocab_size].\n\n"
 		   "  --model DIR     checkpoint directory (config.json + safetensors shards)\n"
 		   "  --device D      cpu (the reference backend, default) or cuda\n"
+		   "  --placement F   expert placement file (docs/placement.md); on --device cpu\n"
+		   "                  its GPUs are simulated devices (results do not change)\n"
+		   "  --sim-devices N simulated devices (default: the placement's GPU count)\n"
 		   "  --tokens IDS    token ids, comma-separated\n"
 		   "  --out FILE      output .npy file\n");
 }
@@ -28,24 +31,34 @@ int moet_cli_logits(int argc, char **argv)
 	static const struct option opts[] = {
 		{ "model", required_argument, NULL, 'm' },
 		{ "device", required_argument, NULL, 'd' },
+		{ "placement", required_argument, NULL, 'P' },
+		{ "sim-devices", required_argument, NULL, 'N' },
 		{ "tokens", required_argument, NULL, 't' },
 		{ "out", required_argument, NULL, 'o' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *model_dir = NULL, *tokens = NULL, *out_path = NULL, *device = "cpu";
+	const char *place = NULL;
+	int sim = -1, simbad = 0;
+	char *simend;
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'm': model_dir = optarg; break;
 		case 'd': device = optarg; break;
+		case 'P': place = optarg; break;
+		case 'N': sim = (int)strtol(optarg, &simend, 10); simbad |= *simend || sim < 0; break;
 		case 't': tokens = optarg; break;
 		case 'o': out_path = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
+	if (simbad)
+		return moet_cli_fail(argv[0], moet_err(MOET_EINVAL, "--sim-devices takes a "
+							"non-negative integer"));
 	if (!model_dir || !tokens || !out_path) {
 		usage(stderr);
 		return 2;
@@ -57,6 +70,8 @@ int moet_cli_logits(int argc, char **argv)
 	int rc = moet_cli_parse_tokens(tokens, &ids, &n);
 	if (!rc)
 		rc = moet_model_open_on(model_dir, device, &m);
+	if (!rc && place)
+		rc = moet_cli_apply_placement(m, place, sim, NULL);
 	if (!rc)
 		rc = moet_kv_create(m, n, &kv);
 	const int64_t V = rc ? 0 : moet_model_config(m)->vocab_size;

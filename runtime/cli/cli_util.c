@@ -8,6 +8,8 @@
 
 #include "cli.h"
 #include "moet_err.h"
+#include "moet_model.h"
+#include "moet_placement.h"
 
 int moet_cli_parse_tokens(const char *s, int64_t **out, int64_t *out_n)
 {
@@ -33,4 +35,27 @@ int moet_cli_parse_tokens(const char *s, int64_t **out, int64_t *out_n)
 	*out = ids;
 	*out_n = n;
 	return 0;
+}
+
+int moet_cli_apply_placement(moet_model *m, const char *path, int sim_devices,
+			     int *out_n_devices)
+{
+	moet_placement_sizes *sz = NULL;
+	moet_placement *pl = NULL;
+	int rc = moet_placement_sizes_from_ckpt(moet_model_config(m), moet_model_ckpt(m), &sz);
+	if (!rc)
+		rc = moet_placement_load(path, moet_model_config(m), sz, &pl);
+	int n_dev = rc ? 0 : moet_placement_n_gpus(pl);
+	if (!rc && sim_devices >= 0 && sim_devices < n_dev)
+		rc = moet_err(MOET_EINVAL, "--sim-devices %d: the placement names %d GPUs",
+			      sim_devices, n_dev);
+	if (!rc && sim_devices > n_dev)
+		n_dev = sim_devices;
+	if (!rc)
+		rc = moet_model_set_placement(m, moet_placement_owners(pl), n_dev);
+	if (!rc && out_n_devices)
+		*out_n_devices = n_dev;
+	moet_placement_free(pl);
+	moet_placement_sizes_free(sz);
+	return rc;
 }

@@ -2,7 +2,8 @@
  * test_cli_verify.c: `moet-hybrid verify` end to end on a generated tiny checkpoint with a
  * placement over two simulated devices: bit-identical at batch 1 and 4 with the routings
  * split over the CPU and both devices; a bad placement and too few --sim-devices exit 1 with
- * one line; no arguments exit 2.
+ * one line; no arguments exit 2. generate and logits with --placement give the same ids and
+ * the same logits bytes as without.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +15,7 @@
 int main(void)
 {
 	char *dir = moet_test_mkdtemp("cli-verify");
-	char model[4096], place[4096], bad[4096], cmd[16384];
+	char model[1024], place[1024], bad[1024], cmd[16384];
 	moet_gen_params gp;
 	moet_gen_params_init(&gp);
 	gp.seed = 9;
@@ -52,6 +53,28 @@ int main(void)
 	rc = moet_test_run(cmd, &out);
 	CHECK(rc == 1 && out && strstr(out, "--sim-devices 1"), "too few devices: rc %d, '%s'", rc,
 	      out ? out : "");
+	free(out);
+
+	/* generate / logits with and without the placement */
+	char *a = NULL, *b = NULL;
+	snprintf(cmd, sizeof(cmd), "%s generate --model %s --tokens 1,2,3,4 --max-new 8",
+		 moet_test_bin(), model);
+	int ra = moet_test_run(cmd, &a);
+	snprintf(cmd, sizeof(cmd), "%s generate --model %s --tokens 1,2,3,4 --max-new 8 "
+		 "--placement %s --sim-devices 3", moet_test_bin(), model, place);
+	int rb = moet_test_run(cmd, &b);
+	CHECK(ra == 0 && rb == 0 && a && b && strcmp(a, b) == 0, "generate with placement: '%s' "
+	      "vs '%s'", a ? a : "", b ? b : "");
+	free(a);
+	free(b);
+	char la[1100], lb[1100];
+	snprintf(la, sizeof(la), "%s/a.npy", dir);
+	snprintf(lb, sizeof(lb), "%s/b.npy", dir);
+	snprintf(cmd, sizeof(cmd), "%s logits --model %s --tokens 5,6,7 --out %s && %s logits "
+		 "--model %s --tokens 5,6,7 --out %s --placement %s && cmp %s %s", moet_test_bin(),
+		 model, la, moet_test_bin(), model, lb, place, la, lb);
+	rc = moet_test_run(cmd, &out);
+	CHECK(rc == 0, "logits with placement differ: %s", out ? out : "");
 	free(out);
 
 	snprintf(cmd, sizeof(cmd), "%s verify", moet_test_bin());
