@@ -47,6 +47,24 @@ void moet_rope_tables_ref(const float *inv_freq, int64_t n_freq, float attn_fact
 	}
 }
 
+/* The softmax-weighted sum of an attention: s[p] <- exp_c(s[p] - mx), sum in binary64 in
+ * position order, out[d] = (sum_p s[p] * rows[p * stride + d]) / sum for d < width. */
+static void softmax_sum(float *s, int64_t n_pos, float mx, const float *rows, int64_t stride,
+			int64_t width, float *out)
+{
+	double sum = 0.0;
+	for (int64_t p = 0; p < n_pos; p++) {
+		s[p] = moet_exp_c(s[p] - mx);
+		sum += s[p];
+	}
+	for (int64_t d = 0; d < width; d++) {
+		double acc = 0.0;
+		for (int64_t p = 0; p < n_pos; p++)
+			acc += (double)s[p] * (double)rows[p * stride + d];
+		out[d] = (float)(acc / sum);
+	}
+}
+
 void moet_attend_ref(const float *q, const float *k, int64_t k_stride, const float *v,
 		     int64_t v_stride, int64_t n_pos, int64_t d_qk, int64_t d_v, float scale,
 		     float *scratch, float *out)
@@ -62,17 +80,7 @@ void moet_attend_ref(const float *q, const float *k, int64_t k_stride, const flo
 		if (s > mx)
 			mx = s;
 	}
-	double sum = 0.0;
-	for (int64_t p = 0; p < n_pos; p++) {
-		scratch[p] = moet_exp_c(scratch[p] - mx);
-		sum += scratch[p];
-	}
-	for (int64_t d = 0; d < d_v; d++) {
-		double acc = 0.0;
-		for (int64_t p = 0; p < n_pos; p++)
-			acc += (double)scratch[p] * (double)v[p * v_stride + d];
-		out[d] = (float)(acc / sum);
-	}
+	softmax_sum(scratch, n_pos, mx, v, v_stride, d_v, out);
 }
 
 /* W[r][k] of a weight matrix, decoded and scaled, in binary64 (exact: both factors are
@@ -118,17 +126,7 @@ void moet_attend_latent_ref(const float *q_nope, const float *q_pe, const moet_m
 		if (s[p] > mx)
 			mx = s[p];
 	}
-	double sum = 0.0;
-	for (int64_t p = 0; p < n_pos; p++) {
-		s[p] = moet_exp_c(s[p] - mx);
-		sum += s[p];
-	}
-	for (int64_t j = 0; j < L; j++) {
-		double acc = 0.0;
-		for (int64_t p = 0; p < n_pos; p++)
-			acc += (double)s[p] * (double)cache[p * c_stride + j];
-		o[j] = (float)(acc / sum);
-	}
+	softmax_sum(s, n_pos, mx, cache, c_stride, L, o);
 	for (int64_t d = 0; d < v_dim; d++)
 		out[d] = moet_dot_ref(kv_b, row0 + nope + d, o);
 }
