@@ -58,8 +58,8 @@
 #include <limits.h>
 #include <stdint.h>
 
-#define THREADS 256
-#define EXP_MAX 64             /* experts per launch (kernel parameter space) */
+#define THREADS MOET_ROWS_THREADS
+#define EXP_MAX MOET_ROWS_EXP_MAX
 #define XSTRIDE (128 + 4)      /* floats per staged activation row (16-byte pad) */
 #define SMEM_BUDGET (96 * 1024)
 #define SM120_SMEM_MAX (99 * 1024)
@@ -67,23 +67,7 @@
 #define DT_BF16 MOET_ROWS_BF16
 #define DT_F32 MOET_ROWS_F32
 
-struct pass_args {
-	const void *w[EXP_MAX][2];  /* weight data per expert, per matrix (gate, up | down) */
-	const float *s[EXP_MAX][2]; /* block scales, or NULL (1.0f) */
-	int pair0[EXP_MAX];         /* first pair (output row) of the expert */
-	int n[EXP_MAX];             /* pairs of the expert */
-	int tile0[EXP_MAX + 1];     /* first tile of the expert in this launch */
-	int n_exp;
-	int rows, K;                /* output rows, columns (dot length) */
-	const float *x;             /* activations: row xr at x + xr * x_stride */
-	long long x_stride;         /* floats */
-	const int32_t *tok;         /* pair -> activation row, or NULL (identity) */
-	int n_x;                    /* activation rows (bounds for tok) */
-	float *out;                 /* out[pair * out_stride + row] */
-	long long out_stride;       /* floats */
-	int vec;                    /* 16-byte staging allowed (alignment checked on the host) */
-	int canon;                  /* NMAT 1: canonicalize NaN outputs */
-};
+typedef moet_rows_args pass_args;
 
 template <int DT, int NMAT, int TT, int WR> struct cfg {
 	static constexpr int WT = 8 / WR;                 /* token groups (warps) */
@@ -180,18 +164,9 @@ static __global__ void __launch_bounds__(THREADS) rows_kernel(const __grid_const
 	const int wr = w % WR, wt = w / WR;
 
 	/* The tile: expert e (last with tile0[e] <= blockIdx.x), then token tile fastest. */
-	const int tile = blockIdx.x;
-	int lo = 0, hi = a.n_exp - 1;
-	while (lo < hi) {
-		int mid = (lo + hi + 1) >> 1;
-		if (a.tile0[mid] <= tile)
-			lo = mid;
-		else
-			hi = mid - 1;
-	}
-	const int e = lo, n_e = a.n[e];
-	const int n_tt = (n_e + C::TB - 1) / C::TB, local = tile - a.tile0[e];
-	const int row0 = (local / n_tt) * C::RB, tok0 = (local % n_tt) * C::TB;
+	int e, row0, tok0;
+	moet_rows_tile(a, blockIdx.x, C::RB, C::TB, &e, &row0, &tok0);
+	const int n_e = a.n[e];
 	const int n_rows = min(C::RB, a.rows - row0), n_toks = min(C::TB, n_e - tok0);
 	const int K = a.K, n_chunk = (K + 127) / 128;
 
@@ -377,12 +352,7 @@ static int class_of(int64_t n)
 	return n <= 1 ? 0 : n == 2 ? 1 : n <= 4 ? 2 : n <= 8 ? 3 : 4;
 }
 
-typedef void (*kernel_fn)(pass_args);
-
-struct kernel_ent {
-	kernel_fn fn;
-	int smem, rb, tb;
-};
+typedef moet_rows_kernel kernel_ent;
 
 template <int DT, int NMAT, int TT, int WR> static kernel_ent ent(void)
 {
@@ -427,6 +397,11 @@ int moet_rows_run(const moet_rows_job *job, moet_rows_get_fn get, const void *ct
 	base.canon = job->canon;
 	for (int cl = 0; cl < N_CLASS; cl++) {
 		kernel_ent k = pick(job->dt, job->nmat, cl);
+		if (job->tiled && job->vec && job->dt != DT_F32 && cl >= 3) {
+			kernel_ent t = moet_rows_tiled_pick(job->dt, job->nmat, cl);
+			if (t.fn)
+				k = t;
+		}
 		if (!k.fn)
 			return moet_err(MOET_EINVAL, "rows: dtype %d with %d matrices", job->dt,
 					job->nmat);

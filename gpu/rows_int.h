@@ -40,6 +40,8 @@ typedef struct moet_rows_job {
 	int vec;              /* 16-byte staging: caller checked K * esize % 16 == 0, K % 4 == 0 and
 			       * 16-byte aligned weights and x (x_stride % 4 == 0) */
 	int canon;            /* nmat 1: canonicalize NaN outputs */
+	int tiled;            /* F8/BF16 under vec: groups of >= 5 tokens take the register-tiled
+			       * kernel (rows_tiled.cu); same bits, other speed */
 } moet_rows_job;
 
 /*
@@ -49,5 +51,60 @@ typedef struct moet_rows_job {
  */
 int moet_rows_run(const moet_rows_job *job, moet_rows_get_fn get, const void *ctx,
 		  int64_t n_groups, cudaStream_t stream);
+
+/* ---- shared by rows.cu and rows_tiled.cu ------------------------------------------------- */
+
+#define MOET_ROWS_THREADS 256
+#define MOET_ROWS_EXP_MAX 64 /* experts per launch (kernel parameter space) */
+
+/* One launch's parameters: up to MOET_ROWS_EXP_MAX groups of one token-count class, their tiles
+ * numbered group by group (row tile, then token tile fastest). */
+struct moet_rows_args {
+	const void *w[MOET_ROWS_EXP_MAX][2];  /* weight data per group, per matrix */
+	const float *s[MOET_ROWS_EXP_MAX][2]; /* block scales, or NULL (1.0f) */
+	int pair0[MOET_ROWS_EXP_MAX];         /* first pair (output row) of the group */
+	int n[MOET_ROWS_EXP_MAX];             /* pairs of the group */
+	int tile0[MOET_ROWS_EXP_MAX + 1];     /* first tile of the group in this launch */
+	int n_exp;
+	int rows, K;                /* output rows, columns (dot length) */
+	const float *x;             /* activations: row xr at x + xr * x_stride */
+	long long x_stride;         /* floats */
+	const int32_t *tok;         /* pair -> activation row, or NULL (identity) */
+	int n_x;                    /* activation rows (bounds for tok) */
+	float *out;                 /* out[pair * out_stride + row] */
+	long long out_stride;       /* floats */
+	int vec;                    /* 16-byte staging allowed (alignment checked on the host) */
+	int canon;                  /* NMAT 1: canonicalize NaN outputs */
+};
+
+typedef void (*moet_rows_kernel_fn)(moet_rows_args);
+
+/* A kernel instance and its launch shape: dynamic shared bytes, rows and tokens per tile. */
+struct moet_rows_kernel {
+	moet_rows_kernel_fn fn;
+	int smem, rb, tb;
+};
+
+/* The register-tiled instance for (dt F8 or BF16, nmat, token class 3 or 4), or fn NULL. */
+moet_rows_kernel moet_rows_tiled_pick(int dt, int nmat, int cl);
+
+/* The tile of block `tile` in a launch: group e (last with tile0[e] <= tile), then the row
+ * tile and the token tile (fastest) inside the group. */
+static __device__ __forceinline__ void moet_rows_tile(const moet_rows_args &a, int tile, int rb,
+						      int tb, int *e, int *row0, int *tok0)
+{
+	int lo = 0, hi = a.n_exp - 1;
+	while (lo < hi) {
+		int mid = (lo + hi + 1) >> 1;
+		if (a.tile0[mid] <= tile)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	const int n_tt = (a.n[lo] + tb - 1) / tb, local = tile - a.tile0[lo];
+	*e = lo;
+	*row0 = (local / n_tt) * rb;
+	*tok0 = (local % n_tt) * tb;
+}
 
 #endif
