@@ -20,6 +20,8 @@ static const struct {
 	{ "gen-checkpoint", moet_cli_gen_checkpoint,
 	  "write a synthetic checkpoint in the published layout" },
 	{ "bench", moet_cli_bench, "benchmarks against measured ceilings (bench --help)" },
+	{ "profile", moet_cli_profile, "routing counts per (phase, layer, expert) of prompts" },
+	{ "plan", moet_cli_plan, "a placement file from a profile under GPU budgets" },
 };
 
 static void usage(FILE *f)

@@ -1,0 +1,120 @@
+/*
+ * moet_plan.h: the frequency planner: which routed experts become GPU-resident, on which GPU,
+ * from a routing profile, under each GPU's byte budget; and the evaluation of placements on
+ * a held-out profile (docs/profile-and-plan.md).
+ *
+ *   profile --scores--> score[layer][expert]  (routings in the chosen phase)
+ *   sizes + budgets --> slots per GPU --> experts per layer (even, or --hot-per-layer K)
+ *   per layer: the top experts by score --> GPUs, heaviest first to the least loaded GPU
+ *              with a slot left in that layer (quotas keep every GPU's bytes in budget)
+ *
+ * Memory per GPU: budget - reserve - its share of the dense part (split evenly, remainder on
+ * the first GPU, as moet_placement counts it) = bytes for experts; each expert counted at the
+ * largest routed expert's size (every expert has the same size in this family; the planner
+ * says when they differ). The --auto cost model (slots spread unevenly over layers to minimize
+ * the predicted step time) is later work.
+ */
+#ifndef MOET_PLAN_H
+#define MOET_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "moet_config.h"
+#include "moet_placement.h"
+#include "moet_profile.h"
+
+typedef enum moet_plan_phase {
+	MOET_PLAN_DECODE = 0,   /* decode routings (the default: decode is what waits on bytes) */
+	MOET_PLAN_PREFILL,
+	MOET_PLAN_BOTH,
+} moet_plan_phase;
+
+/* "decode" / "prefill" / "both". 0 or MOET_EINVAL. */
+int moet_plan_phase_parse(const char *s, moet_plan_phase *out);
+const char *moet_plan_phase_name(moet_plan_phase ph);
+
+/* score[layer][expert] (malloc'd, [n_layers x n_experts]): the profile's plain counts of the
+ * phase (or of both added). MOET_ENOMEM. */
+int moet_plan_scores(const moet_profile *p, moet_plan_phase ph, double **out);
+
+/* What the GPUs offer. */
+typedef struct moet_plan_budget {
+	int n_gpus;                  /* 1 .. MOET_PLACEMENT_MAX_GPUS */
+	uint64_t budget_bytes;       /* per GPU */
+	uint64_t reserve_bytes;      /* per GPU: KV cache, activations, workspaces */
+	int64_t hot_per_layer;       /* experts per MoE layer on GPUs; 0: fill the budget evenly */
+} moet_plan_budget;
+
+/* A plan: the arithmetic and the resulting owner table. */
+typedef struct moet_plan {
+	int64_t n_layers, n_experts;
+	int64_t n_moe;               /* MoE layers */
+	int n_gpus;
+	uint64_t slot_bytes;         /* bytes counted per expert (the largest routed expert) */
+	bool equal_sizes;            /* every routed expert has slot_bytes */
+	uint64_t dense_bytes;        /* the whole dense part */
+	uint64_t dense_share[MOET_PLACEMENT_MAX_GPUS];  /* per GPU (split) */
+	uint64_t free_bytes[MOET_PLACEMENT_MAX_GPUS];   /* budget - reserve - dense share */
+	int64_t slots[MOET_PLACEMENT_MAX_GPUS];         /* experts that fit per GPU */
+	int64_t used[MOET_PLACEMENT_MAX_GPUS];          /* experts placed per GPU */
+	double load[MOET_PLACEMENT_MAX_GPUS];           /* score placed per GPU (routings) */
+	int64_t even_k;              /* experts per layer before the extras */
+	int64_t n_extra;             /* layers given one more (the leftover slots) */
+	int64_t *per_layer;          /* [n_layers] experts on GPUs (0 in dense layers) */
+	int16_t *owner;              /* [n_layers x n_experts]: GPU or MOET_PLACEMENT_CPU */
+	double *layer_hit;           /* [n_layers] hit rate on the scores; -1 without routings */
+	double hit_rate;             /* over all MoE layers, on the scores */
+	double max_imbalance;        /* max over layers of (largest GPU load / mean GPU load) */
+} moet_plan;
+
+/*
+ * Plans: slots per GPU from the sizes and budget (MOET_ERANGE when the dense share and the
+ * reserve leave no room, or hot_per_layer does not fit, naming the bytes), experts per layer,
+ * the top experts per layer by score (ties: lower id first), and their GPUs. `scores` is
+ * [n_layers x n_experts] for cf's geometry (sz likewise). Free with moet_plan_free.
+ * Work: O(L x E log E) for the ranking plus O(L x K x n_gpus) for the assignment.
+ */
+int moet_plan_make(const moet_config *cf, const moet_placement_sizes *sz, const double *scores,
+		   const moet_plan_budget *b, moet_plan **out);
+
+/* Accepts NULL. */
+void moet_plan_free(moet_plan *pl);
+
+/* The plan as a placement with GPUs gpu0..gpuN-1 (budget and reserve as planned, dense
+ * split). `label` names it. Errors of moet_placement_create / set_owner. */
+int moet_plan_to_placement(const moet_plan *pl, const moet_config *cf, const char *label,
+			   const moet_plan_budget *b, moet_placement **out);
+
+/* ---- evaluation --------------------------------------------------------------------------- */
+
+/* Share of all routings in `scores` that are served by experts with mask[l*E+e] != 0, over
+ * the layers; -1 when scores are all zero. */
+double moet_plan_hit_rate(const double *scores, int64_t n_layers, int64_t n_experts,
+			  const uint8_t *mask);
+
+/* mask of the top per_layer[l] experts of each layer by score (ties: lower id). MOET_ENOMEM. */
+int moet_plan_top_mask(const double *scores, int64_t n_layers, int64_t n_experts,
+		       const int64_t *per_layer, uint8_t *mask);
+
+/* The hit rates of issue 6's comparison, at the plan's per-layer counts. -1: not available. */
+typedef struct moet_plan_eval {
+	double hit_rate;            /* the plan (from the training profile) on the held-out one */
+	double optimal_hit_rate;    /* top experts of the held-out profile itself (hindsight) */
+	double first_k_hit_rate;    /* experts 0 .. K-1 of every layer */
+	double random_hit_rate;     /* K experts per layer drawn uniformly (one seeded draw) */
+	double random_expected;     /* the expectation of that draw: sum K / E weighted by layer */
+	double generator_hit_rate;  /* top experts by the generator's expert_share (synthetic) */
+	double generator_expected;  /* the share that placement gets under the generator's own
+				     * distribution (mean over layers of its expert_share sums) */
+	double train_hit_rate;      /* the plan on its own training profile */
+} moet_plan_eval;
+
+/*
+ * Evaluates `pl` on held-out scores `test` (same geometry). `truth` (NULL: none) adds the
+ * generator rows. `seed` draws the random placement. MOET_ENOMEM.
+ */
+int moet_plan_evaluate(const moet_plan *pl, const double *test, const moet_gen_truth *truth,
+		       uint64_t seed, moet_plan_eval *out);
+
+#endif

@@ -1,0 +1,357 @@
+/*
+ * cli_plan.c: `moet-hybrid plan`: a placement file from a routing profile (placement/
+ * moet_plan.h), with its arithmetic printed; and `plan --evaluate`: the hit rate of that plan
+ * on a held-out profile against first-K, uniform random, the hindsight optimum and (for
+ * gen-checkpoint models) the generator's own distribution.
+ *
+ * Sizes are the checkpoint's (moet_placement_sizes_from_ckpt): only config.json and the
+ * shard headers are read, no weights. The placement is checked against the budgets with
+ * moet_placement_check before it is written, so a written plan always loads.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "moet_ckpt.h"
+#include "moet_config.h"
+#include "moet_err.h"
+#include "moet_placement.h"
+#include "moet_plan.h"
+#include "moet_profile.h"
+
+#define GIB(b) ((double)(b) / (double)(1ull << 30))
+#define MIB(b) ((double)(b) / (double)(1ull << 20))
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: moet-hybrid plan --model DIR --profile P --gpus N --vram-gb G "
+		"[--hot-per-layer K]\n"
+		"                        [--reserve-gb R] [--phase decode|prefill|both] "
+		"--out PLACEMENT.yaml\n"
+		"       moet-hybrid plan --evaluate --model DIR --profile TRAIN --holdout TEST "
+		"--gpus N --vram-gb G\n"
+		"                        [--hot-per-layer K] [--reserve-gb R] [--phase P] "
+		"[--seed S] [--json] [--out F]\n\n"
+		"Per MoE layer, the experts the profile routes to most go to the GPUs, each GPU\n"
+		"within its budget: budget - reserve - its share of the dense part (split evenly)\n"
+		"holds whole experts at the checkpoint's real sizes. Experts of a layer are dealt\n"
+		"heaviest first to the GPU with the least load in that layer. Prints the\n"
+		"arithmetic and the expected hit rate (routings served by GPU-resident experts)\n"
+		"per layer and overall, and writes the placement file (docs/placement.md), the\n"
+		"per-layer hit rates as comments. Format and method: docs/profile-and-plan.md.\n\n"
+		"  --gpus N           GPUs (named gpu0 .. gpuN-1)\n"
+		"  --vram-gb G        budget per GPU in GiB (2^30 bytes), or a size with a unit\n"
+		"                     (141GB, 139GiB, 32000MiB)\n"
+		"  --reserve-gb R     per GPU for KV cache, activations, workspaces, CUDA context\n"
+		"                     (GiB or a size with a unit; default 10%% of the budget)\n"
+		"  --hot-per-layer K  K experts in every MoE layer (default: as many as fit,\n"
+		"                     evenly over layers; leftover slots to the layers whose next\n"
+		"                     expert is busiest)\n"
+		"  --phase P          routings to plan for: decode (default), prefill, both\n"
+		"  --evaluate         compare on --holdout TEST: the plan, the hindsight optimum\n"
+		"                     (TEST's own top experts at the same counts per layer),\n"
+		"                     first-K, uniform random (--seed, default 1), and for\n"
+		"                     gen-checkpoint models the generator's hot experts\n"
+		"  --json             --evaluate's figures as one JSON object\n\n"
+		"Not yet: --auto (slots spread unevenly over layers by a cost model of CPU, GPU\n"
+		"and PCIe bandwidth to minimize the predicted decode step time) is later work of\n"
+		"issue 6; so is the SVG heatmap.\n");
+}
+
+/* "139" (GiB) or a size with a unit. */
+static int parse_gib(const char *opt, const char *s, uint64_t *out)
+{
+	char *end;
+	double g = strtod(s, &end);
+	if (end != s && !*end) {
+		if (!(g >= 0 && g < 1e9))
+			return moet_err(MOET_EINVAL, "%s '%s': out of range", opt, s);
+		*out = (uint64_t)(g * (double)(1ull << 30));
+		return 0;
+	}
+	if (moet_placement_parse_bytes(s, out))
+		return moet_err(MOET_EINVAL, "%s '%s': not a number of GiB or a size (139GiB, "
+				"141GB, 512MiB)", opt, s);
+	return 0;
+}
+
+typedef struct plopts {
+	const char *model, *profile, *holdout, *out;
+	moet_plan_phase phase;
+	moet_plan_budget b;
+	int reserve_set, evaluate, json;
+	uint64_t seed;
+} plopts;
+
+static void print_plan(const plopts *o, const moet_plan *pl, const moet_placement *p,
+		       const moet_placement_sizes *sz, double plan_ms)
+{
+	const int n = pl->n_gpus;
+	printf("expert bytes: %" PRIu64 " (%.3f MiB, gate+up+down with scales; %s)\n",
+	       pl->slot_bytes, MIB(pl->slot_bytes), pl->equal_sizes ?
+	       "every routed expert the same" : "the largest: experts differ, each counted so");
+	printf("dense part: %" PRIu64 " bytes (%.3f GiB), split over %d GPU%s\n", pl->dense_bytes,
+	       GIB(pl->dense_bytes), n, n > 1 ? "s" : "");
+	for (int g = 0; g < n; g++)
+		printf("gpu%d: budget %" PRIu64 " - reserve %" PRIu64 " - dense %" PRIu64 " = %"
+		       PRIu64 " bytes -> %" PRId64 " experts\n", g, o->b.budget_bytes,
+		       o->b.reserve_bytes, pl->dense_share[g], pl->free_bytes[g], pl->slots[g]);
+	printf("experts per MoE layer: %" PRId64 " x %" PRId64 " layers", pl->even_k, pl->n_moe);
+	if (pl->n_extra)
+		printf(" + 1 in %" PRId64 " layer%s (leftover slots)", pl->n_extra,
+		       pl->n_extra > 1 ? "s" : "");
+	printf(" of %" PRId64 " (%s)\n", pl->n_experts,
+	       o->b.hot_per_layer ? "--hot-per-layer" : "filling the budget");
+	printf("  layer experts hit_rate  per GPU\n");
+	for (int64_t l = 0; l < pl->n_layers; l++) {
+		if (!pl->per_layer[l])
+			continue;
+		int64_t cnt[MOET_PLACEMENT_MAX_GPUS] = { 0 };
+		for (int64_t e = 0; e < pl->n_experts; e++)
+			if (pl->owner[l * pl->n_experts + e] >= 0)
+				cnt[pl->owner[l * pl->n_experts + e]]++;
+		printf("  %5" PRId64 " %7" PRId64 " %8.4f ", l, pl->per_layer[l], pl->layer_hit[l]);
+		for (int g = 0; g < n; g++)
+			printf(" %" PRId64, cnt[g]);
+		printf("\n");
+	}
+	double tot = 0;
+	for (int g = 0; g < n; g++)
+		tot += pl->load[g];
+	printf("  gpu   experts expert_GiB dense_GiB reserve_GiB total_GiB budget_GiB  "
+	       "routings_share\n");
+	for (int g = 0; g < n; g++) {
+		moet_placement_usage u;
+		if (moet_placement_usage_of(p, sz, g, &u))
+			continue;
+		printf("  gpu%-3d %7" PRId64 " %10.3f %9.3f %11.3f %9.3f %10.3f  %13.4f\n", g,
+		       u.n_experts, GIB(u.expert_bytes), GIB(u.dense_bytes), GIB(u.reserve_bytes),
+		       GIB(u.total_bytes), GIB(u.budget_bytes), tot > 0 ? pl->load[g] / tot : 0);
+	}
+	printf("largest GPU load in a layer / mean: %.3f\n", pl->max_imbalance);
+	printf("expected hit rate (%s routings of the profile): %.4f\n",
+	       moet_plan_phase_name(o->phase), pl->hit_rate);
+	printf("planned in %.2f ms\n", plan_ms);
+}
+
+static int write_plan(const plopts *o, const moet_plan *pl, const moet_placement *p)
+{
+	const int64_t L = pl->n_layers;
+	char **com = calloc((size_t)L, sizeof(*com));
+	char header[1024];
+	int rc = com ? 0 : moet_err(MOET_ENOMEM, "comments");
+	for (int64_t l = 0; !rc && l < L; l++) {
+		if (!pl->per_layer[l])
+			continue;
+		if (!(com[l] = malloc(128))) {
+			rc = moet_err(MOET_ENOMEM, "comments");
+			break;
+		}
+		snprintf(com[l], 128, "layer %" PRId64 ": expected hit rate %.4f (%" PRId64
+			 " experts on GPUs)", l, pl->layer_hit[l], pl->per_layer[l]);
+	}
+	snprintf(header, sizeof(header), "written by moet-hybrid plan from %s (%s routings)\n"
+		 "%d GPUs, budget %" PRIu64 " bytes, reserve %" PRIu64 " bytes each; %" PRId64
+		 " experts per MoE layer, +1 in %" PRId64 " of them\n"
+		 "expected hit rate overall: %.4f (predicted step time: needs --auto, later work)",
+		 o->profile, moet_plan_phase_name(o->phase), pl->n_gpus, o->b.budget_bytes,
+		 o->b.reserve_bytes, pl->even_k, pl->n_extra, pl->hit_rate);
+	if (!rc)
+		rc = moet_placement_save(p, o->out, header, (const char *const *)com);
+	for (int64_t l = 0; com && l < L; l++)
+		free(com[l]);
+	free(com);
+	return rc;
+}
+
+static void print_eval(const plopts *o, const moet_plan *pl, const moet_plan_eval *ev)
+{
+	if (o->json) {
+		printf("{\"hit_rate\": %.6f, \"optimal_hit_rate\": %.6f, \"first_k_hit_rate\": "
+		       "%.6f,"
+		       " \"random_hit_rate\": %.6f, \"random_expected_hit_rate\": %.6f",
+		       ev->hit_rate, ev->optimal_hit_rate, ev->first_k_hit_rate,
+		       ev->random_hit_rate, ev->random_expected);
+		if (ev->generator_hit_rate >= 0)
+			printf(", \"generator_hit_rate\": %.6f, \"generator_expected_share\": %.6f",
+			       ev->generator_hit_rate, ev->generator_expected);
+		printf(", \"train_hit_rate\": %.6f, \"ratio_to_optimal\": %.6f, \"phase\": \"%s\", "
+		       "\"gpus\": %d, \"experts_per_layer\": [", ev->train_hit_rate,
+		       ev->optimal_hit_rate > 0 ? ev->hit_rate / ev->optimal_hit_rate : 0.0,
+		       moet_plan_phase_name(o->phase), pl->n_gpus);
+		int first = 1;
+		for (int64_t l = 0; l < pl->n_layers; l++)
+			if (pl->per_layer[l]) {
+				printf("%s%" PRId64, first ? "" : ", ", pl->per_layer[l]);
+				first = 0;
+			}
+		printf("]}\n");
+		return;
+	}
+	printf("evaluation on %s (%s routings), plan from %s; %" PRId64 " experts per MoE layer "
+	       "(+1 in %" PRId64 ") of %" PRId64 "\n", o->holdout, moet_plan_phase_name(o->phase),
+	       o->profile, pl->even_k, pl->n_extra, pl->n_experts);
+	printf("  %-44s hit_rate\n", "placement");
+	printf("  %-44s %.4f  (on the profile itself %.4f)\n",
+	       "frequency, planned from the profile", ev->hit_rate, ev->train_hit_rate);
+	printf("  %-44s %.4f\n", "hindsight optimum (the held-out top experts)",
+	       ev->optimal_hit_rate);
+	if (ev->generator_hit_rate >= 0)
+		printf("  %-44s %.4f  (its share under generator.json: %.4f)\n",
+		       "the generator's distribution (hot experts)", ev->generator_hit_rate,
+		       ev->generator_expected);
+	printf("  %-44s %.4f\n", "first-K", ev->first_k_hit_rate);
+	printf("  %-44s %.4f  (one draw, seed %" PRIu64 "; expectation %.4f)\n", "uniform random",
+	       ev->random_hit_rate, o->seed, ev->random_expected);
+	if (ev->optimal_hit_rate > 0)
+		printf("frequency / hindsight optimum: %.2f%%\n",
+		       100.0 * ev->hit_rate / ev->optimal_hit_rate);
+}
+
+static int run_plan(const plopts *o)
+{
+	moet_config cf;
+	moet_ckpt *ck = NULL;
+	moet_placement_sizes *sz = NULL;
+	moet_profile *train = NULL, *test = NULL;
+	moet_gen_truth *truth = NULL;
+	moet_plan *pl = NULL;
+	moet_placement *p = NULL;
+	double *scores = NULL, *tscores = NULL;
+	plopts op = *o;
+	int rc = moet_config_load(o->model, &cf);
+	if (!rc)
+		rc = moet_ckpt_open(o->model, &ck);
+	if (!rc)
+		rc = moet_placement_sizes_from_ckpt(&cf, ck, &sz);
+	if (!rc && !(rc = moet_profile_load(o->profile, &train)))
+		rc = moet_profile_check(train, &cf, o->profile);
+	if (!rc && o->evaluate && !(rc = moet_profile_load(o->holdout, &test)))
+		rc = moet_profile_check(test, &cf, o->holdout);
+	if (!rc && o->evaluate) {
+		rc = moet_gen_truth_load(o->model, &cf, &truth);
+		if (rc == MOET_ENOTFOUND)
+			rc = 0;
+	}
+	if (!rc && !o->reserve_set)
+		op.b.reserve_bytes = o->b.budget_bytes / 10;
+	if (!rc)
+		rc = moet_plan_scores(train, o->phase, &scores);
+	double seen = 0;
+	for (int64_t i = 0; !rc && i < train->n_layers * train->n_experts; i++)
+		seen += scores[i];
+	if (!rc && seen == 0)
+		rc = moet_err(MOET_EINVAL, "%s: no %s routings to plan from (profiled with "
+			      "--max-new 0?); try --phase prefill or both", o->profile,
+			      moet_plan_phase_name(o->phase));
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	if (!rc)
+		rc = moet_plan_make(&cf, sz, scores, &op.b, &pl);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	const double ms = 1e3 * (double)(t1.tv_sec - t0.tv_sec) + 1e-6 * (double)(t1.tv_nsec -
+								       t0.tv_nsec);
+	if (!rc)
+		rc = moet_plan_to_placement(pl, &cf, o->out ? o->out : "plan", &op.b, &p);
+	if (!rc)
+		rc = moet_placement_check(p, sz);
+	if (!rc && !(o->evaluate && o->json)) {
+		printf("plan: model %s (sizes from the checkpoint), profile %s\n", o->model,
+		       o->profile);
+		print_plan(&op, pl, p, sz, ms);
+	}
+	if (!rc && o->evaluate) {
+		moet_plan_eval ev;
+		if (!(rc = moet_plan_scores(test, o->phase, &tscores)) &&
+		    !(rc = moet_plan_evaluate(pl, tscores, truth, o->seed, &ev)))
+			print_eval(&op, pl, &ev);
+	}
+	if (!rc && o->out) {
+		rc = write_plan(&op, pl, p);
+		if (!rc && !(o->evaluate && o->json))
+			printf("wrote %s\n", o->out);
+	}
+	free(scores);
+	free(tscores);
+	moet_placement_free(p);
+	moet_plan_free(pl);
+	moet_gen_truth_free(truth);
+	moet_profile_free(train);
+	moet_profile_free(test);
+	moet_placement_sizes_free(sz);
+	moet_ckpt_close(ck);
+	return rc;
+}
+
+int moet_cli_plan(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "model", required_argument, NULL, 'm' },
+		{ "profile", required_argument, NULL, 'p' },
+		{ "holdout", required_argument, NULL, 'H' },
+		{ "gpus", required_argument, NULL, 'g' },
+		{ "vram-gb", required_argument, NULL, 'v' },
+		{ "reserve-gb", required_argument, NULL, 'r' },
+		{ "hot-per-layer", required_argument, NULL, 'k' },
+		{ "phase", required_argument, NULL, 'P' },
+		{ "out", required_argument, NULL, 'o' },
+		{ "evaluate", no_argument, NULL, 'e' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "seed", required_argument, NULL, 's' },
+		{ "auto", no_argument, NULL, 'A' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	plopts o = { .phase = MOET_PLAN_DECODE, .seed = 1 };
+	const char *vram = NULL, *reserve = NULL;
+	int c, bad = 0, rc = 0;
+	char *end;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'm': o.model = optarg; break;
+		case 'p': o.profile = optarg; break;
+		case 'H': o.holdout = optarg; break;
+		case 'g': o.b.n_gpus = (int)strtol(optarg, &end, 10); bad |= *end != 0; break;
+		case 'v': vram = optarg; break;
+		case 'r': reserve = optarg; break;
+		case 'k': o.b.hot_per_layer = strtoll(optarg, &end, 10);
+			bad |= *end || o.b.hot_per_layer < 1; break;
+		case 'P': if (!rc) rc = moet_plan_phase_parse(optarg, &o.phase); break;
+		case 'o': o.out = optarg; break;
+		case 'e': o.evaluate = 1; break;
+		case 'j': o.json = 1; break;
+		case 's': o.seed = strtoull(optarg, &end, 10); bad |= *end != 0; break;
+		case 'A':
+			return moet_cli_fail("plan", moet_err(MOET_EUNSUP, "--auto (a cost model "
+					     "spreading slots unevenly over layers) is not built "
+					     "yet: use the even split or --hot-per-layer"));
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind < argc || !o.model || !o.profile || !o.b.n_gpus || !vram ||
+	    (!o.evaluate && !o.out) || (o.evaluate && !o.holdout) || (o.json && !o.evaluate)) {
+		usage(stderr);
+		return 2;
+	}
+	if (!rc && (bad || o.b.n_gpus < 1 || o.b.n_gpus > MOET_PLACEMENT_MAX_GPUS))
+		rc = moet_err(MOET_EINVAL, "--gpus (1..%d), --hot-per-layer (>= 1) and --seed "
+			      "take integers in range", MOET_PLACEMENT_MAX_GPUS);
+	if (!rc)
+		rc = parse_gib("--vram-gb", vram, &o.b.budget_bytes);
+	if (!rc && !o.b.budget_bytes)
+		rc = moet_err(MOET_EINVAL, "--vram-gb %s: must be > 0", vram);
+	if (!rc && reserve) {
+		rc = parse_gib("--reserve-gb", reserve, &o.b.reserve_bytes);
+		o.reserve_set = 1;
+	}
+	if (!rc)
+		rc = run_plan(&o);
+	return rc ? moet_cli_fail("plan", rc) : 0;
+}
