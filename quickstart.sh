@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 PKGS=(build-essential cmake ninja-build pkg-config libjansson-dev libhwloc-dev libnuma-dev
-	libdnnl-dev libyaml-dev)
+	libdnnl-dev libyaml-dev libpcre2-dev)
 
 need_pkgs() {
 	local missing=()
