@@ -11,8 +11,9 @@
  * Memory per GPU: budget - reserve - its share of the dense part (split evenly, remainder on
  * the first GPU, as moet_placement counts it) = bytes for experts; each expert counted at the
  * largest routed expert's size (every expert has the same size in this family; the planner
- * says when they differ). The --auto cost model (slots spread unevenly over layers to minimize
- * the predicted step time) is later work.
+ * says when they differ). With a cost model (moet_cost.h: hw set in the budget) the plan
+ * carries the predicted decode step time; with auto_slots the experts per layer are chosen
+ * by it (uneven: a slot goes where it saves the most predicted time, plan.c).
  */
 #ifndef MOET_PLAN_H
 #define MOET_PLAN_H
@@ -21,6 +22,7 @@
 #include <stdint.h>
 
 #include "moet_config.h"
+#include "moet_cost.h"
 #include "moet_placement.h"
 #include "moet_profile.h"
 
@@ -44,6 +46,9 @@ typedef struct moet_plan_budget {
 	uint64_t budget_bytes;       /* per GPU */
 	uint64_t reserve_bytes;      /* per GPU: KV cache, activations, workspaces */
 	int64_t hot_per_layer;       /* experts per MoE layer on GPUs; 0: fill the budget evenly */
+	const moet_cost_hw *hw;      /* NULL: no cost model, no prediction */
+	int64_t batch;               /* decode batch of the prediction (>= 1 with hw) */
+	bool auto_slots;             /* with hw and no hot_per_layer: counts by the cost model */
 } moet_plan_budget;
 
 /* A plan: the arithmetic and the resulting owner table. */
@@ -66,6 +71,14 @@ typedef struct moet_plan {
 	double *layer_hit;           /* [n_layers] hit rate on the scores; -1 without routings */
 	double hit_rate;             /* over all MoE layers, on the scores */
 	double max_imbalance;        /* max over layers of (largest GPU load / mean GPU load) */
+	/* With a cost model (budget hw != NULL): */
+	bool has_cost;
+	bool auto_slots;             /* the counts came from the cost model */
+	bool auto_kept_even;         /* --auto predicted no gain over the even split: kept it */
+	moet_cost_in cost;           /* what the predictions were made with */
+	moet_cost_pred pred;         /* this plan's decode step */
+	moet_cost_pred even_pred;    /* the even split's (the same as pred without auto_slots) */
+	double even_hit_rate;        /* the even split's hit rate on the scores */
 } moet_plan;
 
 /*

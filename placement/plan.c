@@ -10,6 +10,8 @@
  *    Otherwise K = min(E, floor(S / MoE layers)) everywhere, and the S - K x layers leftover
  *    slots (fewer than one per layer) go one each to the layers whose next expert has the
  *    most routings: an even split that wastes no slot.
+ *    --auto (budget hw set, auto_slots): the S slots are dealt one at a time to the layer
+ *    whose next expert saves the most predicted step time (moet_cost.h), see auto_counts.
  * 3. GPUs. Per layer, the layer's K_l slots are first dealt to GPUs one at a time, each to the
  *    GPU with the most slots left over all layers (ties: lower index), so no GPU ever gets
  *    more experts than its slots and the GPUs fill evenly. Then the layer's experts, heaviest
@@ -226,6 +228,127 @@ static int plan_counts(moet_plan *pl, const moet_config *cf, const double *score
 	return 0;
 }
 
+/* ---- --auto: experts per layer by the cost model --------------------------------------- */
+
+/*
+ * Per MoE layer the prefix sums over its experts in rank order of P (touch probability,
+ * moet_cost_touch: ranking by P is ranking by score) and of log(1 - P), so that the layer's
+ * predicted time with its top n experts on the GPUs is O(n_gpus) to evaluate:
+ *
+ *   f_l(n): d_cpu = D_l(E) - D_l(n), a_cpu = 1 - exp(Q_l(E) - Q_l(n)); the n GPU experts
+ *           counted as spread evenly, D_l(n) / n_gpus and 1 - exp(Q_l(n) / n_gpus) per GPU
+ *           (plan_assign balances load per layer, so this is what it aims at).
+ *
+ * Greedy: S times, give one slot to the layer with the largest gain g_l = f_l(n_l) -
+ * f_l(n_l + 1) (ties: the busier next expert, then the lower layer); stop early only when
+ * every gain is negative (a GPU slower than the CPU) or every layer is full.
+ *
+ * Why greedy is optimal when each f_l is convex in n (non-increasing gains; the separable
+ * concave-saving case): any allocation n_1..n_L with sum n_l <= S saves sum_l (f_l(0) -
+ * f_l(n_l)) = the sum of the first n_l gains of each layer: at most S gains, at most one
+ * from each (layer, position), and only prefixes of each layer's sequence. The S largest
+ * gains over all layers form such prefixes, because within a layer the gains do not
+ * increase; greedy takes exactly those (it always takes the largest gain still available,
+ * and a layer's next gain is never larger than the one just taken). So no allocation saves
+ * more. The pure bandwidth terms are convex: with P sorted descending the CPU's D falls by
+ * P_(n), a non-increasing step. The max of the tiers and the A_tier (overhead, copy) terms
+ * can break convexity (e.g. emptying a layer's CPU tier removes its fixed costs at once);
+ * greedy is then a heuristic, so the plan keeps whichever of greedy and the even split has
+ * the smaller predicted step (auto_kept_even says which).
+ */
+typedef struct auto_ctx {
+	moet_cost_in in;
+	int64_t L, E;
+	double *D, *Q;       /* [L x (E + 1)] prefix sums of P and log(1 - P) in rank order */
+} auto_ctx;
+
+static double auto_f(const auto_ctx *c, int64_t l, int64_t n)
+{
+	const double *D = c->D + l * (c->E + 1), *Q = c->Q + l * (c->E + 1);
+	double dg[MOET_PLACEMENT_MAX_GPUS], ag[MOET_PLACEMENT_MAX_GPUS];
+	const int ng = c->in.n_gpus;
+	for (int g = 0; g < ng; g++) {
+		dg[g] = D[n] / ng;
+		ag[g] = -expm1(Q[n] / ng);
+	}
+	return moet_cost_layer_ms(&c->in, D[c->E] - D[n], -expm1(Q[c->E] - Q[n]), dg, ag);
+}
+
+static double auto_total(const auto_ctx *c, const int64_t *n, const moet_config *cf)
+{
+	double t = 0;
+	for (int64_t l = 0; l < c->L; l++)
+		t += moet_config_is_moe_layer(cf, l) ? auto_f(c, l, n[l]) : 0;
+	return t;
+}
+
+static double next_score(const double *scores, const int32_t *rank, int64_t E, int64_t l,
+			 int64_t n)
+{
+	return scores[l * E + rank[l * E + n]];
+}
+
+static int auto_counts(moet_plan *pl, const moet_config *cf, const double *scores,
+		       const int32_t *rank)
+{
+	const int64_t L = pl->n_layers, E = pl->n_experts;
+	auto_ctx c = { .in = pl->cost, .L = L, .E = E };
+	int64_t *n = calloc((size_t)L, sizeof(*n));
+	double *gain = malloc((size_t)L * sizeof(*gain));
+	double *P = malloc((size_t)E * sizeof(*P));
+	c.D = calloc((size_t)(L * (E + 1)), sizeof(double));
+	c.Q = calloc((size_t)(L * (E + 1)), sizeof(double));
+	int rc = 0;
+	if (!n || !gain || !P || !c.D || !c.Q) {
+		rc = moet_err(MOET_ENOMEM, "plan --auto");
+		goto done;
+	}
+	int64_t S = 0;
+	for (int g = 0; g < pl->n_gpus; g++)
+		S += pl->slots[g];
+	for (int64_t l = 0; l < L; l++) {
+		moet_cost_touch(scores + l * E, E, c.in.top_k, c.in.batch, P);
+		double *D = c.D + l * (E + 1), *Q = c.Q + l * (E + 1);
+		for (int64_t i = 0; i < E; i++) {
+			const double p = P[rank[l * E + i]];
+			/* NOTE: log(1 - 1) clamped: exp(-800) is 0 and differences stay finite. */
+			D[i + 1] = D[i] + p;
+			Q[i + 1] = Q[i] + (p < 1 ? log1p(-p) : -800.0);
+		}
+		gain[l] = moet_config_is_moe_layer(cf, l) && E > 0 ?
+				  auto_f(&c, l, 0) - auto_f(&c, l, 1) : -INFINITY;
+	}
+	for (int64_t s = 0; s < S; s++) {
+		int64_t best = -1;
+		for (int64_t l = 0; l < L; l++) {
+			if (n[l] >= E || gain[l] == -INFINITY)
+				continue;
+			if (best < 0 || gain[l] > gain[best] ||
+			    (gain[l] == gain[best] && next_score(scores, rank, E, l, n[l]) >
+						      next_score(scores, rank, E, best, n[best])))
+				best = l;
+		}
+		if (best < 0 || gain[best] < 0)
+			break;
+		n[best]++;
+		gain[best] = n[best] < E ? auto_f(&c, best, n[best]) - auto_f(&c, best, n[best] + 1)
+					 : -INFINITY;
+	}
+	if (auto_total(&c, n, cf) < auto_total(&c, pl->per_layer, cf)) {
+		memcpy(pl->per_layer, n, (size_t)L * sizeof(*n));
+		pl->n_extra = 0;
+	} else {
+		pl->auto_kept_even = true;
+	}
+done:
+	free(n);
+	free(gain);
+	free(P);
+	free(c.D);
+	free(c.Q);
+	return rc;
+}
+
 /* Step 3: GPUs, layer by layer. */
 static void plan_assign(moet_plan *pl, const double *scores, const int32_t *rank)
 {
@@ -282,6 +405,29 @@ static void plan_assign(moet_plan *pl, const double *scores, const int32_t *rank
 	pl->hit_rate = all > 0 ? hit / all : -1;
 }
 
+/* The even split's GPUs and predicted step (a shadow plan with the same slots). */
+static int plan_even_pred(moet_plan *pl, const double *scores, const int32_t *rank)
+{
+	const int64_t L = pl->n_layers, E = pl->n_experts;
+	moet_plan sh = *pl;
+	int rc = 0;
+	sh.owner = malloc((size_t)(L * E) * sizeof(*sh.owner));
+	sh.layer_hit = calloc((size_t)L, sizeof(*sh.layer_hit));
+	if (!sh.owner || !sh.layer_hit) {
+		rc = moet_err(MOET_ENOMEM, "plan: even split");
+		goto done;
+	}
+	for (int64_t i = 0; i < L * E; i++)
+		sh.owner[i] = MOET_PLACEMENT_CPU;
+	plan_assign(&sh, scores, rank);
+	pl->even_hit_rate = sh.hit_rate;
+	rc = moet_cost_predict(&pl->cost, scores, L, E, sh.owner, &pl->even_pred);
+done:
+	free(sh.owner);
+	free(sh.layer_hit);
+	return rc;
+}
+
 int moet_plan_make(const moet_config *cf, const moet_placement_sizes *sz, const double *scores,
 		   const moet_plan_budget *b, moet_plan **out)
 {
@@ -294,6 +440,11 @@ int moet_plan_make(const moet_config *cf, const moet_placement_sizes *sz, const 
 		return moet_err(MOET_EINVAL, "plan: %d GPUs (1..%d), budget %" PRIu64 " bytes, "
 				"hot per layer %" PRId64, b->n_gpus, MOET_PLACEMENT_MAX_GPUS,
 				b->budget_bytes, b->hot_per_layer);
+	if (b->hw && b->batch < 1)
+		return moet_err(MOET_EINVAL, "plan: decode batch %" PRId64 " (>= 1)", b->batch);
+	if (b->auto_slots && (!b->hw || b->hot_per_layer))
+		return moet_err(MOET_EINVAL, "plan: --auto needs a cost model and no "
+				"--hot-per-layer");
 	if (sz->n_layers != L || sz->n_experts != E)
 		return moet_err(MOET_EINVAL, "plan: sizes for %" PRId64 " x %" PRId64 ", model %"
 				PRId64 " x %" PRId64, sz->n_layers, sz->n_experts, L, E);
@@ -312,7 +463,27 @@ int moet_plan_make(const moet_config *cf, const moet_placement_sizes *sz, const 
 	if ((rc = plan_slots(pl, cf, sz, b)) || (rc = rank_all(scores, L, E, &rank)) ||
 	    (rc = plan_counts(pl, cf, scores, rank, b)))
 		goto fail;
+	if (b->hw) {
+		pl->has_cost = true;
+		pl->cost = (moet_cost_in){ .hw = *b->hw, .batch = b->batch,
+					   .top_k = cf->num_experts_per_tok,
+					   .d_model = cf->hidden_size,
+					   .expert_bytes = pl->slot_bytes,
+					   .dense_bytes = sz->dense_bytes - sz->embed_bytes,
+					   .n_gpus = b->n_gpus };
+		/* The even split first: its owner table is the comparison. */
+		if ((rc = plan_even_pred(pl, scores, rank)))
+			goto fail;
+		if (b->auto_slots && !b->hot_per_layer) {
+			pl->auto_slots = true;
+			if ((rc = auto_counts(pl, cf, scores, rank)))
+				goto fail;
+		}
+	}
 	plan_assign(pl, scores, rank);
+	if (pl->has_cost &&
+	    (rc = moet_cost_predict(&pl->cost, scores, L, E, pl->owner, &pl->pred)))
+		goto fail;
 	free(rank);
 	*out = pl;
 	return 0;

@@ -2,7 +2,9 @@
  * cli_plan.c: `moet-hybrid plan`: a placement file from a routing profile (placement/
  * moet_plan.h), with its arithmetic printed; and `plan --evaluate`: the hit rate of that plan
  * on a held-out profile against first-K, uniform random, the hindsight optimum and (for
- * gen-checkpoint models) the generator's own distribution.
+ * gen-checkpoint models) the generator's own distribution. With --auto (or --hardware) the
+ * decode step time is predicted by placement/moet_cost.h on a hardware file or the built-in
+ * defaults, and --auto spreads the slots unevenly over layers to minimize it.
  *
  * Sizes are the checkpoint's (moet_placement_sizes_from_ckpt): only config.json and the
  * shard headers are read, no weights. The placement is checked against the budgets with
@@ -18,6 +20,7 @@
 #include "cli.h"
 #include "moet_ckpt.h"
 #include "moet_config.h"
+#include "moet_cost.h"
 #include "moet_err.h"
 #include "moet_placement.h"
 #include "moet_plan.h"
@@ -30,9 +33,9 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: moet-hybrid plan --model DIR --profile P --gpus N --vram-gb G "
-		"[--hot-per-layer K]\n"
-		"                        [--reserve-gb R] [--phase decode|prefill|both] "
-		"--out PLACEMENT.yaml\n"
+		"[--hot-per-layer K | --auto]\n"
+		"                        [--hardware FILE.yaml] [--batch B] [--reserve-gb R]\n"
+		"                        [--phase decode|prefill|both] --out PLACEMENT.yaml\n"
 		"       moet-hybrid plan --evaluate --model DIR --profile TRAIN --holdout TEST "
 		"--gpus N --vram-gb G\n"
 		"                        [--hot-per-layer K] [--reserve-gb R] [--phase P] "
@@ -57,10 +60,18 @@ static void usage(FILE *f)
 		"                     (TEST's own top experts at the same counts per layer),\n"
 		"                     first-K, uniform random (--seed, default 1), and for\n"
 		"                     gen-checkpoint models the generator's hot experts\n"
-		"  --json             --evaluate's figures as one JSON object\n\n"
-		"Not yet: --auto (slots spread unevenly over layers by a cost model of CPU, GPU\n"
-		"and PCIe bandwidth to minimize the predicted decode step time) is later work of\n"
-		"issue 6; so is the SVG heatmap.\n");
+		"  --json             --evaluate's figures as one JSON object\n"
+		"  --auto             experts per layer chosen by the cost model (uneven): each\n"
+		"                     slot goes to the layer whose next expert saves the most\n"
+		"                     predicted decode step time; prints and writes the predicted\n"
+		"                     step time and the even split's for comparison\n"
+		"  --hardware FILE    the cost model's hardware (configs/hardware-*.yaml;\n"
+		"                     default: built-in figures of the H200 machine, printed\n"
+		"                     as such);\n"
+		"                     without --auto, predicts the step time of the even split\n"
+		"  --batch B          decode batch (sequences per step) of the prediction\n"
+		"                     (default 1)\n\n"
+		"The picture of a plan: moet-hybrid heatmap (docs/profile-and-plan.md).\n");
 }
 
 /* "139" (GiB) or a size with a unit. */
@@ -86,7 +97,39 @@ typedef struct plopts {
 	moet_plan_budget b;
 	int reserve_set, evaluate, json;
 	uint64_t seed;
+	const char *hardware;
+	moet_cost_hw hw;
 } plopts;
+
+static void print_cost(const plopts *o, const moet_plan *pl)
+{
+	const moet_cost_hw *h = &pl->cost.hw;
+	const moet_cost_pred *p = &pl->pred, *e = &pl->even_pred;
+	printf("cost model: %s%s: cpu read %g GB/s, gpu read %g GB/s, pcie %g GB/s + %g us, "
+	       "overheads cpu %g us, gpu %g us per layer; decode batch %" PRId64 "\n",
+	       h->from_file ? "hardware file " : "", h->from_file ? o->hardware : h->name,
+	       h->cpu_read_gbps, h->gpu_read_gbps, h->pcie_gbps, h->pcie_latency_us,
+	       h->cpu_overhead_us, h->gpu_overhead_us, pl->cost.batch);
+	printf("  %-22s %9s %9s %9s %9s %8s %9s %9s %8s\n", "placement", "step_ms", "moe_ms",
+	       "cpu_ms", "gpu_ms", "copy_ms", "cpu_exp", "gpu_exp", "hit");
+	printf("  %-22s %9.3f %9.3f %9.3f %9.3f %8.3f %9.2f %9.2f %8.4f\n",
+	       pl->auto_slots ? "--auto" : "even split (this plan)", p->step_ms, p->experts_ms,
+	       p->cpu_ms, p->gpu_ms, p->transfer_ms, p->cpu_distinct, p->gpu_distinct,
+	       pl->hit_rate);
+	if (pl->auto_slots)
+		printf("  %-22s %9.3f %9.3f %9.3f %9.3f %8.3f %9.2f %9.2f %8.4f\n", "even split",
+		       e->step_ms, e->experts_ms, e->cpu_ms, e->gpu_ms, e->transfer_ms,
+		       e->cpu_distinct, e->gpu_distinct, pl->even_hit_rate);
+	printf("  (dense part %.3f ms of each step; cpu_exp / gpu_exp: expected distinct experts "
+	       "per step)\n", p->dense_ms);
+	if (pl->auto_slots)
+		printf("predicted decode step: %.3f ms with --auto, %.3f ms with the even split "
+		       "(%+.2f%%)%s\n", p->step_ms, e->step_ms,
+		       e->step_ms > 0 ? 100.0 * (p->step_ms - e->step_ms) / e->step_ms : 0.0,
+		       pl->auto_kept_even ? "; no predicted gain: kept the even split" : "");
+	else
+		printf("predicted decode step: %.3f ms\n", p->step_ms);
+}
 
 static void print_plan(const plopts *o, const moet_plan *pl, const moet_placement *p,
 		       const moet_placement_sizes *sz, double plan_ms)
@@ -101,12 +144,27 @@ static void print_plan(const plopts *o, const moet_plan *pl, const moet_placemen
 		printf("gpu%d: budget %" PRIu64 " - reserve %" PRIu64 " - dense %" PRIu64 " = %"
 		       PRIu64 " bytes -> %" PRId64 " experts\n", g, o->b.budget_bytes,
 		       o->b.reserve_bytes, pl->dense_share[g], pl->free_bytes[g], pl->slots[g]);
-	printf("experts per MoE layer: %" PRId64 " x %" PRId64 " layers", pl->even_k, pl->n_moe);
-	if (pl->n_extra)
-		printf(" + 1 in %" PRId64 " layer%s (leftover slots)", pl->n_extra,
-		       pl->n_extra > 1 ? "s" : "");
-	printf(" of %" PRId64 " (%s)\n", pl->n_experts,
-	       o->b.hot_per_layer ? "--hot-per-layer" : "filling the budget");
+	if (pl->auto_slots && !pl->auto_kept_even) {
+		int64_t lo = INT64_MAX, hi = 0, tot = 0;
+		for (int64_t l = 0; l < pl->n_layers; l++)
+			if (pl->per_layer[l]) {
+				lo = pl->per_layer[l] < lo ? pl->per_layer[l] : lo;
+				hi = pl->per_layer[l] > hi ? pl->per_layer[l] : hi;
+				tot += pl->per_layer[l];
+			}
+		printf("experts per MoE layer (--auto, cost model): %" PRId64 " .. %" PRId64
+		       ", %" PRId64 " in all (the even split: %" PRId64 " x %" PRId64
+		       " layers + leftovers)\n", lo == INT64_MAX ? 0 : lo, hi, tot, pl->even_k,
+		       pl->n_moe);
+	} else {
+		printf("experts per MoE layer: %" PRId64 " x %" PRId64 " layers", pl->even_k,
+		       pl->n_moe);
+		if (pl->n_extra)
+			printf(" + 1 in %" PRId64 " layer%s (leftover slots)", pl->n_extra,
+			       pl->n_extra > 1 ? "s" : "");
+		printf(" of %" PRId64 " (%s)\n", pl->n_experts,
+		       o->b.hot_per_layer ? "--hot-per-layer" : "filling the budget");
+	}
 	printf("  layer experts hit_rate  per GPU\n");
 	for (int64_t l = 0; l < pl->n_layers; l++) {
 		if (!pl->per_layer[l])
@@ -136,6 +194,8 @@ static void print_plan(const plopts *o, const moet_plan *pl, const moet_placemen
 	printf("largest GPU load in a layer / mean: %.3f\n", pl->max_imbalance);
 	printf("expected hit rate (%s routings of the profile): %.4f\n",
 	       moet_plan_phase_name(o->phase), pl->hit_rate);
+	if (pl->has_cost)
+		print_cost(o, pl);
 	printf("planned in %.2f ms\n", plan_ms);
 }
 
@@ -143,7 +203,7 @@ static int write_plan(const plopts *o, const moet_plan *pl, const moet_placement
 {
 	const int64_t L = pl->n_layers;
 	char **com = calloc((size_t)L, sizeof(*com));
-	char header[1024];
+	char header[2048], pred[512] = "";
 	int rc = com ? 0 : moet_err(MOET_ENOMEM, "comments");
 	for (int64_t l = 0; !rc && l < L; l++) {
 		if (!pl->per_layer[l])
@@ -155,12 +215,30 @@ static int write_plan(const plopts *o, const moet_plan *pl, const moet_placement
 		snprintf(com[l], 128, "layer %" PRId64 ": expected hit rate %.4f (%" PRId64
 			 " experts on GPUs)", l, pl->layer_hit[l], pl->per_layer[l]);
 	}
+	const moet_cost_hw *h = &pl->cost.hw;
+	if (pl->has_cost)
+		snprintf(pred, sizeof(pred), "\ncost model: %s (cpu %g GB/s, gpu %g GB/s, pcie %g "
+			 "GB/s), decode batch %" PRId64 "\npredicted decode step: %.3f ms (MoE "
+			 "layers %.3f + dense %.3f)%s", h->from_file ? o->hardware : h->name,
+			 h->cpu_read_gbps, h->gpu_read_gbps, h->pcie_gbps, pl->cost.batch,
+			 pl->pred.step_ms, pl->pred.experts_ms, pl->pred.dense_ms, "");
+	char split[160];
+	if (pl->auto_slots && !pl->auto_kept_even)
+		snprintf(split, sizeof(split), "experts per MoE layer chosen by --auto (uneven, "
+			 "see each layer)");
+	else
+		snprintf(split, sizeof(split), "%" PRId64 " experts per MoE layer, +1 in %" PRId64
+			 " of them%s", pl->even_k, pl->n_extra,
+			 pl->auto_kept_even ? " (--auto found no gain over this even split)" : "");
+	char even[200] = "";
+	if (pl->auto_slots)
+		snprintf(even, sizeof(even), "\nthe even split would predict %.3f ms (hit rate "
+			 "%.4f)", pl->even_pred.step_ms, pl->even_hit_rate);
 	snprintf(header, sizeof(header), "written by moet-hybrid plan from %s (%s routings)\n"
-		 "%d GPUs, budget %" PRIu64 " bytes, reserve %" PRIu64 " bytes each; %" PRId64
-		 " experts per MoE layer, +1 in %" PRId64 " of them\n"
-		 "expected hit rate overall: %.4f (predicted step time: needs --auto, later work)",
+		 "%d GPUs, budget %" PRIu64 " bytes, reserve %" PRIu64 " bytes each; %s\n"
+		 "expected hit rate overall: %.4f%s%s",
 		 o->profile, moet_plan_phase_name(o->phase), pl->n_gpus, o->b.budget_bytes,
-		 o->b.reserve_bytes, pl->even_k, pl->n_extra, pl->hit_rate);
+		 o->b.reserve_bytes, split, pl->hit_rate, pred, even);
 	if (!rc)
 		rc = moet_placement_save(p, o->out, header, (const char *const *)com);
 	for (int64_t l = 0; com && l < L; l++)
@@ -304,10 +382,12 @@ int moet_cli_plan(int argc, char **argv)
 		{ "json", no_argument, NULL, 'j' },
 		{ "seed", required_argument, NULL, 's' },
 		{ "auto", no_argument, NULL, 'A' },
+		{ "hardware", required_argument, NULL, 'W' },
+		{ "batch", required_argument, NULL, 'B' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	plopts o = { .phase = MOET_PLAN_DECODE, .seed = 1 };
+	plopts o = { .phase = MOET_PLAN_DECODE, .seed = 1, .b.batch = 1 };
 	const char *vram = NULL, *reserve = NULL;
 	int c, bad = 0, rc = 0;
 	char *end;
@@ -327,10 +407,10 @@ int moet_cli_plan(int argc, char **argv)
 		case 'e': o.evaluate = 1; break;
 		case 'j': o.json = 1; break;
 		case 's': o.seed = strtoull(optarg, &end, 10); bad |= *end != 0; break;
-		case 'A':
-			return moet_cli_fail("plan", moet_err(MOET_EUNSUP, "--auto (a cost model "
-					     "spreading slots unevenly over layers) is not built "
-					     "yet: use the even split or --hot-per-layer"));
+		case 'A': o.b.auto_slots = true; break;
+		case 'W': o.hardware = optarg; break;
+		case 'B': o.b.batch = strtoll(optarg, &end, 10);
+			bad |= *end || o.b.batch < 1 || o.b.batch > 1000000; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -341,8 +421,19 @@ int moet_cli_plan(int argc, char **argv)
 		return 2;
 	}
 	if (!rc && (bad || o.b.n_gpus < 1 || o.b.n_gpus > MOET_PLACEMENT_MAX_GPUS))
-		rc = moet_err(MOET_EINVAL, "--gpus (1..%d), --hot-per-layer (>= 1) and --seed "
-			      "take integers in range", MOET_PLACEMENT_MAX_GPUS);
+		rc = moet_err(MOET_EINVAL, "--gpus (1..%d), --hot-per-layer (>= 1), --batch "
+			      "(1..1000000) and --seed take integers in range",
+			      MOET_PLACEMENT_MAX_GPUS);
+	if (!rc && o.b.auto_slots && o.b.hot_per_layer)
+		rc = moet_err(MOET_EINVAL, "--auto chooses the experts per layer: it does not "
+			      "go with --hot-per-layer");
+	if (!rc && (o.b.auto_slots || o.hardware)) {
+		if (o.hardware)
+			rc = moet_cost_hw_load(o.hardware, &o.hw);
+		else
+			moet_cost_hw_defaults(&o.hw);
+		o.b.hw = &o.hw;
+	}
 	if (!rc)
 		rc = parse_gib("--vram-gb", vram, &o.b.budget_bytes);
 	if (!rc && !o.b.budget_bytes)

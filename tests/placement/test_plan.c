@@ -9,8 +9,9 @@
  *   hit rates match our own count; --evaluate --json figures match our own computation on
  *   the held-out profile, and the plan reaches >= 95% of the hindsight optimum and beats
  *   first-K and random clearly.
- * - Refusals: --hot-per-layer over the budget, a reserve that leaves no room, --auto, a
- *   bad --vram-gb, a profile of another geometry or without routings; each one line.
+ * - Refusals: --hot-per-layer over the budget, a reserve that leaves no room, --auto with
+ *   --hot-per-layer, a bad --vram-gb, a profile of another geometry or without routings;
+ *   each one line.
  * - Kimi-K2 geometry in memory (61 layers x 384 experts, 4 x 139 GiB, reserve 16 GiB): the
  *   plan takes well under a second (printed), fills every GPU to the last whole expert and
  *   stays under budget, keeps the top experts per layer and balances load across GPUs.
@@ -240,8 +241,8 @@ static void test_refusals(void)
 		 "--reserve-gb 1MiB --out %s/x.yaml", dir, train, tmp);
 	expect_fail("no room for experts", args);
 	snprintf(args, sizeof(args), "plan --model %s --profile %s --gpus 2 --vram-gb 1 --auto "
-		 "--out %s/x.yaml", dir, train, tmp);
-	expect_fail("--auto", args);
+		 "--hot-per-layer 3 --out %s/x.yaml", dir, train, tmp);
+	expect_fail("--auto chooses the experts per layer", args);
 	snprintf(args, sizeof(args), "plan --model %s --profile %s --gpus 2 --vram-gb lots "
 		 "--out %s/x.yaml", dir, train, tmp);
 	expect_fail("--vram-gb 'lots'", args);
