@@ -14,6 +14,7 @@ int moet_cli_verify(int argc, char **argv);
 int moet_cli_bench(int argc, char **argv);
 int moet_cli_profile(int argc, char **argv);
 int moet_cli_plan(int argc, char **argv);
+int moet_cli_heatmap(int argc, char **argv);
 
 /* Prints "moet-hybrid <cmd>: <moet_errmsg() or code name>" to stderr; returns 1. */
 int moet_cli_fail(const char *cmd, int code);

@@ -22,6 +22,7 @@ static const struct {
 	{ "bench", moet_cli_bench, "benchmarks against measured ceilings (bench --help)" },
 	{ "profile", moet_cli_profile, "routing counts per (phase, layer, expert) of prompts" },
 	{ "plan", moet_cli_plan, "a placement file from a profile under GPU budgets" },
+	{ "heatmap", moet_cli_heatmap, "SVG picture of a profile and a placement" },
 };
 
 static void usage(FILE *f)
