@@ -3,6 +3,7 @@
  */
 #include "moet_test.h"
 
+#include <stdarg.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -89,4 +90,25 @@ int moet_test_write_file(const char *path, const void *data, size_t n)
 		return -1;
 	size_t w = fwrite(data, 1, n, f);
 	return (fclose(f) == 0 && w == n) ? 0 : -1;
+}
+
+int moet_test_cli(char **out, const char *fmt, ...)
+{
+	char args[4096], cmd[8192];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(args, sizeof(args), fmt, ap);
+	va_end(ap);
+	snprintf(cmd, sizeof(cmd), "%s %s", moet_test_bin(), args);
+	return moet_test_run(cmd, out); /* moet_test_run adds 2>&1 */
+}
+
+void moet_test_cli_expect(const char *args, int want_rc, const char *want_text)
+{
+	char *out = NULL;
+	int rc = moet_test_cli(&out, "%s", args);
+	CHECK(rc == want_rc, "'%s': exit %d, want %d", args, rc, want_rc);
+	CHECK(out && strstr(out, want_text), "'%s': output lacks '%s': %s", args, want_text,
+	      out ? out : "");
+	free(out);
 }

@@ -41,6 +41,14 @@ char *moet_test_mkdtemp(const char *tag);
  * into a malloc'd *out_text when out_text is not NULL. */
 int moet_test_run(const char *cmd, char **out_text);
 
+/* Runs the moet-hybrid binary with the printf-formatted arguments, stdout and stderr captured
+ * into a malloc'd *out (when out is not NULL); returns its exit status (or -1). */
+int moet_test_cli(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Runs the binary with `args` and CHECKs its exit status and that its output contains
+ * want_text. */
+void moet_test_cli_expect(const char *args, int want_rc, const char *want_text);
+
 /* Writes n bytes to path. 0 or -1. */
 int moet_test_write_file(const char *path, const void *data, size_t n);
 

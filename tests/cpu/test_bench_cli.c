@@ -101,18 +101,6 @@ static void check_record(const char *path)
 	json_decref(r);
 }
 
-static void expect_fail(const char *args, int want_rc, const char *want_text)
-{
-	char cmd[1024];
-	char *out = NULL;
-	snprintf(cmd, sizeof(cmd), "%s %s", moet_test_bin(), args);
-	int rc = moet_test_run(cmd, &out);
-	CHECK(rc == want_rc, "'%s': exit %d, want %d", args, rc, want_rc);
-	CHECK(out && strstr(out, want_text), "'%s': output lacks '%s': %s", args, want_text,
-	      out ? out : "");
-	free(out);
-}
-
 int main(void)
 {
 	char *dir = moet_test_mkdtemp("bench");
@@ -139,17 +127,17 @@ int main(void)
 	if (rc == 0)
 		check_record(json);
 
-	expect_fail("bench", 2, "usage: moet-hybrid bench");
-	expect_fail("bench nope", 2, "unknown bench 'nope'");
-	expect_fail("bench cpu-experts --tokens 1,0", 1, "--tokens: 0");
-	expect_fail("bench cpu-experts --tokens 1,x", 1, "--tokens");
-	expect_fail("bench cpu-experts --threads -2", 1, "--threads: '-2'");
-	expect_fail("bench cpu-experts --split diagonal", 1, "--split: 'diagonal'");
-	expect_fail("bench cpu-experts --node 99 --quick", 1, "NUMA node 99");
-	expect_fail("bench cpu-experts extra", 1, "unexpected argument 'extra'");
+	moet_test_cli_expect("bench", 2, "usage: moet-hybrid bench");
+	moet_test_cli_expect("bench nope", 2, "unknown bench 'nope'");
+	moet_test_cli_expect("bench cpu-experts --tokens 1,0", 1, "--tokens: 0");
+	moet_test_cli_expect("bench cpu-experts --tokens 1,x", 1, "--tokens");
+	moet_test_cli_expect("bench cpu-experts --threads -2", 1, "--threads: '-2'");
+	moet_test_cli_expect("bench cpu-experts --split diagonal", 1, "--split: 'diagonal'");
+	moet_test_cli_expect("bench cpu-experts --node 99 --quick", 1, "NUMA node 99");
+	moet_test_cli_expect("bench cpu-experts extra", 1, "unexpected argument 'extra'");
 	snprintf(cmd, sizeof(cmd), "bench cpu-experts --quick --hidden 128 --inter 128 --tokens 1 "
 		 "--reps 1 --json %s/no/such/dir/r.json", dir);
-	expect_fail(cmd, 1, "cannot write the bench record");
+	moet_test_cli_expect(cmd, 1, "cannot write the bench record");
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
 	moet_test_run(cmd, NULL);
 	free(dir);

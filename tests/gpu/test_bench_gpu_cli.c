@@ -33,18 +33,6 @@ static int finite_pos(const json_t *v)
 	return json_is_number(v) && isfinite(json_number_value(v)) && json_number_value(v) > 0;
 }
 
-static void expect_fail(const char *args, int want_rc, const char *want_text)
-{
-	char cmd[1024];
-	char *out = NULL;
-	snprintf(cmd, sizeof(cmd), "%s %s", moet_test_bin(), args);
-	int rc = moet_test_run(cmd, &out);
-	CHECK(rc == want_rc, "'%s': exit %d, want %d", args, rc, want_rc);
-	CHECK(out && strstr(out, want_text), "'%s': output lacks '%s': %s", args, want_text,
-	      out ? out : "");
-	free(out);
-}
-
 /* The weights one decode step reads, from the checkpoint: fixed part, embedding row, and one
  * routed expert (the model's MoE layers share the geometry). */
 typedef struct step_bytes {
@@ -198,12 +186,12 @@ int main(void)
 	step_bytes sb;
 	CHECK(model_bytes(model, &sb) == 0, "tiny checkpoint: %s", model);
 
-	expect_fail("bench gpu-experts --tokens 1,0", 1, "--tokens: 0 is not in");
-	expect_fail("bench gpu-experts --batches 1,x", 1, "--batches: '1,x'");
-	expect_fail("bench gpu-experts --decode-device tpu", 1, "--decode-device: 'tpu'");
-	expect_fail("bench gpu-experts --no-kernel", 1, "--no-kernel leaves nothing");
-	expect_fail("bench gpu-experts --group 65", 1, "--group: '65'");
-	expect_fail("bench gpu-experts extra", 1, "unexpected argument 'extra'");
+	moet_test_cli_expect("bench gpu-experts --tokens 1,0", 1, "--tokens: 0 is not in");
+	moet_test_cli_expect("bench gpu-experts --batches 1,x", 1, "--batches: '1,x'");
+	moet_test_cli_expect("bench gpu-experts --decode-device tpu", 1, "--decode-device: 'tpu'");
+	moet_test_cli_expect("bench gpu-experts --no-kernel", 1, "--no-kernel leaves nothing");
+	moet_test_cli_expect("bench gpu-experts --group 65", 1, "--group: '65'");
+	moet_test_cli_expect("bench gpu-experts extra", 1, "unexpected argument 'extra'");
 
 	/* the decode part on the CPU backend: no GPU needed */
 	char *out = NULL;
@@ -226,8 +214,8 @@ int main(void)
 	const char *why = NULL;
 	if (moet_gpu_count(&why) < 1) {
 		fprintf(stderr, "no CUDA device (%s): checking the refusal only\n", why);
-		expect_fail("bench gpu-experts --quick", 1, "no CUDA device");
-		expect_fail("bench gpu-experts --quick", 1, "needs a GPU");
+		moet_test_cli_expect("bench gpu-experts --quick", 1, "no CUDA device");
+		moet_test_cli_expect("bench gpu-experts --quick", 1, "needs a GPU");
 	} else {
 		snprintf(args, sizeof(args), "bench gpu-experts --quick --model-dir %s --batches 1,4"
 			 " --steps 2 --prompt 3", model);

@@ -409,18 +409,6 @@ done:
 
 /* ---- the binary ------------------------------------------------------------------------------ */
 
-static int run(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int run(char **out, const char *fmt, ...)
-{
-	char args[4096], cmd[8192];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(args, sizeof(args), fmt, ap);
-	va_end(ap);
-	snprintf(cmd, sizeof(cmd), "%s %s 2>&1", moet_test_bin(), args);
-	return moet_test_run(cmd, out);
-}
-
 static void test_cli(void)
 {
 	char dir[1024], prof[1024], place[1024], hwf[1024], bad[1024], budget[64], *out = NULL;
@@ -450,7 +438,7 @@ static void test_cli(void)
 	CHECK(moet_profile_save(p, prof) == 0, "%s", moet_errmsg());
 	const uint64_t d = sz->dense_bytes;
 	snprintf(budget, sizeof(budget), "%" PRIu64 "B", d + 30 * sz->expert_bytes[E]);
-	int st = run(&out, "plan --model %s --profile %s --gpus 1 --vram-gb %s --reserve-gb 0 "
+	int st = moet_test_cli(&out, "plan --model %s --profile %s --gpus 1 --vram-gb %s --reserve-gb 0 "
 		     "--auto --hardware %s --batch 4 --out %s", dir, prof, budget, hwf, place);
 	CHECK(st == 0 && out && strstr(out, "predicted decode step: ") &&
 	      strstr(out, "with the even split") && strstr(out, "cost model: hardware file"),
@@ -474,7 +462,7 @@ static void test_cli(void)
 	CHECK(strstr(text, "# predicted decode step: ") && strstr(text, "# the even split would "
 	      "predict "), "header:\n%s", text);
 	/* Without --auto, --hardware predicts the even split. */
-	st = run(&out, "plan --model %s --profile %s --gpus 1 --vram-gb %s --reserve-gb 0 "
+	st = moet_test_cli(&out, "plan --model %s --profile %s --gpus 1 --vram-gb %s --reserve-gb 0 "
 		 "--hardware %s --batch 4 --out %s.even.yaml", dir, prof, budget, hwf, place);
 	double e2 = -1;
 	at = out ? strstr(out, "predicted decode step: ") : NULL;
@@ -484,7 +472,7 @@ static void test_cli(void)
 	      "even plan with --hardware: %.4f ms, want %.4f\n%s", e2, ev, out ? out : "");
 	free(out);
 	out = NULL;
-	st = run(&out, "plan --model %s --profile %s --gpus 1 --vram-gb %s --auto "
+	st = moet_test_cli(&out, "plan --model %s --profile %s --gpus 1 --vram-gb %s --auto "
 		 "--hot-per-layer 3 --out %s", dir, prof, budget, place);
 	CHECK(st == 1 && out && strstr(out, "does not go with --hot-per-layer") &&
 	      strchr(out, '\n') == out + strlen(out) - 1, "--auto with -k: %s", out ? out : "");
@@ -492,13 +480,13 @@ static void test_cli(void)
 	out = NULL;
 	CHECK(moet_test_write_file(bad, "cpu_read_gbps: 100\ngpu_read_gbps: -3\n", 37) == 0,
 	      "write");
-	st = run(&out, "plan --model %s --profile %s --gpus 1 --vram-gb %s --auto --hardware "
+	st = moet_test_cli(&out, "plan --model %s --profile %s --gpus 1 --vram-gb %s --auto --hardware "
 		 "%s --out %s", dir, prof, budget, bad, place);
 	CHECK(st == 1 && out && strstr(out, "bad-hw.yaml:2: gpu_read_gbps: -3 out of range") &&
 	      strchr(out, '\n') == out + strlen(out) - 1, "bad hardware: %s", out ? out : "");
 	free(out);
 	out = NULL;
-	st = run(&out, "plan --model %s --profile %s --gpus 1 --vram-gb %s --auto --batch 0 "
+	st = moet_test_cli(&out, "plan --model %s --profile %s --gpus 1 --vram-gb %s --auto --batch 0 "
 		 "--out %s", dir, prof, budget, place);
 	CHECK(st == 1 && out && strstr(out, "--batch"), "--batch 0: %s", out ? out : "");
 done:

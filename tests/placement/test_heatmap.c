@@ -213,18 +213,6 @@ static void test_picture(void)
 	free(svg);
 }
 
-static int run(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int run(char **out, const char *fmt, ...)
-{
-	char args[4096], cmd[8192];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(args, sizeof(args), fmt, ap);
-	va_end(ap);
-	snprintf(cmd, sizeof(cmd), "%s %s 2>&1", moet_test_bin(), args);
-	return moet_test_run(cmd, out);
-}
-
 static void test_cli(const char *tmp)
 {
 	char dir[1024], prof[1024], place[1024], svgf[1024], *out = NULL;
@@ -255,7 +243,7 @@ static void test_cli(const char *tmp)
 	const char *yaml = "gpus:\n  - {name: a, budget: 1GiB}\n  - {name: b, budget: 1GiB}\n"
 			   "default: {a: \"0-1\", b: \"2-3\"}\n";
 	CHECK(moet_test_write_file(place, yaml, strlen(yaml)) == 0, "write");
-	int st = run(&out, "heatmap --model %s --profile %s --placement %s --out %s", dir, prof,
+	int st = moet_test_cli(&out, "heatmap --model %s --profile %s --placement %s --out %s", dir, prof,
 		     place, svgf);
 	char want[64];
 	snprintf(want, sizeof(want), "hit rate %.4f", hit / all);
@@ -277,7 +265,7 @@ static void test_cli(const char *tmp)
 	free(text);
 	const char *bad = "gpus:\n  - {name: a, budget: 1GiB}\ndefault: {a: \"0-999\"}\n";
 	CHECK(moet_test_write_file(place, bad, strlen(bad)) == 0, "write");
-	st = run(&out, "heatmap --model %s --profile %s --placement %s --out %s", dir, prof, place,
+	st = moet_test_cli(&out, "heatmap --model %s --profile %s --placement %s --out %s", dir, prof, place,
 		 svgf);
 	CHECK(st == 1 && out && !strncmp(out, "moet-hybrid heatmap: ", 21) && strstr(out, ":3:") &&
 	      strchr(out, '\n') == out + strlen(out) - 1, "bad placement: %s", out ? out : "");

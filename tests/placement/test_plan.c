@@ -38,18 +38,6 @@ static char *dir, *tmp;
 static moet_config cf;
 static moet_placement_sizes *sz;
 
-static int run(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int run(char **out, const char *fmt, ...)
-{
-	char args[4096], cmd[8192];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(args, sizeof(args), fmt, ap);
-	va_end(ap);
-	snprintf(cmd, sizeof(cmd), "%s %s 2>&1", moet_test_bin(), args);
-	return moet_test_run(cmd, out);
-}
-
 /* Sum of the top n decode counts of layer l (our own selection: repeated maximum). */
 static double top_sum(const moet_profile *p, int64_t l, int n, int ph)
 {
@@ -88,7 +76,7 @@ static void test_tiny(void)
 	snprintf(test, sizeof(test), "%s/test.json", tmp);
 	snprintf(place, sizeof(place), "%s/p.yaml", tmp);
 	for (int s = 1; s <= 2; s++) {
-		int st = run(&out,
+		int st = moet_test_cli(&out,
 			     "profile --model %s --synthetic 48 --seed %d --max-new 8 --quiet "
 			     "--out %s",
 			     dir, s, s == 1 ? train : test);
@@ -98,7 +86,7 @@ static void test_tiny(void)
 	/* Exactly SLOTS experts per GPU: gpu0 carries the dense remainder. */
 	const uint64_t eb = sz->expert_bytes[1 * NE], d = sz->dense_bytes;
 	snprintf(budget, sizeof(budget), "%" PRIu64 "B", d / 2 + d % 2 + SLOTS * eb);
-	int st = run(&out, "plan --model %s --profile %s --gpus 2 --vram-gb %s --reserve-gb 0 "
+	int st = moet_test_cli(&out, "plan --model %s --profile %s --gpus 2 --vram-gb %s --reserve-gb 0 "
 		     "--out %s", dir, train, budget, place);
 	CHECK(st == 0 && out && strstr(out, "-> 15 experts") &&
 	      strstr(out, "experts per MoE layer: 10 x 3 layers of 32"),
@@ -161,7 +149,7 @@ static void test_tiny(void)
 	}
 	free(text);
 	/* --evaluate --json against our figures. */
-	st = run(&out, "plan --evaluate --model %s --profile %s --holdout %s --gpus 2 --vram-gb %s"
+	st = moet_test_cli(&out, "plan --evaluate --model %s --profile %s --holdout %s --gpus 2 --vram-gb %s"
 		 " --reserve-gb 0 --json", dir, train, test, budget);
 	json_error_t je;
 	json_t *js = out ? json_loads(out, 0, &je) : NULL;
@@ -186,14 +174,14 @@ static void test_tiny(void)
 	}
 	free(out);
 	/* The table form names every row. */
-	st = run(&out, "plan --evaluate --model %s --profile %s --holdout %s --gpus 2 --vram-gb %s"
+	st = moet_test_cli(&out, "plan --evaluate --model %s --profile %s --holdout %s --gpus 2 --vram-gb %s"
 		 " --reserve-gb 0", dir, train, test, budget);
 	CHECK(st == 0 && out && strstr(out, "hindsight optimum") && strstr(out, "first-K") &&
 	      strstr(out, "uniform random") && strstr(out, "generator"), "table\n%s",
 	      out ? out : "");
 	free(out);
 	/* --hot-per-layer and --phase prefill: 4 per layer, the top 4 of the prefill counts. */
-	st = run(&out, "plan --model %s --profile %s --gpus 2 --vram-gb %s --reserve-gb 0 "
+	st = moet_test_cli(&out, "plan --model %s --profile %s --gpus 2 --vram-gb %s --reserve-gb 0 "
 		 "--hot-per-layer 4 --phase prefill --out %s", dir, train, budget, place);
 	CHECK(st == 0, "hot-per-layer: exit %d\n%s", st, out ? out : "");
 	free(out);
@@ -221,7 +209,7 @@ done:
 static void expect_fail(const char *want, const char *args)
 {
 	char *out = NULL;
-	int st = run(&out, "%s", args);
+	int st = moet_test_cli(&out, "%s", args);
 	const char *nl = out ? strchr(out, '\n') : NULL;
 	CHECK(st == 1 && out && !strncmp(out, "moet-hybrid plan: ", 18) && strstr(out, want) &&
 	      nl && !nl[1], "want one line with '%s', exit %d:\n%s", want, st, out ? out : "");

@@ -96,18 +96,6 @@ static char *path_in(const char *name)
 }
 
 /* Runs the binary; returns its exit status, output in *out (caller frees). */
-static int run(char **out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int run(char **out, const char *fmt, ...)
-{
-	char args[4096], cmd[8192];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(args, sizeof(args), fmt, ap);
-	va_end(ap);
-	snprintf(cmd, sizeof(cmd), "%s %s 2>&1", moet_test_bin(), args);
-	return moet_test_run(cmd, out);
-}
-
 static void test_counts(void)
 {
 	char *jsonl = path_in("p.jsonl"), *prof = path_in("p.json"), *out = NULL;
@@ -120,7 +108,7 @@ static void test_counts(void)
 	}
 	if (f)
 		fclose(f);
-	int st = run(&out, "profile --model %s --prompts %s --max-new %d --batch 3 --quiet "
+	int st = moet_test_cli(&out, "profile --model %s --prompts %s --max-new %d --batch 3 --quiet "
 		     "--out %s", dir, jsonl, MAX_NEW, prof);
 	CHECK(st == 0, "profile: exit %d\n%s", st, out ? out : "");
 	free(out);
@@ -185,7 +173,7 @@ static void test_counts(void)
 	moet_profile_free(q);
 	/* Merge: the file with itself doubles every entry. */
 	char *merged = path_in("m.json");
-	st = run(&out, "profile --merge %s,%s --out %s --quiet", prof, prof, merged);
+	st = moet_test_cli(&out, "profile --merge %s,%s --out %s --quiet", prof, prof, merged);
 	CHECK(st == 0, "merge: exit %d\n%s", st, out ? out : "");
 	free(out);
 	CHECK(moet_profile_load(merged, &q) == 0, "%s", moet_errmsg());
@@ -201,7 +189,7 @@ static void test_counts(void)
 	q = NULL;
 	/* A run merged with an earlier file: the run's counts plus the file's. */
 	char *both = path_in("both.json");
-	st = run(&out, "profile --model %s --prompts %s --max-new %d --quiet --merge %s --out %s",
+	st = moet_test_cli(&out, "profile --model %s --prompts %s --max-new %d --quiet --merge %s --out %s",
 		 dir, jsonl, MAX_NEW, merged, both);
 	CHECK(st == 0, "run + merge: exit %d\n%s", st, out ? out : "");
 	free(out);
@@ -225,12 +213,12 @@ done:
 static void test_synthetic(void)
 {
 	char *a = path_in("s1.json"), *b = path_in("s2.json"), *out = NULL;
-	int st = run(&out, "profile --model %s --synthetic 6 --seed 4 --max-new 2 --batch 4 "
+	int st = moet_test_cli(&out, "profile --model %s --synthetic 6 --seed 4 --max-new 2 --batch 4 "
 		     "--out %s", dir, a);
 	CHECK(st == 0 && out && strstr(out, "6/6 prompts"), "synthetic: exit %d\n%s", st,
 	      out ? out : "");
 	free(out);
-	st = run(&out, "profile --model %s --synthetic 6 --seed 4 --max-new 2 --batch 1 --quiet "
+	st = moet_test_cli(&out, "profile --model %s --synthetic 6 --seed 4 --max-new 2 --batch 1 --quiet "
 		 "--out %s", dir, b);
 	CHECK(st == 0, "synthetic again: exit %d\n%s", st, out ? out : "");
 	free(out);
@@ -255,7 +243,7 @@ static void expect_fail(const char *what, const char *want, const char *fmt, con
 {
 	char *out = NULL, args[4096];
 	snprintf(args, sizeof(args), fmt, arg);
-	int st = run(&out, "%s", args);
+	int st = moet_test_cli(&out, "%s", args);
 	const char *nl = out ? strchr(out, '\n') : NULL;
 	CHECK(st == 1 && out && !strncmp(out, "moet-hybrid profile: ", 21) && strstr(out, want) &&
 	      nl && !nl[1], "%s: exit %d, want one line with '%s', got:\n%s", what, st, want,
@@ -381,7 +369,7 @@ static void test_bad_files(void)
 	      strstr(moet_errmsg(), "/nonexistent/p.json: cannot open"), "%s", moet_errmsg());
 	char *f = path_in("bad.json"), *out = NULL;
 	moet_test_write_file(f, "{\"format\": 3}", 13);
-	int st = run(&out, "plan --model %s --profile %s --gpus 1 --vram-gb 1 --out %s/p.yaml",
+	int st = moet_test_cli(&out, "plan --model %s --profile %s --gpus 1 --vram-gb 1 --out %s/p.yaml",
 		     dir, f, tmp);
 	CHECK(st == 1 && out && strstr(out, "moet-hybrid plan: ") && strstr(out, "bad.json: "
 	      "format: must be") && strchr(out, '\n') == out + strlen(out) - 1,
