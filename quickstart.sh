@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 PKGS=(build-essential cmake ninja-build pkg-config libjansson-dev libhwloc-dev libnuma-dev
-	libdnnl-dev libyaml-dev libpcre2-dev)
+	libdnnl-dev libyaml-dev libpcre2-dev libmicrohttpd-dev liburing-dev)
 
 need_pkgs() {
 	local missing=()
