@@ -1,0 +1,106 @@
+/*
+ * host.cu: pinned host memory, device selection, asynchronous copies and events for the
+ * hybrid engine (moet_gpu_host.h). Thin wrappers: each CUDA failure becomes MOET_EDEVICE
+ * naming the call (gpu_int.h).
+ */
+#include "moet_gpu_host.h"
+
+#include "gpu_int.h"
+
+extern "C" int moet_gpu_host_alloc(size_t bytes, void **out)
+{
+	void *p = NULL;
+	if (!out)
+		return moet_err(MOET_EINVAL, "moet_gpu_host_alloc: out is NULL");
+	*out = NULL;
+	if (bytes == 0)
+		return 0;
+	MOET_CUDA_TRY(cudaHostAlloc(&p, bytes, cudaHostAllocPortable));
+	*out = p;
+	return 0;
+}
+
+extern "C" void moet_gpu_host_free(void *p)
+{
+	if (p)
+		cudaFreeHost(p);
+}
+
+extern "C" int moet_gpu_set_device(int device)
+{
+	MOET_CUDA_TRY(cudaSetDevice(device));
+	return 0;
+}
+
+static int copy_async(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+		      void *stream)
+{
+	if (bytes == 0)
+		return 0;
+	if (!dst || !src)
+		return moet_err(MOET_EINVAL, "moet_gpu_copy_*_async: NULL pointer");
+	MOET_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kind, (cudaStream_t)stream));
+	return 0;
+}
+
+extern "C" int moet_gpu_copy_h2d_async(void *dst, const void *src, size_t bytes, void *stream)
+{
+	return copy_async(dst, src, bytes, cudaMemcpyHostToDevice, stream);
+}
+
+extern "C" int moet_gpu_copy_d2h_async(void *dst, const void *src, size_t bytes, void *stream)
+{
+	return copy_async(dst, src, bytes, cudaMemcpyDeviceToHost, stream);
+}
+
+extern "C" int moet_gpu_copy_peer_async(void *dst, int dst_device, const void *src,
+					int src_device, size_t bytes, void *stream)
+{
+	if (bytes == 0)
+		return 0;
+	if (!dst || !src)
+		return moet_err(MOET_EINVAL, "moet_gpu_copy_peer_async: NULL pointer");
+	MOET_CUDA_TRY(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes,
+					  (cudaStream_t)stream));
+	return 0;
+}
+
+extern "C" int moet_gpu_event_create(void **out)
+{
+	cudaEvent_t e;
+	if (!out)
+		return moet_err(MOET_EINVAL, "moet_gpu_event_create: out is NULL");
+	MOET_CUDA_TRY(cudaEventCreate(&e));
+	*out = (void *)e;
+	return 0;
+}
+
+extern "C" void moet_gpu_event_destroy(void *ev)
+{
+	if (ev)
+		cudaEventDestroy((cudaEvent_t)ev);
+}
+
+extern "C" int moet_gpu_event_record(void *ev, void *stream)
+{
+	MOET_CUDA_TRY(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)stream));
+	return 0;
+}
+
+extern "C" int moet_gpu_event_sync(void *ev)
+{
+	MOET_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)ev));
+	return 0;
+}
+
+extern "C" int moet_gpu_event_elapsed_ms(void *start, void *end, float *out_ms)
+{
+	MOET_CUDA_TRY(cudaEventElapsedTime(out_ms, (cudaEvent_t)start, (cudaEvent_t)end));
+	return 0;
+}
+
+extern "C" int moet_gpu_mem_info(size_t *out_free, size_t *out_total)
+{
+	MOET_CUDA_TRY(cudaMemGetInfo(out_free, out_total));
+	return 0;
+}

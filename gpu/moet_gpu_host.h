@@ -1,0 +1,52 @@
+/*
+ * moet_gpu_host.h: what the hybrid engine needs of the CUDA runtime beyond gpu/moet_gpu.h:
+ * pinned (page-locked) host memory, the current device, asynchronous copies and events.
+ *
+ * Pinned buffers are what makes a host<->device copy run at the link's speed and what lets it
+ * overlap with kernels; the engine allocates them once (runtime/hybrid.c) and never per token.
+ * Built from gpu/host.cu; without CUDA, gpu/nocuda_host.c answers MOET_EUNSUP.
+ */
+#ifndef MOET_GPU_HOST_H
+#define MOET_GPU_HOST_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* *out = bytes of pinned host memory (cudaHostAlloc, portable), NULL for 0 bytes. Returns 0,
+ * MOET_EINVAL, MOET_EDEVICE (detail: the CUDA call and error) or MOET_EUNSUP. */
+int moet_gpu_host_alloc(size_t bytes, void **out);
+/* Frees memory of moet_gpu_host_alloc; NULL is accepted. */
+void moet_gpu_host_free(void *p);
+
+/* Makes device `device` current for the calling thread (cudaSetDevice). */
+int moet_gpu_set_device(int device);
+
+/* Copies queued on `stream` (NULL: the legacy default stream); the host side should be pinned
+ * for the copy to be truly asynchronous. */
+int moet_gpu_copy_h2d_async(void *dst, const void *src, size_t bytes, void *stream);
+int moet_gpu_copy_d2h_async(void *dst, const void *src, size_t bytes, void *stream);
+
+/* Device-to-device between devices (cudaMemcpyPeerAsync: through the host when the devices
+ * have no peer access), queued on `stream` of the current device. */
+int moet_gpu_copy_peer_async(void *dst, int dst_device, const void *src, int src_device,
+			     size_t bytes, void *stream);
+
+/* Events (cudaEvent_t as void *): created with timing on. record queues a mark on `stream`;
+ * event_sync waits for it; elapsed_ms is the time between two completed marks. */
+int moet_gpu_event_create(void **out);
+void moet_gpu_event_destroy(void *ev);
+int moet_gpu_event_record(void *ev, void *stream);
+int moet_gpu_event_sync(void *ev);
+int moet_gpu_event_elapsed_ms(void *start, void *end, float *out_ms);
+
+/* Bytes of free and total memory of the current device. */
+int moet_gpu_mem_info(size_t *out_free, size_t *out_total);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,91 @@
+/*
+ * nocuda_host.c: moet_gpu_host.h in a build without the CUDA toolkit: every call answers
+ * MOET_EUNSUP (frees accept anything).
+ */
+#include "moet_gpu_host.h"
+
+#include "moet_err.h"
+
+static int no_cuda(const char *what)
+{
+	return moet_err(MOET_EUNSUP, "%s: this build has no CUDA", what);
+}
+
+int moet_gpu_host_alloc(size_t bytes, void **out)
+{
+	(void)bytes;
+	if (out)
+		*out = NULL;
+	return no_cuda("moet_gpu_host_alloc");
+}
+
+void moet_gpu_host_free(void *p)
+{
+	(void)p;
+}
+
+int moet_gpu_set_device(int device)
+{
+	(void)device;
+	return no_cuda("moet_gpu_set_device");
+}
+
+int moet_gpu_copy_h2d_async(void *dst, const void *src, size_t bytes, void *stream)
+{
+	(void)dst, (void)src, (void)bytes, (void)stream;
+	return no_cuda("moet_gpu_copy_h2d_async");
+}
+
+int moet_gpu_copy_d2h_async(void *dst, const void *src, size_t bytes, void *stream)
+{
+	(void)dst, (void)src, (void)bytes, (void)stream;
+	return no_cuda("moet_gpu_copy_d2h_async");
+}
+
+int moet_gpu_copy_peer_async(void *dst, int dst_device, const void *src, int src_device,
+			     size_t bytes, void *stream)
+{
+	(void)dst, (void)dst_device, (void)src, (void)src_device, (void)bytes, (void)stream;
+	return no_cuda("moet_gpu_copy_peer_async");
+}
+
+int moet_gpu_event_create(void **out)
+{
+	if (out)
+		*out = NULL;
+	return no_cuda("moet_gpu_event_create");
+}
+
+void moet_gpu_event_destroy(void *ev)
+{
+	(void)ev;
+}
+
+int moet_gpu_event_record(void *ev, void *stream)
+{
+	(void)ev, (void)stream;
+	return no_cuda("moet_gpu_event_record");
+}
+
+int moet_gpu_event_sync(void *ev)
+{
+	(void)ev;
+	return no_cuda("moet_gpu_event_sync");
+}
+
+int moet_gpu_event_elapsed_ms(void *start, void *end, float *out_ms)
+{
+	(void)start, (void)end;
+	if (out_ms)
+		*out_ms = 0;
+	return no_cuda("moet_gpu_event_elapsed_ms");
+}
+
+int moet_gpu_mem_info(size_t *out_free, size_t *out_total)
+{
+	if (out_free)
+		*out_free = 0;
+	if (out_total)
+		*out_total = 0;
+	return no_cuda("moet_gpu_mem_info");
+}
