@@ -180,8 +180,22 @@ static int run_tier(moet_model *m, int64_t l, int tier, const moet_ffn_w *table,
 	}
 	if (!cnt)
 		return 0;
-	int rc = m->be->ops->experts_grouped(m->be, table, m->tier_list, cnt, top_k, h, n,
-					     y + *row * H);
+	int rc = 0;
+	if (m->xtier && (tier < 0 || !m->owner)) {
+		/* the CPU tier through the NVMe expert tier: runs of whole experts made resident
+		 * in its slots, each computed from the slots' views (moet_xtier.h) */
+		for (int64_t q = 0, got = 0; q < cnt && !rc; q += got) {
+			const moet_ffn_w *xt;
+			rc = moet_xtier_acquire(m->xtier, l, m->tier_list + q, cnt - q, &xt, &got);
+			if (!rc)
+				rc = m->be->ops->experts_grouped(m->be, xt, m->tier_list + q, got,
+								 top_k, h, n, y + (*row + q) * H);
+			moet_xtier_release(m->xtier, l);
+		}
+	} else {
+		rc = m->be->ops->experts_grouped(m->be, table, m->tier_list, cnt, top_k, h, n,
+						 y + *row * H);
+	}
 	if (m->tier_pairs)
 		m->tier_pairs[tier + 1] += (uint64_t)cnt;
 	*row += cnt;

@@ -280,6 +280,8 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 		    (rc = feed_forward(m, l, n, steps, n_steps)) ||
 		    (rc = op->add(be, b->x, b->out, n * H)))
 			goto out;
+		if (m->xtier) /* the next MoE layer's experts, predicted from x, read ahead */
+			moet_xtier_prefetch(m->xtier, l, b->x, n);
 	}
 	if ((rc = logits_out(m, n, steps, n_steps)))
 		goto out;

@@ -366,6 +366,7 @@ void moet_model_close(moet_model *m)
 {
 	if (!m)
 		return;
+	moet_xtier_destroy(m->xtier);
 	if (m->layers) {
 		for (int64_t l = 0; l < m->cfg.num_hidden_layers; l++) {
 			free(m->layers[l].experts);

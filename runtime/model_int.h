@@ -13,6 +13,7 @@
 #include "moet_backend.h"
 #include "moet_mat.h"
 #include "moet_model.h"
+#include "moet_xtier.h"
 
 #define MOET_MODEL_MAX_EXPERTS 4096 /* the router's eligibility arrays */
 #define MOET_MODEL_MAX_TOPK 64
@@ -82,6 +83,7 @@ struct moet_model {
 	moet_fwd_bufs bufs;
 	moet_route_fn route_fn;   /* optional observer of routing decisions */
 	void *route_ctx;
+	struct moet_xtier *xtier; /* NVMe expert tier of the CPU tier (moet_xtier.h), or NULL */
 };
 
 struct moet_kv {

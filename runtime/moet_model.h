@@ -84,6 +84,16 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
  */
 int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices);
 
+/*
+ * Keeps the CPU tier's experts on disk behind a host-RAM expert cache of `bytes` (the NVMe
+ * tier, runtime/moet_xtier.h: io_uring reads, prefetch by the next layer's router), with
+ * admission and eviction from `profile`'s routing frequencies (may be NULL) and recent use.
+ * Results do not change by a bit. bytes 0 removes the tier. Errors: MOET_EINVAL (budget
+ * below one expert), MOET_EUNSUP (no CPU tier on this backend), MOET_EIO, MOET_ENOMEM.
+ */
+struct moet_profile;
+int moet_model_set_ram_budget(moet_model *m, size_t bytes, const struct moet_profile *profile);
+
 /* Routing pairs served per tier since the placement was set: out[0] the CPU tier, out[1 + g]
  * device g (n_out entries written; 0 beyond the tiers). */
 void moet_model_tier_counts(const moet_model *m, uint64_t *out, int n_out);

@@ -1,0 +1,126 @@
+/*
+ * moet_xtier.h: the NVMe expert tier: the CPU tier's experts stay on disk and a host-RAM
+ * cache of expert slots, filled by io_uring reads (moet_uring.h), holds the ones in use.
+ *
+ *   shards on disk        |..|gate w|gate s|up w|up s|down w|down s|..|  (one expert's tensors,
+ *                                                                      merged into segments)
+ *   slot (RAM, aligned)   [head|segment bytes ............ |tail]      one expert per slot
+ *   views                 moet_ffn_w whose data/scale_inv point into the slot, at the same
+ *                         address residue mod 4096 as in the mapping
+ *
+ * The CPU computes from the slot views with the same contract kernels, so results are
+ * bit-identical to computing from the mapping (the bytes are the same). Which experts stay:
+ * demand misses always enter (evicting the slot of least value = frequency x recency, the
+ * frequency from a routing profile plus what this run observed); prefetched experts enter only
+ * in place of a slot of lower value. Prefetch: after each layer, the next MoE layer's router
+ * (rmsnorm with its post-attention norm, router linear, the reference selection) is applied
+ * to the current hidden state, and the predicted experts' reads start at once; they complete
+ * while the next layer's attention runs (io_uring works asynchronously). Recall of that
+ * predictor and the cache's hit rate are counted (moet_xtier_stats_get). docs/io-uring.md.
+ *
+ * The CPU tier is owner -1 of the placement, or every routed expert when there is no
+ * placement (CPU backend). The tier reads the placement at each acquire, so a placement set
+ * after the budget is honoured. Single-threaded: the forward pass's thread calls everything.
+ */
+#ifndef MOET_XTIER_H
+#define MOET_XTIER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moet_backend.h"
+
+typedef struct moet_xtier moet_xtier;
+typedef struct moet_model moet_model;
+typedef struct moet_uring moet_uring;
+struct moet_profile;
+
+typedef struct moet_xtier_opts {
+	size_t ram_budget_bytes;   /* host RAM for the slots (whole slots, alignment included) */
+	const struct moet_profile *profile; /* routing frequencies (borrowed for the call), or
+					     * NULL: recent use only */
+	unsigned queue_depth;      /* io_uring requests in flight; 0: 64 */
+	int direct;                /* MOET_URING_DIRECT_* (moet_uring.h); 0: auto */
+	int no_prefetch;           /* 1: no router-based prefetch */
+	int no_warm;               /* 1: start empty (default: fill with the profile's hottest) */
+} moet_xtier_opts;
+
+typedef struct moet_xtier_stats {
+	/* geometry */
+	size_t slot_bytes;         /* RAM per slot */
+	int64_t n_slots;
+	int64_t tier_experts;      /* experts in the CPU tier at creation */
+	size_t tier_bytes;         /* their checkpoint bytes (weights and scales) */
+	int direct;                /* 1: every shard read with O_DIRECT */
+	int registered;            /* 1: slots are registered io_uring buffers */
+	/* cache */
+	uint64_t lookups;          /* (layer call, expert) acquisitions */
+	uint64_t hits;             /* resident at lookup */
+	uint64_t late_hits;        /* prefetch in flight at lookup (waited for the rest) */
+	uint64_t misses;           /* demand reads */
+	uint64_t evictions;
+	uint64_t prefetch_reads;   /* experts read ahead */
+	uint64_t prefetch_used;    /* of those, acquired before eviction */
+	uint64_t warm_reads;       /* experts read at creation */
+	/* predictor */
+	uint64_t predicted;        /* CPU-tier experts predicted for the next layer */
+	uint64_t actual;           /* CPU-tier experts the predicted layers then needed */
+	uint64_t predicted_hits;   /* in both */
+	uint64_t chance_hits_x1e6; /* expected hits of a random prediction of the same sizes,
+				      times 1e6 (recall of chance = this / 1e6 / actual) */
+	/* I/O */
+	uint64_t bytes_read;       /* bytes that reached slots (exact, per expert) */
+	uint64_t read_errors;      /* failed expert reads (demand and prefetch) */
+	uint64_t wait_ns;          /* time acquire spent waiting for reads */
+	uint64_t warm_ns;          /* time of the warm fill */
+} moet_xtier_stats;
+
+/*
+ * Puts the model's CPU tier behind an expert cache of o->ram_budget_bytes (replacing any
+ * earlier one; bytes 0 or o NULL removes it). Opens every shard for io_uring reads, sizes
+ * the slots (the largest expert's segments with alignment slack), allocates and registers
+ * them, and unless o->no_warm fills them with the hottest experts by the profile. Errors:
+ * MOET_EINVAL (budget below one slot; profile of another geometry), MOET_EUNSUP (a non-CPU
+ * backend without a placement: no CPU tier), MOET_EIO (a shard cannot be opened or read),
+ * MOET_ENOMEM.
+ */
+int moet_model_set_xtier(moet_model *m, const moet_xtier_opts *o);
+
+/* The model's tier, or NULL. Borrowed. */
+moet_xtier *moet_model_xtier(const moet_model *m);
+
+/* Counters since creation (or the last reset). */
+void moet_xtier_stats_get(const moet_xtier *x, moet_xtier_stats *out);
+void moet_xtier_stats_reset(moet_xtier *x);
+
+/* The tier's reader (fault injection in tests: moet_uring_fault). Borrowed. */
+moet_uring *moet_xtier_reader(moet_xtier *x);
+
+/* Accepts NULL. Waits for reads in flight. */
+void moet_xtier_destroy(moet_xtier *x);
+
+/* ---- the engine's side (runtime/dispatch.c, runtime/forward.c) --------------------------- */
+
+/*
+ * Makes resident the experts of a prefix of pairs[0 .. n_pairs) (CPU-tier pairs of MoE layer
+ * `layer`, sorted by expert as moet_expert_pairs_sort orders them): as many whole experts as
+ * the slots hold at once (at least one). *out_table gets views indexed by expert id, valid for
+ * the experts of that prefix until moet_xtier_release; *out_n_pairs the prefix's length.
+ * Waits for the reads it needs. On error (a read failed: detail names the file, offset and
+ * errno text) nothing of the failed read stays cached and the pins are dropped; the next call
+ * reads again.
+ */
+int moet_xtier_acquire(moet_xtier *x, int64_t layer, const moet_expert_pair *pairs,
+		       int64_t n_pairs, const moet_ffn_w **out_table, int64_t *out_n_pairs);
+
+/* Unpins what the last acquire of `layer` pinned. */
+void moet_xtier_release(moet_xtier *x, int64_t layer);
+
+/*
+ * Called after layer `layer` with the hidden state x [n x hidden] (backend memory): predicts
+ * the next MoE layer's experts with its router and starts their reads. Best effort: never
+ * fails the pass (failures are counted in read_errors and the demand path reads again).
+ */
+void moet_xtier_prefetch(moet_xtier *x, int64_t layer, const float *x_rows, int64_t n);
+
+#endif
