@@ -23,6 +23,7 @@
 #include "moet_backend.h"
 #include "moet_err.h"
 #include "moet_gpu.h"
+#include "moet_gpu_host.h"
 
 struct moet_rows {
 	int32_t *tok;        /* device [n] */
@@ -106,6 +107,18 @@ static int cu_download(moet_backend *be, void *dst, const void *src, size_t byte
 {
 	(void)be;
 	return bytes ? moet_gpu_copy_d2h(dst, src, bytes) : 0;
+}
+
+static int cu_host_alloc(moet_backend *be, size_t bytes, void **out)
+{
+	(void)be;
+	return moet_gpu_host_alloc(bytes ? bytes : 64, out);
+}
+
+static void cu_host_free(moet_backend *be, void *p)
+{
+	(void)be;
+	moet_gpu_host_free(p);
 }
 
 /* A device copy of n bytes of host memory, owned by the backend. */
@@ -377,6 +390,8 @@ static const moet_backend_ops cuda_ops = {
 	.free = cu_free,
 	.upload = cu_upload,
 	.download = cu_download,
+	.host_alloc = cu_host_alloc,
+	.host_free = cu_host_free,
 	.bind_mat = cu_bind_mat,
 	.bind_vec = cu_bind_vec,
 	.prepare_rows = cu_prepare_rows,

@@ -13,6 +13,12 @@
  * logits do not depend on the placement: the property `verify` checks, and that the tests
  * check on every commit with simulated devices.
  *
+ * The CPU tier runs on the hybrid engine (hybrid.c) on every backend: its pairs are started
+ * first and left running while the device tiers and, in forward.c, the shared experts are
+ * queued; moet_moe_dispatch_finish collects them before the combine. On a GPU backend device 0
+ * is the GPU itself (its experts bound there by moet_model_bind_experts); on the CPU backend
+ * the devices are simulated.
+ *
  * NOTE: simulated devices (moet_sim_device) are the CI's test double for GPUs: on the CPU
  * backend, each owns a private copy of the bytes of the experts placed on it and computes them
  * with the backend's kernels, so a wrong routing of pairs or bytes shows as a different bit.
@@ -67,6 +73,11 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 	const moet_config *c = &m->cfg;
 	const int64_t L = c->num_hidden_layers, E = c->n_routed_experts;
 	int rc = 0;
+	if (m->hy) {
+		moet_hybrid_cpu_finish(m->hy, m->be);
+		moet_hybrid_destroy(m->hy, m->be);
+		m->hy = NULL;
+	}
 	for (int g = 0; m->sim && g < m->n_devices; g++)
 		sim_free(&m->sim[g]);
 	free(m->sim);
@@ -78,12 +89,12 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 	m->n_devices = 0;
 	if (!owner)
 		return 0;
-	if (strcmp(m->be->ops->name, "cpu"))
-		return moet_err(MOET_EUNSUP, "placement on the %s backend: the hybrid engine over "
-				"GPUs is not built yet (issue 5); use --device cpu with simulated "
-				"devices", m->be->ops->name);
+	const int host = m->be->ops->host_memory;
 	if (n_devices < 0 || n_devices > 64)
 		return moet_err(MOET_EINVAL, "placement: %d devices (0 .. 64)", n_devices);
+	if (!host && n_devices > 1)
+		return moet_err(MOET_EUNSUP, "placement over %d GPUs: the %s backend drives one GPU "
+				"(device 0) so far", n_devices, m->be->ops->name);
 	for (int64_t i = 0; i < L * E; i++)
 		if (owner[i] < -1 || owner[i] >= n_devices)
 			return moet_err(MOET_EINVAL, "placement: layer %lld expert %lld has owner %d, "
@@ -98,6 +109,13 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 	}
 	memcpy(m->owner, owner, (size_t)(L * E) * sizeof(*owner));
 	m->n_devices = n_devices;
+	if ((rc = moet_hybrid_create(m->be, c, &m->hy)))
+		goto fail;
+	if (!host) {
+		if ((rc = moet_model_bind_experts(m, owner)))
+			goto fail;
+		return 0;
+	}
 	for (int g = 0; g < n_devices; g++) {
 		moet_sim_device *d = &m->sim[g];
 		if (!(d->table = calloc((size_t)(L * E), sizeof(*d->table)))) {
@@ -123,6 +141,13 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 fail:
 	moet_model_set_placement(m, NULL, 0);
 	return rc;
+}
+
+void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset)
+{
+	moet_hybrid_get_stats(m->hy, out);
+	if (reset)
+		moet_hybrid_reset_stats(m->hy);
 }
 
 void moet_model_tier_counts(const moet_model *m, uint64_t *out, int n_out)
@@ -181,7 +206,7 @@ static int run_tier(moet_model *m, int64_t l, int tier, const moet_ffn_w *table,
 	if (!cnt)
 		return 0;
 	int rc = 0;
-	if (m->xtier && (tier < 0 || !m->owner)) {
+	if (m->xtier && !m->owner) {
 		/* the CPU tier through the NVMe expert tier: runs of whole experts made resident
 		 * in its slots, each computed from the slots' views (moet_xtier.h) */
 		for (int64_t q = 0, got = 0; q < cnt && !rc; q += got) {
@@ -202,6 +227,37 @@ static int run_tier(moet_model *m, int64_t l, int tier, const moet_ffn_w *table,
 	return rc;
 }
 
+/* The CPU tier's cnt pairs (tier_list) through the NVMe expert tier: runs of whole experts
+ * made resident in its slots, each computed by the hybrid engine before the next run is read
+ * (no overlap with the device tiers: the slots are pinned until then). */
+static int cpu_tier_xtier(moet_model *m, int64_t l, int64_t cnt, int64_t top_k, const float *h,
+			  int64_t n, float *y)
+{
+	const int64_t H = m->cfg.hidden_size;
+	int rc = 0;
+	for (int64_t q = 0, got = 0; q < cnt && !rc; q += got) {
+		const moet_ffn_w *xt;
+		rc = moet_xtier_acquire(m->xtier, l, m->tier_list + q, cnt - q, &xt, &got);
+		if (!rc)
+			rc = moet_hybrid_cpu_begin(m->hy, m->be, xt, m->tier_list + q, got, top_k, h,
+						   n, y + q * H);
+		int rf = moet_hybrid_cpu_finish(m->hy, m->be);
+		if (!rc)
+			rc = rf;
+		moet_xtier_release(m->xtier, l);
+	}
+	return rc;
+}
+
+/* No placement: every pair on the backend, y rows in sorted order. */
+static int run_all(moet_model *m, int64_t l, int64_t P, int64_t k, const float *h, int64_t n,
+		   float *y, int32_t *slot)
+{
+	int64_t row = 0;
+	int rc = run_tier(m, l, 0, m->layers[l].experts, P, k, h, n, y, &row);
+	return rc ? rc : m->be->ops->upload(m->be, slot, m->slot_h, (size_t)P * sizeof(int32_t));
+}
+
 int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, const float *h,
 		      float *y, int32_t *slot)
 {
@@ -219,15 +275,43 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 					(long long)l, m->ids_h[p], (long long)E);
 	if ((rc = moet_expert_pairs_sort(m->ids_h, P, m->pairs)))
 		return rc;
-	if (!m->owner) {
-		rc = run_tier(m, l, 0, lw->experts, P, k, h, n, y, &row);
-	} else {
-		for (int g = 0; g < m->n_devices && !rc; g++)
-			rc = run_tier(m, l, g, m->sim[g].table + l * E, P, k, h, n, y, &row);
-		if (!rc)
-			rc = run_tier(m, l, -1, lw->experts_host, P, k, h, n, y, &row);
+	if (!m->owner)
+		return run_all(m, l, P, k, h, n, y, slot);
+	/* The CPU tier's rows come last in y: count the devices' pairs first. */
+	int64_t cpu_row = 0, cpu_cnt = 0;
+	for (int64_t q = 0; q < P; q++)
+		if (m->owner[l * E + m->pairs[q].expert] >= 0)
+			cpu_row++;
+	for (int64_t q = 0; q < P; q++) {
+		const moet_expert_pair *pq = &m->pairs[q];
+		if (m->owner[l * E + pq->expert] < 0) {
+			m->slot_h[pq->pair] = (int32_t)(cpu_row + cpu_cnt);
+			m->tier_list[cpu_cnt++] = *pq;
+		}
 	}
+	if (cpu_cnt) {
+		rc = m->xtier ? cpu_tier_xtier(m, l, cpu_cnt, k, h, n, y + cpu_row * c->hidden_size)
+			      : moet_hybrid_cpu_begin(m->hy, m->be, lw->experts_host, m->tier_list,
+						      cpu_cnt, k, h, n,
+						      y + cpu_row * c->hidden_size);
+		if (rc)
+			return rc;
+		m->tier_pairs[0] += (uint64_t)cpu_cnt;
+	}
+	/* NOTE: the device tiers reuse tier_list from its start; the CPU tier's copy of its
+	 * pairs was taken at begin (its jobs). */
+	for (int g = 0; g < m->n_devices && !rc; g++)
+		rc = run_tier(m, l, g, m->be->ops->host_memory ? m->sim[g].table + l * E
+							       : lw->experts,
+			      P, k, h, n, y, &row);
+	if (!rc)
+		rc = m->be->ops->upload(m->be, slot, m->slot_h, (size_t)P * sizeof(int32_t));
 	if (rc)
-		return rc;
-	return m->be->ops->upload(m->be, slot, m->slot_h, (size_t)P * sizeof(int32_t));
+		moet_hybrid_cpu_finish(m->hy, m->be);
+	return rc;
+}
+
+int moet_moe_dispatch_finish(moet_model *m)
+{
+	return m->hy ? moet_hybrid_cpu_finish(m->hy, m->be) : 0;
 }

@@ -199,8 +199,11 @@ static int feed_forward(moet_model *m, int64_t l, int64_t n, const moet_seq_step
 	if (m->route_fn)
 		TRY(observe_routes(m, l, n, steps, n_steps));
 	TRY(moet_moe_dispatch(m, l, b->ids, n, b->h, b->y, b->slot));
-	if (lw->has_shared)
-		TRY(op->ffn(be, &lw->mlp, b->h, n, b->shared));
+	/* the CPU tier may still run: the shared experts go on the backend meanwhile */
+	rc = lw->has_shared ? op->ffn(be, &lw->mlp, b->h, n, b->shared) : 0;
+	int rf = moet_moe_dispatch_finish(m);
+	if (rc || (rc = rf))
+		return rc;
 	return op->combine(be, b->y, b->slot, b->rw, k, lw->has_shared ? b->shared : NULL, n, H,
 			   b->out);
 }
@@ -253,6 +256,8 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 	if (rc || n == 0)
 		return rc;
 	TRY(ensure_bufs(m, n));
+	if (m->experts_unbound && !m->owner)
+		TRY(moet_model_bind_experts(m, NULL));
 	moet_fwd_bufs *b = &m->bufs;
 	moet_rowinfo *rows = malloc((size_t)n * sizeof(*rows));
 	int64_t *tok = malloc((size_t)n * sizeof(*tok));

@@ -162,6 +162,35 @@ static int bind_ffn(moet_model *m, const char *prefix, int64_t inter, int64_t hi
 	return rc;
 }
 
+int moet_model_bind_experts(moet_model *m, const int16_t *owner)
+{
+	const moet_config *c = &m->cfg;
+	const int64_t E = c->n_routed_experts;
+	const moet_backend_ops *op = m->be->ops;
+	int rc;
+	if (!m->experts_unbound)
+		return 0;
+	for (int64_t l = 0; l < c->num_hidden_layers; l++) {
+		moet_layer_w *lw = &m->layers[l];
+		if (!lw->is_moe)
+			continue;
+		for (int64_t e = 0; e < E; e++) {
+			const moet_ffn_w *h = &lw->experts_host[e];
+			moet_ffn_w *d = &lw->experts[e];
+			if (d->gate.data || (owner && owner[l * E + e] != 0))
+				continue;
+			if ((rc = op->bind_mat(m->be, &h->gate, &d->gate)) ||
+			    (rc = op->bind_mat(m->be, &h->up, &d->up)) ||
+			    (rc = op->bind_mat(m->be, &h->down, &d->down)))
+				return moet_err_prefix(rc, "layer %lld expert %lld to the %s backend",
+						       (long long)l, (long long)e, op->name);
+		}
+	}
+	if (!owner)
+		m->experts_unbound = 0;
+	return 0;
+}
+
 static int bind_attention(moet_model *m, int64_t l, moet_layer_w *lw)
 {
 	const moet_config *c = &m->cfg;
@@ -225,11 +254,19 @@ static int bind_moe(moet_model *m, int64_t l, moet_layer_w *lw)
 	lw->experts_host = calloc((size_t)E, sizeof(*lw->experts_host));
 	if (!lw->experts || !lw->experts_host)
 		return moet_err(MOET_ENOMEM, "%lld expert views", (long long)E);
+	/* NOTE: a GPU backend binds (uploads) routed experts later: only those a placement puts
+	 * on it, or all of them at the first pass without one (moet_model_bind_experts). */
 	for (int64_t e = 0; e < E; e++) {
 		snprintf(name, sizeof(name), "%s.experts.%lld", p, (long long)e);
-		if ((rc = bind_ffn(m, name, c->moe_intermediate_size, H, &lw->experts[e],
-				   &lw->experts_host[e])))
+		if (!m->be->ops->host_memory) {
+			if ((rc = host_ffn(m, name, c->moe_intermediate_size, H,
+					   &lw->experts_host[e])))
+				return rc;
+			m->experts_unbound = 1;
+		} else if ((rc = bind_ffn(m, name, c->moe_intermediate_size, H, &lw->experts[e],
+					  &lw->experts_host[e]))) {
 			return rc;
+		}
 	}
 	if (c->n_shared_experts > 0) {
 		lw->has_shared = 1;

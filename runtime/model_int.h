@@ -48,6 +48,21 @@ typedef struct moet_layer_w {
 	moet_ffn_w *experts_host; /* [E], owned array of host views (the CPU tier's) */
 } moet_layer_w;
 
+/* hybrid.c: the CPU tier of the hybrid engine (executor, staging buffers, counters). */
+typedef struct moet_hybrid moet_hybrid;
+int moet_hybrid_create(moet_backend *be, const moet_config *c, moet_hybrid **out);
+void moet_hybrid_destroy(moet_hybrid *hy, moet_backend *be);
+/* Starts the CPU tier's pairs (sorted by expert; table: host views by expert) on h (backend
+ * memory, n rows): results go to y_dst (backend memory, cnt rows) at finish. One call in
+ * flight at a time. */
+int moet_hybrid_cpu_begin(moet_hybrid *hy, moet_backend *be, const moet_ffn_w *table,
+			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
+			  const float *h, int64_t n, float *y_dst);
+/* Waits for the call in flight (if any) and copies its rows to the backend. */
+int moet_hybrid_cpu_finish(moet_hybrid *hy, moet_backend *be);
+void moet_hybrid_get_stats(const moet_hybrid *hy, moet_hybrid_stats *out);
+void moet_hybrid_reset_stats(moet_hybrid *hy);
+
 /* Activation buffers of the forward pass (backend memory), grown to the largest batch. */
 typedef struct moet_fwd_bufs {
 	int64_t cap_rows;         /* rows the buffers hold */
@@ -75,6 +90,9 @@ struct moet_model {
 	int16_t *owner;           /* [layers x E]: -1 CPU tier, g >= 0 device g */
 	int n_devices;
 	moet_sim_device *sim;     /* [n_devices] test doubles (CPU backend only) */
+	moet_hybrid *hy;          /* the CPU tier's engine (with a placement) */
+	int experts_unbound;      /* some routed experts are not bound yet (GPU backends bind
+				     them at the placement or the first pass) */
 	uint64_t *tier_pairs;     /* [1 + n_devices]: pairs served, CPU tier first */
 	moet_expert_pair *pairs;  /* host scratch of the dispatch, grown */
 	moet_expert_pair *tier_list;
@@ -102,6 +120,12 @@ struct moet_kv {
  * y rows and slot[pair] (backend), per the placement. */
 int moet_moe_dispatch(struct moet_model *m, int64_t l, const int32_t *ids, int64_t n,
 		      const float *h, float *y, int32_t *slot);
+/* Completes a dispatch whose CPU tier may still be running (the hybrid engine overlaps it
+ * with whatever the caller queues on the backend in between). */
+int moet_moe_dispatch_finish(struct moet_model *m);
+/* model.c: binds the routed experts the backend lacks: those of device 0 in owner (NULL:
+ * all). */
+int moet_model_bind_experts(struct moet_model *m, const int16_t *owner);
 void moet_model_free_dispatch(struct moet_model *m);
 
 /* forward.c: releases the forward pass's buffers (backend memory). */

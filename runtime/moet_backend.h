@@ -62,6 +62,7 @@ typedef struct moet_attn_dims {
 
 typedef struct moet_backend_ops {
 	const char *name;
+	int host_memory; /* 1: buffers and bound weights are host memory (the CPU backend) */
 	void (*destroy)(moet_backend *be);
 
 	/* memory */
@@ -69,6 +70,10 @@ typedef struct moet_backend_ops {
 	void (*free)(moet_backend *be, void *p);
 	int (*upload)(moet_backend *be, void *dst, const void *src, size_t bytes);
 	int (*download)(moet_backend *be, void *dst, const void *src, size_t bytes);
+	/* Host memory the backend copies to and from at full speed (CUDA: pinned), for the
+	 * hybrid engine's staging buffers; host_free accepts NULL. */
+	int (*host_alloc)(moet_backend *be, size_t bytes, void **out);
+	void (*host_free)(moet_backend *be, void *p);
 
 	/* weights (owned by the backend, released by destroy) */
 	int (*bind_mat)(moet_backend *be, const moet_mat *host, moet_mat *out);

@@ -78,11 +78,28 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
  * the checkpoint's mapped bytes) or g in [0, n_devices) (device g). On the CPU backend the
  * devices are simulated: test doubles, each with a private copy of its experts' bytes,
  * computed by the same kernels; any placement gives the same logits bit for bit (the
- * contract). owner NULL removes the placement. The table is copied. Errors: MOET_EINVAL (an
- * owner out of range), MOET_EUNSUP (a GPU backend: the hybrid engine is not built yet),
- * MOET_ENOMEM.
+ * contract). On a GPU backend device 0 is the backend's GPU: the experts it owns are
+ * uploaded (only those, when no forward pass ran before without a placement), the CPU tier
+ * runs on the hybrid engine's executor beside the GPU (runtime/hybrid.c). owner NULL removes
+ * the placement. The table is copied. Errors: MOET_EINVAL (an owner out of range),
+ * MOET_EUNSUP (more devices than a GPU backend drives), MOET_ENOMEM, MOET_EDEVICE.
  */
 int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices);
+
+/* What the hybrid engine's CPU tier did (runtime/hybrid.c), summed since the placement was
+ * set or the stats were reset. Times are wall-clock ns seen by the thread driving the pass. */
+typedef struct moet_hybrid_stats {
+	uint64_t calls;      /* MoE layer calls with work for the CPU tier */
+	uint64_t cpu_pairs;  /* routing pairs the CPU tier computed */
+	uint64_t ns_cpu;     /* from the tier's submit to its completion being seen */
+	uint64_t ns_wait;    /* the driving thread blocked waiting for the tier */
+	uint64_t bytes_d2h;  /* hidden rows copied to the host staging */
+	uint64_t bytes_h2d;  /* expert outputs copied back to the backend */
+	uint64_t ns_d2h, ns_h2d;
+} moet_hybrid_stats;
+
+/* The CPU tier's counters (zeros without a placement); reset clears them after reading. */
+void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset);
 
 /*
  * Keeps the CPU tier's experts on disk behind a host-RAM expert cache of `bytes` (the NVMe

@@ -5,8 +5,9 @@
  * differing position if any; exit 1 on a difference.
  *
  * On the CPU backend the placement's GPUs are simulated devices (the test double: each holds
- * a private copy of its experts' bytes); on a GPU backend the hybrid engine is the next step
- * of issue 5 and verify says so.
+ * a private copy of its experts' bytes); with --device cuda the reference run has every
+ * expert on the GPU and the placement's GPU 0 is that GPU, the rest of the experts computed
+ * by the hybrid engine's CPU tier (one GPU so far).
  */
 #include <getopt.h>
 #include <stdint.h>
@@ -21,7 +22,7 @@
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: moet-hybrid verify --model DIR --placement FILE [--device cpu] "
+	fprintf(f, "usage: moet-hybrid verify --model DIR --placement FILE [--device cpu|cuda] "
 		   "[--sim-devices N]\n"
 		   "                          [--prompts N] [--len N] [--steps N] [--seed S]\n\n"
 		   "Runs N synthetic prompts (token ids from the seed) through prefill and decode\n"
@@ -30,6 +31,8 @@ static void usage(FILE *f)
 		   "bit. Prints the share of routings each tier served; exits 1 on a difference.\n\n"
 		   "  --placement FILE  placement file (docs/placement.md)\n"
 		   "  --device cpu      the CPU backend; the placement's GPUs are simulated devices\n"
+		   "  --device cuda     the GPU: every expert resident for the reference run, the\n"
+		   "                    placement's GPU 0 with the CPU tier beside it for the other\n"
 		   "  --sim-devices N   how many simulated devices (default: the file's GPU count;\n"
 		   "                    must be at least that)\n"
 		   "  --prompts N       sequences (default 4)   --len N  prompt length (default 12)\n"

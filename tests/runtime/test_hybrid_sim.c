@@ -79,8 +79,11 @@ int main(void)
 	int16_t *own = malloc((size_t)(L * E) * sizeof(*own));
 	run(m, 1, ref);
 
-	const char *names[] = { "all-cpu", "all-device", "random-3", "per-layer", "random-3 solo" };
-	for (int pl = 0; pl < 5; pl++) {
+	/* the last two: the CPU tier's reference paths (hybrid.c): no overlap, and computed on
+	 * the driving thread */
+	const char *names[] = { "all-cpu", "all-device", "random-3", "per-layer", "random-3 solo",
+				"random-3 serial", "random-3 1-thread" };
+	for (int pl = 0; pl < 7; pl++) {
 		int n_dev = pl == 0 ? 0 : pl == 1 ? 1 : 3;
 		for (int64_t l = 0; l < L; l++)
 			for (int64_t e = 0; e < E; e++) {
@@ -95,8 +98,14 @@ int main(void)
 					o = (int16_t)((next() % 2) ? -1 : (int)(next() % 3));
 				own[l * E + e] = o;
 			}
+		if (pl == 5)
+			setenv("MOET_HYBRID_OVERLAP", "0", 1);
+		if (pl == 6)
+			setenv("MOET_CPU_THREADS", "1", 1);
 		CHECK(moet_model_set_placement(m, own, n_dev) == 0, "%s: %s", names[pl],
 		      moet_errmsg());
+		unsetenv("MOET_HYBRID_OVERLAP");
+		unsetenv("MOET_CPU_THREADS");
 		memset(got, 0xAB, n_logits * sizeof(float));
 		run(m, pl != 4, got);
 		CHECK(memcmp(ref, got, n_logits * sizeof(float)) == 0,
@@ -112,11 +121,17 @@ int main(void)
 					   (5 + 9 + 2 + SEQS * STEPS));
 		CHECK(total == want, "%s: tier counts add to %llu, want %llu", names[pl],
 		      (unsigned long long)total, (unsigned long long)want);
+		moet_hybrid_stats hs;
+		moet_model_hybrid_stats(m, &hs, 1);
+		CHECK(hs.cpu_pairs == cnt[0], "%s: the CPU tier computed %llu pairs, counted %llu",
+		      names[pl], (unsigned long long)hs.cpu_pairs, (unsigned long long)cnt[0]);
+		CHECK(hs.bytes_h2d == cnt[0] * (uint64_t)c->hidden_size * sizeof(float),
+		      "%s: output bytes copied back", names[pl]);
 		if (pl == 0)
 			CHECK(cnt[0] == total, "all-cpu: every pair on the CPU tier");
 		if (pl == 1)
 			CHECK(cnt[1] == total, "all-device: every pair on device 0");
-		if (pl == 2)
+		if (pl >= 2 && pl != 3)
 			CHECK(cnt[0] * 4 >= total && cnt[1] && cnt[2] && cnt[3],
 			      "random-3: CPU share %llu of %llu (>= 25%%), every device used",
 			      (unsigned long long)cnt[0], (unsigned long long)total);

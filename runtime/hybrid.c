@@ -1,0 +1,281 @@
+/*
+ * hybrid.c: the CPU tier of the hybrid engine: the routed experts a placement leaves on the
+ * CPU, computed by the expert executor's pinned team from the checkpoint's mapped bytes while
+ * the backend (a GPU) computes everything else.
+ *
+ *   begin   h rows (backend memory) -> staging (host_alloc: pinned on CUDA) in one copy;
+ *           each CPU-tier pair's row gathered into y staging, expert by expert (the sorted
+ *           order of moet_expert_pairs_sort); jobs submitted to the executor; returns at once
+ *   ...     the caller queues the device tier and the shared experts on the backend
+ *   finish  waits for the executor; the y staging rows go to the backend's y in one copy
+ *
+ * Each (pair, row) result comes from the contract kernel in its fixed order, so the bits equal
+ * the backend's and the simulated devices'. With overlap off (MOET_HYBRID_OVERLAP=0, the
+ * reference path of this optimization) begin waits for the team itself, so nothing runs
+ * beside it; the bits are the same either way (tests/runtime/test_hybrid_sim.c).
+ *
+ * Staging buffers and the job table grow to the largest batch seen and are kept: after the
+ * first step of a given size nothing is allocated (ARCHITECTURE.md: nothing per token).
+ *
+ * NOTE: the team is the executor of cpu/exec.c made for this model (MOET_CPU_THREADS, else
+ * every core but one on a GPU backend: the thread that drives the GPU needs a core too). On
+ * the CPU backend it stands beside the backend's own team (a test setting: the cores are
+ * shared).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "model_int.h"
+#include "moet_cpuexec.h"
+#include "moet_err.h"
+#include "moet_topo.h"
+
+#define HY_MAX_TOK 512   /* tokens per executor batch */
+#define HY_MAX_JOBS 256  /* jobs per executor batch */
+#define HY_MAX_PENDING 8 /* batches in flight */
+
+struct moet_hybrid {
+	moet_cpuexec *ex;         /* NULL: compute on the calling thread */
+	const moet_cpu_kernels *kern;
+	int overlap;              /* 0: begin waits (MOET_HYBRID_OVERLAP=0) */
+	float *h_stage;           /* [cap_rows][H] host_alloc */
+	float *y_stage;           /* [cap_pairs][H] host_alloc */
+	float *scratch;           /* [HY_MAX_TOK][max_inter] (calling-thread path) */
+	int64_t cap_rows, cap_pairs, H, max_inter;
+	moet_cpuexec_job *jobs;   /* [cap_pairs] */
+	uint64_t tickets[HY_MAX_PENDING];
+	int n_tickets;
+	float *y_dst;             /* backend y rows of the pending call */
+	int64_t pending;          /* pairs of the pending call */
+	uint64_t t_submit;        /* ns, begin's submit */
+	moet_hybrid_stats st;
+};
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+int moet_hybrid_create(moet_backend *be, const moet_config *c, moet_hybrid **out)
+{
+	moet_hybrid *hy = calloc(1, sizeof(*hy));
+	int rc = 0;
+	if (!hy)
+		return moet_err(MOET_ENOMEM, "hybrid engine");
+	hy->H = c->hidden_size;
+	hy->max_inter = c->moe_intermediate_size;
+	hy->kern = moet_cpu_kernels_get();
+	const char *ov = getenv("MOET_HYBRID_OVERLAP");
+	hy->overlap = !(ov && !strcmp(ov, "0"));
+	if (ov && strcmp(ov, "0") && strcmp(ov, "1")) {
+		rc = moet_err(MOET_EINVAL, "MOET_HYBRID_OVERLAP='%s': expected 0 or 1", ov);
+		goto fail;
+	}
+	int n_threads = 0;
+	const char *env = getenv("MOET_CPU_THREADS");
+	if (env && env[0])
+		n_threads = atoi(env);
+	if (n_threads == 0 && !be->ops->host_memory) {
+		moet_topo *topo = NULL;
+		if (!moet_topo_load(&topo)) {
+			int cores = moet_topo_n_cores(topo);
+			n_threads = cores > 2 ? cores - 1 : cores;
+			moet_topo_destroy(topo);
+		}
+	}
+	if (n_threads != 1) {
+		moet_cpuexec_opts o = { .node = MOET_TOPO_ALL_NODES, .n_threads = n_threads,
+					.max_tok = HY_MAX_TOK, .max_inter = hy->max_inter,
+					.max_jobs = HY_MAX_JOBS, .max_pending = HY_MAX_PENDING,
+					.kernels = hy->kern };
+		if ((rc = moet_cpuexec_create(&o, &hy->ex))) {
+			rc = moet_err_prefix(rc, "hybrid engine: CPU expert executor");
+			goto fail;
+		}
+	}
+	if (!hy->ex && !(hy->scratch = malloc((size_t)HY_MAX_TOK * (size_t)hy->max_inter *
+					       sizeof(float)))) {
+		rc = moet_err(MOET_ENOMEM, "hybrid engine scratch");
+		goto fail;
+	}
+	*out = hy;
+	return 0;
+fail:
+	moet_hybrid_destroy(hy, be);
+	return rc;
+}
+
+void moet_hybrid_destroy(moet_hybrid *hy, moet_backend *be)
+{
+	if (!hy)
+		return;
+	moet_cpuexec_destroy(hy->ex); /* finishes anything in flight first */
+	be->ops->host_free(be, hy->h_stage);
+	be->ops->host_free(be, hy->y_stage);
+	free(hy->scratch);
+	free(hy->jobs);
+	free(hy);
+}
+
+static int grow(moet_hybrid *hy, moet_backend *be, int64_t rows, int64_t pairs)
+{
+	const size_t row_bytes = (size_t)hy->H * sizeof(float);
+	int rc;
+	if (rows > hy->cap_rows) {
+		be->ops->host_free(be, hy->h_stage);
+		hy->h_stage = NULL;
+		hy->cap_rows = 0;
+		if ((rc = be->ops->host_alloc(be, (size_t)rows * row_bytes, (void **)&hy->h_stage)))
+			return moet_err_prefix(rc, "hybrid engine: staging of %lld rows",
+					       (long long)rows);
+		hy->cap_rows = rows;
+	}
+	if (pairs > hy->cap_pairs) {
+		be->ops->host_free(be, hy->y_stage);
+		free(hy->jobs);
+		hy->y_stage = NULL;
+		hy->cap_pairs = 0;
+		if (!(hy->jobs = malloc((size_t)pairs * sizeof(*hy->jobs))))
+			return moet_err(MOET_ENOMEM, "hybrid engine: %lld jobs", (long long)pairs);
+		if ((rc = be->ops->host_alloc(be, (size_t)pairs * row_bytes,
+					      (void **)&hy->y_stage)))
+			return moet_err_prefix(rc, "hybrid engine: staging of %lld rows",
+					       (long long)pairs);
+		hy->cap_pairs = pairs;
+	}
+	return 0;
+}
+
+/* Waits for the oldest batch in flight. */
+static int wait_oldest(moet_hybrid *hy)
+{
+	int rc = moet_cpuexec_wait(hy->ex, hy->tickets[0]);
+	memmove(hy->tickets, hy->tickets + 1, (size_t)(--hy->n_tickets) * sizeof(uint64_t));
+	return rc;
+}
+
+static int wait_all(moet_hybrid *hy)
+{
+	int rc = 0;
+	while (hy->n_tickets) {
+		int r = wait_oldest(hy);
+		if (!rc)
+			rc = r;
+	}
+	return rc;
+}
+
+/* Submits jobs[0..n_jobs) in executor batches (at most HY_MAX_JOBS jobs, HY_MAX_TOK tokens). */
+static int submit_jobs(moet_hybrid *hy, int64_t n_jobs)
+{
+	int64_t at = 0;
+	int rc = 0;
+	while (at < n_jobs && !rc) {
+		int cnt = 0;
+		int64_t tok = 0;
+		while (at + cnt < n_jobs && cnt < HY_MAX_JOBS &&
+		       (cnt == 0 || tok + hy->jobs[at + cnt].n_tok <= HY_MAX_TOK))
+			tok += hy->jobs[at + cnt++].n_tok;
+		if (hy->n_tickets == HY_MAX_PENDING && (rc = wait_oldest(hy)))
+			break;
+		rc = moet_cpuexec_submit(hy->ex, hy->jobs + at, cnt, &hy->tickets[hy->n_tickets]);
+		if (!rc)
+			hy->n_tickets++;
+		at += cnt;
+	}
+	return rc;
+}
+
+int moet_hybrid_cpu_begin(moet_hybrid *hy, moet_backend *be, const moet_ffn_w *table,
+			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
+			  const float *h, int64_t n, float *y_dst)
+{
+	const int64_t H = hy->H;
+	const size_t row_bytes = (size_t)H * sizeof(float);
+	int rc;
+	if (hy->pending)
+		return moet_err(MOET_EINVAL, "hybrid engine: begin with a call still in flight");
+	if (cnt <= 0)
+		return 0;
+	if ((rc = grow(hy, be, n, cnt)))
+		return rc;
+	uint64_t t0 = now_ns();
+	if ((rc = be->ops->download(be, hy->h_stage, h, (size_t)n * row_bytes)))
+		return rc;
+	uint64_t t1 = now_ns();
+	hy->st.bytes_d2h += (uint64_t)n * row_bytes;
+	hy->st.ns_d2h += t1 - t0;
+	int64_t n_jobs = 0;
+	for (int64_t q = 0; q < cnt;) {
+		int64_t k = 1;
+		while (q + k < cnt && pairs[q + k].expert == pairs[q].expert && k < HY_MAX_TOK)
+			k++;
+		for (int64_t i = q; i < q + k; i++)
+			memcpy(hy->y_stage + i * H, hy->h_stage + (pairs[i].pair / top_k) * H,
+			       row_bytes);
+		const moet_ffn_w *e = &table[pairs[q].expert];
+		hy->jobs[n_jobs++] = (moet_cpuexec_job){ e->gate, e->up, e->down,
+							 hy->y_stage + q * H,
+							 hy->y_stage + q * H, k };
+		q += k;
+	}
+	hy->y_dst = y_dst;
+	hy->pending = cnt;
+	hy->t_submit = now_ns();
+	hy->st.cpu_pairs += (uint64_t)cnt;
+	if (!hy->ex) {
+		for (int64_t j = 0; j < n_jobs && !rc; j++) {
+			moet_cpuexec_job *jb = &hy->jobs[j];
+			/* NOTE: x and y alias: moet_expert_ffn consumes h before writing y */
+			rc = moet_expert_ffn(hy->kern, &jb->gate, &jb->up, &jb->down, jb->x,
+					     jb->n_tok, hy->scratch, jb->y);
+		}
+	} else {
+		rc = submit_jobs(hy, n_jobs);
+		if (!rc && !hy->overlap)
+			rc = wait_all(hy);
+	}
+	if (rc) {
+		int r = hy->ex ? wait_all(hy) : 0;
+		(void)r;
+		hy->pending = 0;
+	}
+	return rc;
+}
+
+int moet_hybrid_cpu_finish(moet_hybrid *hy, moet_backend *be)
+{
+	if (!hy || !hy->pending)
+		return 0;
+	uint64_t t0 = now_ns();
+	int rc = hy->ex ? wait_all(hy) : 0;
+	uint64_t t1 = now_ns();
+	hy->st.ns_cpu += t1 - hy->t_submit;
+	hy->st.ns_wait += t1 - t0;
+	const size_t bytes = (size_t)hy->pending * (size_t)hy->H * sizeof(float);
+	if (!rc)
+		rc = be->ops->upload(be, hy->y_dst, hy->y_stage, bytes);
+	uint64_t t2 = now_ns();
+	hy->st.bytes_h2d += bytes;
+	hy->st.ns_h2d += t2 - t1;
+	hy->st.calls++;
+	hy->pending = 0;
+	return rc;
+}
+
+void moet_hybrid_get_stats(const moet_hybrid *hy, moet_hybrid_stats *out)
+{
+	if (hy)
+		*out = hy->st;
+	else
+		memset(out, 0, sizeof(*out));
+}
+
+void moet_hybrid_reset_stats(moet_hybrid *hy)
+{
+	if (hy)
+		memset(&hy->st, 0, sizeof(hy->st));
+}
