@@ -150,6 +150,14 @@ void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset)
 		moet_hybrid_reset_stats(m->hy);
 }
 
+int moet_model_set_hybrid_overlap(moet_model *m, int on)
+{
+	if (!m->hy)
+		return moet_err(MOET_EINVAL, "hybrid overlap: no placement is set");
+	moet_hybrid_set_overlap(m->hy, on);
+	return 0;
+}
+
 void moet_model_tier_counts(const moet_model *m, uint64_t *out, int n_out)
 {
 	for (int i = 0; i < n_out; i++)

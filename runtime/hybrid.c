@@ -266,6 +266,11 @@ int moet_hybrid_cpu_finish(moet_hybrid *hy, moet_backend *be)
 	return rc;
 }
 
+void moet_hybrid_set_overlap(moet_hybrid *hy, int on)
+{
+	hy->overlap = on != 0;
+}
+
 void moet_hybrid_get_stats(const moet_hybrid *hy, moet_hybrid_stats *out)
 {
 	if (hy)

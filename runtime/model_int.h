@@ -61,6 +61,7 @@ int moet_hybrid_cpu_begin(moet_hybrid *hy, moet_backend *be, const moet_ffn_w *t
 /* Waits for the call in flight (if any) and copies its rows to the backend. */
 int moet_hybrid_cpu_finish(moet_hybrid *hy, moet_backend *be);
 void moet_hybrid_get_stats(const moet_hybrid *hy, moet_hybrid_stats *out);
+void moet_hybrid_set_overlap(moet_hybrid *hy, int on);
 void moet_hybrid_reset_stats(moet_hybrid *hy);
 
 /* Activation buffers of the forward pass (backend memory), grown to the largest batch. */

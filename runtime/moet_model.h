@@ -101,6 +101,11 @@ typedef struct moet_hybrid_stats {
 /* The CPU tier's counters (zeros without a placement); reset clears them after reading. */
 void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset);
 
+/* Overlap of the CPU tier with the device's work on (1, the default) or off (0: the CPU tier
+ * runs alone, the reference path; MOET_HYBRID_OVERLAP=0 at set_placement does the same).
+ * Same bits either way. MOET_EINVAL without a placement. */
+int moet_model_set_hybrid_overlap(moet_model *m, int on);
+
 /*
  * Keeps the CPU tier's experts on disk behind a host-RAM expert cache of `bytes` (the NVMe
  * tier, runtime/moet_xtier.h: io_uring reads, prefetch by the next layer's router), with

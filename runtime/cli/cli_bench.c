@@ -262,6 +262,7 @@ static const struct {
 } benches[] = {
 	{ "cpu-experts", cpu_experts, "CPU expert kernel vs read bandwidth and FMA peak" },
 	{ "gpu-experts", gpu_experts, "CUDA expert kernel vs copy bandwidth and SGEMM rate" },
+	{ "e2e", moet_cli_bench_e2e, "the whole model per placement: decode, prefill, overlap" },
 };
 
 static void usage(FILE *f)

@@ -1,0 +1,256 @@
+/*
+ * bench_e2e.c: `moet-hybrid bench e2e`: the whole model, end to end, under expert placements
+ * (issue 5): decode tokens/s at several batch sizes, prefill tokens/s, the time split of a
+ * hybrid step and the time to ready.
+ *
+ *   per mode     gpu (every routed expert on the GPU), hybrid (the placement file's), cpu
+ *                (every routed expert on the CPU tier; the dense part stays on the device):
+ *                the model is opened afresh and the placement set: that time is the time to
+ *                ready (the hot experts' upload included), with the bytes uploaded
+ *   decode B     B sequences prefilled with `ctx` random tokens in one call, one warm-up
+ *                step, then `steps` timed steps of B x 1 token (last logits to the host);
+ *                the CPU tier's counters over the timed steps give the split: CPU busy
+ *                (submit to done), driver blocked on the CPU, PCIe copies (staging down and
+ *                up, wall time of the synchronous copies), the rest (GPU and host work)
+ *   overlap      for hybrid modes the same steps again with MOET_HYBRID_OVERLAP=0: there the
+ *                CPU tier runs alone (Tc = its busy time per step) and the rest of the step
+ *                is the GPU part with the copies (Tg = serial step - Tc); the overlapped step
+ *                is compared with max(Tc, Tg) + 0.15 x min(Tc, Tg) (the issue's bound)
+ *   prefill P    one sequence of P random tokens in one call, last logits to the host
+ *
+ * Rows: decode-<mode> (tokens = B, median step), prefill-<mode> (tokens = P); the split and
+ * the overlap figures go to a "steps" array of the record.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "moet_bench_e2e.h"
+#include "moet_err.h"
+#include "moet_model.h"
+
+static uint64_t xs(uint64_t *s)
+{
+	*s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+	return *s;
+}
+
+typedef struct step_split {
+	double step_s, cpu_s, wait_s, pcie_s;
+	double cpu_pairs, pcie_bytes; /* per step */
+} step_split;
+
+/* B sequences: prefill ctx tokens, one warm-up step, `steps` timed steps. */
+static int decode_run(moet_model *m, int64_t B, int ctx, int steps, double *samples,
+		      step_split *split)
+{
+	const int64_t V = moet_model_config(m)->vocab_size;
+	moet_kv **kv = calloc((size_t)B, sizeof(*kv));
+	moet_seq_step *st = calloc((size_t)B, sizeof(*st));
+	int64_t *tok = malloc((size_t)(B * ctx) * sizeof(*tok));
+	float *logits = malloc((size_t)(B * V) * sizeof(float));
+	int rc = (!kv || !st || !tok || !logits) ? moet_err(MOET_ENOMEM, "decode buffers") : 0;
+	uint64_t s = 0x9E3779B97F4A7C15ull ^ (uint64_t)B;
+	for (int64_t i = 0; !rc && i < B * ctx; i++)
+		tok[i] = (int64_t)(xs(&s) % (uint64_t)V);
+	for (int64_t b = 0; !rc && b < B; b++)
+		rc = moet_kv_create(m, ctx + steps + 2, &kv[b]);
+	for (int64_t b = 0; !rc && b < B; b++)
+		st[b] = (moet_seq_step){ .kv = kv[b], .tokens = tok + b * ctx, .n_tok = ctx,
+					 .out_logits = logits + b * V, .last_only = 1 };
+	if (!rc)
+		rc = moet_model_forward_batch(m, st, (int)B);
+	for (int it = -1; !rc && it < steps; it++) {
+		if (it == 0) {
+			moet_hybrid_stats z;
+			moet_model_hybrid_stats(m, &z, 1);
+		}
+		for (int64_t b = 0; b < B; b++) {
+			tok[b * ctx] = (int64_t)(xs(&s) % (uint64_t)V);
+			st[b].tokens = tok + b * ctx;
+			st[b].n_tok = 1;
+		}
+		double t0 = moet_bench_now_s();
+		rc = moet_model_forward_batch(m, st, (int)B);
+		if (it >= 0)
+			samples[it] = moet_bench_now_s() - t0;
+	}
+	if (!rc) {
+		moet_hybrid_stats hs;
+		moet_model_hybrid_stats(m, &hs, 1);
+		split->cpu_s = (double)hs.ns_cpu / 1e9 / steps;
+		split->wait_s = (double)hs.ns_wait / 1e9 / steps;
+		split->pcie_s = (double)(hs.ns_d2h + hs.ns_h2d) / 1e9 / steps;
+		split->cpu_pairs = (double)hs.cpu_pairs / steps;
+		split->pcie_bytes = (double)(hs.bytes_d2h + hs.bytes_h2d) / steps;
+	}
+	for (int64_t b = 0; kv && b < B; b++)
+		moet_kv_destroy(kv[b]);
+	free(kv);
+	free(st);
+	free(tok);
+	free(logits);
+	return rc;
+}
+
+static int prefill_run(moet_model *m, int64_t P, double *out_s)
+{
+	const int64_t V = moet_model_config(m)->vocab_size;
+	int64_t *tok = malloc((size_t)P * sizeof(*tok));
+	float *logits = malloc((size_t)V * sizeof(float));
+	moet_kv *kv = NULL;
+	int rc = (!tok || !logits) ? moet_err(MOET_ENOMEM, "prefill buffers") : 0;
+	uint64_t s = 0x2545F4914F6CDD1Dull ^ (uint64_t)P;
+	for (int64_t i = 0; !rc && i < P; i++)
+		tok[i] = (int64_t)(xs(&s) % (uint64_t)V);
+	if (!rc)
+		rc = moet_kv_create(m, P + 1, &kv);
+	if (!rc) {
+		moet_seq_step st = { .kv = kv, .tokens = tok, .n_tok = P, .out_logits = logits,
+				     .last_only = 1 };
+		double t0 = moet_bench_now_s();
+		rc = moet_model_forward_batch(m, &st, 1);
+		*out_s = moet_bench_now_s() - t0;
+	}
+	moet_kv_destroy(kv);
+	free(tok);
+	free(logits);
+	return rc;
+}
+
+/* Opens the model and sets the mode's placement; *ready_s the wall time of both. */
+static int open_mode(const moet_bench_e2e_opts *o, int mode, moet_model **out, double *ready_s)
+{
+	double t0 = moet_bench_now_s();
+	moet_model *m = NULL;
+	int rc = moet_model_open_on(o->model_dir, o->device, &m);
+	if (rc)
+		return rc;
+	const moet_config *c = moet_model_config(m);
+	const int64_t LE = c->num_hidden_layers * c->n_routed_experts;
+	int16_t *own = malloc((size_t)LE * sizeof(*own));
+	if (!own) {
+		moet_model_close(m);
+		return moet_err(MOET_ENOMEM, "owner table");
+	}
+	for (int64_t i = 0; i < LE; i++)
+		own[i] = mode == MOET_E2E_GPU ? 0 : mode == MOET_E2E_CPU ? -1 : o->owner[i];
+	rc = moet_model_set_placement(m, own, 1);
+	free(own);
+	if (rc) {
+		moet_model_close(m);
+		return rc;
+	}
+	*ready_s = moet_bench_now_s() - t0;
+	*out = m;
+	return 0;
+}
+
+static const char *mode_name[] = { "gpu", "hybrid", "cpu" };
+
+static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
+{
+	return json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "mode", mode, "batch",
+			 (json_int_t)B, "step_s", sp->step_s, "tokens_per_s",
+			 (double)B / sp->step_s, "cpu_busy_s", sp->cpu_s, "cpu_wait_s", sp->wait_s,
+			 "pcie_s", sp->pcie_s, "cpu_pairs", sp->cpu_pairs, "pcie_bytes",
+			 sp->pcie_bytes);
+}
+
+int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *out)
+{
+	json_t *steps_arr = json_array(), *ready = json_object();
+	double *samples = malloc((size_t)o->steps * sizeof(double));
+	int rc = (!steps_arr || !ready || !samples) ? moet_err(MOET_ENOMEM, "bench e2e") : 0;
+	if (!rc) {
+		json_object_set_new(rec, "steps", steps_arr);
+		json_object_set_new(rec, "ready", ready);
+	}
+	fprintf(out, "%-7s %-9s %6s %11s %10s %10s %10s %10s %10s\n", "mode", "what", "tokens",
+		"median_ms", "tok/s", "cpu_ms", "wait_ms", "pcie_ms", "bound_ms");
+	for (int mode = 0; !rc && mode < 3; mode++) {
+		if (!(o->modes & (1 << mode)))
+			continue;
+		moet_model *m = NULL;
+		double ready_s = 0;
+		fprintf(log, "bench e2e: %s: opening %s and placing the experts\n", mode_name[mode],
+			o->model_dir);
+		if ((rc = open_mode(o, mode, &m, &ready_s)))
+			break;
+		json_object_set_new(ready, mode_name[mode], json_real(ready_s));
+		fprintf(out, "%-7s %-9s %6s %11.1f\n", mode_name[mode], "ready", "-", 1e3 * ready_s);
+		for (int bi = 0; !rc && bi < o->n_batches; bi++) {
+			const int64_t B = o->batches[bi];
+			step_split sp = { 0 };
+			if ((rc = decode_run(m, B, o->ctx, o->steps, samples, &sp)))
+				break;
+			moet_bench_row r = { .tokens = B, .ceiling = "" };
+			char name[32];
+			snprintf(name, sizeof(name), "decode-%s", mode_name[mode]);
+			r.name = name;
+			moet_bench_stats_of(samples, o->steps, &r.st);
+			sp.step_s = r.st.median_s;
+			double bound = 0;
+			json_t *sj = split_json(mode_name[mode], B, &sp);
+			if (mode != MOET_E2E_GPU && o->overlap_check && sp.cpu_pairs > 0) {
+				/* the serial reference run: Tc alone, Tg = the rest */
+				double *ser = malloc((size_t)o->steps * sizeof(double));
+				step_split ss = { 0 };
+				rc = ser ? moet_model_set_hybrid_overlap(m, 0)
+					 : moet_err(MOET_ENOMEM, "samples");
+				if (!rc)
+					rc = decode_run(m, B, o->ctx, o->steps, ser, &ss);
+				int r2 = moet_model_set_hybrid_overlap(m, 1);
+				if (!rc)
+					rc = r2;
+				moet_bench_stats st;
+				if (!rc && ss.cpu_pairs) {
+					moet_bench_stats_of(ser, o->steps, &st);
+					double tc = ss.cpu_s, tg = st.median_s - ss.cpu_s;
+					double hi = tc > tg ? tc : tg, lo = tc > tg ? tg : tc;
+					bound = hi + 0.15 * lo;
+					json_object_set_new(sj, "serial_step_s", json_real(st.median_s));
+					json_object_set_new(sj, "tc_s", json_real(tc));
+					json_object_set_new(sj, "tg_s", json_real(tg));
+					json_object_set_new(sj, "tc_tg_ratio", json_real(tg > 0 ? tc / tg : 0));
+					json_object_set_new(sj, "overlap_bound_s", json_real(bound));
+					json_object_set_new(sj, "step_over_bound",
+							    json_real(sp.step_s / bound));
+				}
+				free(ser);
+			}
+			json_array_append_new(steps_arr, sj);
+			if (!rc)
+				rc = moet_bench_add_row(rec, &r);
+			fprintf(out, "%-7s %-9s %6lld %11.3f %10.1f %10.3f %10.3f %10.3f", mode_name[mode],
+				"decode", (long long)B, 1e3 * sp.step_s, (double)B / sp.step_s,
+				1e3 * sp.cpu_s, 1e3 * sp.wait_s, 1e3 * sp.pcie_s);
+			if (bound > 0)
+				fprintf(out, " %10.3f", 1e3 * bound);
+			fputc('\n', out);
+			fflush(out);
+		}
+		for (int pi = 0; !rc && pi < o->n_prefills; pi++) {
+			const int64_t P = o->prefills[pi];
+			double t = 0;
+			moet_hybrid_stats z;
+			moet_model_hybrid_stats(m, &z, 1);
+			if ((rc = prefill_run(m, P, &t)))
+				break;
+			moet_hybrid_stats hs;
+			moet_model_hybrid_stats(m, &hs, 1);
+			char name[32];
+			snprintf(name, sizeof(name), "prefill-%s", mode_name[mode]);
+			moet_bench_row r = { .name = name, .tokens = P, .ceiling = "" };
+			r.st = (moet_bench_stats){ t, t, t, 1 };
+			rc = moet_bench_add_row(rec, &r);
+			fprintf(out, "%-7s %-9s %6lld %11.3f %10.1f %10.3f %10.3f %10.3f\n",
+				mode_name[mode], "prefill", (long long)P, 1e3 * t, (double)P / t,
+				(double)hs.ns_cpu / 1e6, (double)hs.ns_wait / 1e6,
+				(double)(hs.ns_d2h + hs.ns_h2d) / 1e6);
+			fflush(out);
+		}
+		moet_model_close(m);
+	}
+	free(samples);
+	return rc;
+}

@@ -1,0 +1,181 @@
+/*
+ * cli_bench_e2e.c: `moet-hybrid bench e2e`: options, the placement file, the record
+ * (runtime/moet_bench_e2e.h does the work).
+ */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "moet_bench_e2e.h"
+#include "moet_err.h"
+#include "moet_model.h"
+#include "moet_placement.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: moet-hybrid bench e2e --model DIR [--placement FILE] [--device cuda|cpu]\n"
+		   "                             [--modes gpu,hybrid,cpu] [--batches 1,4,16,64]\n"
+		   "                             [--prefill 1024,8192] [--ctx N] [--steps N]\n"
+		   "                             [--no-overlap-check] [--json FILE]\n\n"
+		   "The whole model per placement mode: gpu (every routed expert on the GPU), hybrid\n"
+		   "(the placement file's GPU 0 and the CPU tier), cpu (every routed expert on the\n"
+		   "CPU tier, the dense part on the GPU). Per mode: the time to ready (open and\n"
+		   "upload), decode steps at each batch size (B sequences after --ctx tokens, --steps\n"
+		   "timed steps: median step, tokens/s, the CPU tier's busy and waited time, PCIe\n"
+		   "copies), for hybrid and cpu also the serial run (overlap off: Tc and Tg alone)\n"
+		   "and the bound max(Tc, Tg) + 0.15 min(Tc, Tg), and one prefill per length.\n"
+		   "Defaults: --device cuda, --modes gpu,hybrid,cpu (hybrid needs --placement),\n"
+		   "--batches 1,4,16,64, --prefill 1024,8192, --ctx 64, --steps 8.\n");
+}
+
+static int parse_list(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t **out,
+		      int *out_n)
+{
+	int64_t n = 0;
+	free(*out);
+	*out = NULL;
+	int rc = moet_cli_parse_tokens(s, out, &n);
+	if (rc)
+		return moet_err(MOET_EINVAL, "%s: '%s' is not a list of integers", opt, s);
+	for (int64_t i = 0; i < n; i++)
+		if ((*out)[i] < lo || (*out)[i] > hi)
+			return moet_err(MOET_EINVAL, "%s: %lld is not in [%lld, %lld]", opt,
+					(long long)(*out)[i], (long long)lo, (long long)hi);
+	*out_n = (int)n;
+	return 0;
+}
+
+static int parse_modes(const char *s, int *out)
+{
+	char buf[64];
+	snprintf(buf, sizeof(buf), "%s", s);
+	*out = 0;
+	for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		if (!strcmp(t, "gpu"))
+			*out |= 1 << MOET_E2E_GPU;
+		else if (!strcmp(t, "hybrid"))
+			*out |= 1 << MOET_E2E_HYBRID;
+		else if (!strcmp(t, "cpu"))
+			*out |= 1 << MOET_E2E_CPU;
+		else
+			return moet_err(MOET_EINVAL, "--modes: '%s' (want gpu, hybrid, cpu)", t);
+	}
+	return *out ? 0 : moet_err(MOET_EINVAL, "--modes: empty");
+}
+
+/* The placement file's owner table, checked against the model (opened on the CPU: no
+ * upload). */
+static int load_owner(const char *dir, const char *path, int16_t **out)
+{
+	moet_model *m = NULL;
+	moet_placement_sizes *sz = NULL;
+	moet_placement *pl = NULL;
+	int rc = moet_model_open(dir, &m);
+	if (!rc)
+		rc = moet_placement_sizes_from_ckpt(moet_model_config(m), moet_model_ckpt(m), &sz);
+	if (!rc)
+		rc = moet_placement_load(path, moet_model_config(m), sz, &pl);
+	if (!rc && moet_placement_n_gpus(pl) > 1)
+		rc = moet_err(MOET_EUNSUP, "%s: %d GPUs; bench e2e drives one so far", path,
+			      moet_placement_n_gpus(pl));
+	if (!rc) {
+		const moet_config *c = moet_model_config(m);
+		size_t n = (size_t)(c->num_hidden_layers * c->n_routed_experts);
+		if (!(*out = malloc(n * sizeof(int16_t))))
+			rc = moet_err(MOET_ENOMEM, "owner table");
+		else
+			memcpy(*out, moet_placement_owners(pl), n * sizeof(int16_t));
+	}
+	moet_placement_free(pl);
+	moet_placement_sizes_free(sz);
+	moet_model_close(m);
+	return rc;
+}
+
+int moet_cli_bench_e2e(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "model", required_argument, NULL, 'm' },
+		{ "placement", required_argument, NULL, 'p' },
+		{ "device", required_argument, NULL, 'd' },
+		{ "modes", required_argument, NULL, 'M' },
+		{ "batches", required_argument, NULL, 'b' },
+		{ "prefill", required_argument, NULL, 'P' },
+		{ "ctx", required_argument, NULL, 'c' },
+		{ "steps", required_argument, NULL, 's' },
+		{ "no-overlap-check", no_argument, NULL, 'n' },
+		{ "json", required_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	static const int64_t def_b[] = { 1, 4, 16, 64 }, def_p[] = { 1024, 8192 };
+	moet_bench_e2e_opts o = { .device = "cuda", .batches = def_b, .n_batches = 4,
+				  .prefills = def_p, .n_prefills = 2, .ctx = 64, .steps = 8,
+				  .overlap_check = 1, .modes = 7 };
+	const char *place = NULL, *json_path = NULL;
+	int64_t *batches = NULL, *prefills = NULL;
+	int16_t *owner = NULL;
+	int c, rc = 0, modes_given = 0;
+	char *end;
+	optind = 1;
+	while (!rc && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'm': o.model_dir = optarg; break;
+		case 'p': place = optarg; break;
+		case 'd':
+			if (strcmp(optarg, "cuda") && strcmp(optarg, "cpu"))
+				rc = moet_err(MOET_EINVAL, "--device: '%s' (want cuda or cpu)", optarg);
+			o.device = optarg;
+			break;
+		case 'M': rc = parse_modes(optarg, &o.modes); modes_given = 1; break;
+		case 'b': rc = parse_list("--batches", optarg, 1, 4096, &batches, &o.n_batches);
+			o.batches = batches;
+			break;
+		case 'P': rc = parse_list("--prefill", optarg, 1, 1 << 17, &prefills, &o.n_prefills);
+			o.prefills = prefills;
+			break;
+		case 'c': o.ctx = (int)strtol(optarg, &end, 10);
+			if (*end || o.ctx < 1 || o.ctx > 1 << 16)
+				rc = moet_err(MOET_EINVAL, "--ctx: '%s' (1 .. 65536)", optarg);
+			break;
+		case 's': o.steps = (int)strtol(optarg, &end, 10);
+			if (*end || o.steps < 1 || o.steps > 100000)
+				rc = moet_err(MOET_EINVAL, "--steps: '%s' (1 .. 100000)", optarg);
+			break;
+		case 'n': o.overlap_check = 0; break;
+		case 'j': json_path = optarg; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (!rc && !o.model_dir) {
+		usage(stderr);
+		return 2;
+	}
+	if (!rc && optind < argc)
+		rc = moet_err(MOET_EINVAL, "unexpected argument '%s'", argv[optind]);
+	if (!rc && !place && !modes_given)
+		o.modes &= ~(1 << MOET_E2E_HYBRID);
+	if (!rc && !place && (o.modes & (1 << MOET_E2E_HYBRID)))
+		rc = moet_err(MOET_EINVAL, "--modes hybrid needs --placement FILE");
+	if (!rc && place)
+		rc = load_owner(o.model_dir, place, &owner);
+	o.owner = owner;
+	json_t *rec = NULL;
+	if (!rc)
+		rc = moet_bench_record_new("e2e", &rec);
+	if (!rc) {
+		json_object_set_new(rec, "model_dir", json_string(o.model_dir));
+		json_object_set_new(rec, "placement", place ? json_string(place) : json_null());
+		json_object_set_new(rec, "device", json_string(o.device));
+		rc = moet_bench_e2e(&o, rec, stderr, stdout);
+	}
+	if (!rc && json_path)
+		rc = moet_bench_write(rec, json_path);
+	json_decref(rec);
+	free(batches);
+	free(prefills);
+	free(owner);
+	return rc ? moet_cli_fail("bench e2e", rc) : 0;
+}

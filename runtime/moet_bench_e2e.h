@@ -1,0 +1,32 @@
+/*
+ * moet_bench_e2e.h: `moet-hybrid bench e2e` (runtime/bench_e2e.c): the whole model under the
+ * placements gpu (every routed expert on the GPU), hybrid (a placement file's) and cpu (every
+ * routed expert on the CPU tier): decode steps at several batch sizes with the time split,
+ * the overlap check against the serial run, prefill, and the time to ready.
+ */
+#ifndef MOET_BENCH_E2E_H
+#define MOET_BENCH_E2E_H
+
+#include "moet_bench.h"
+
+enum { MOET_E2E_GPU = 0, MOET_E2E_HYBRID = 1, MOET_E2E_CPU = 2 };
+
+typedef struct moet_bench_e2e_opts {
+	const char *model_dir;
+	const char *device;       /* "cuda" (or "cpu": the simulated device 0, for tests) */
+	const int16_t *owner;     /* [layers x experts] of the hybrid mode (-1 CPU, 0 GPU) */
+	int modes;                /* bit (1 << MOET_E2E_*) per mode to run */
+	const int64_t *batches;   /* decode batch sizes */
+	int n_batches;
+	const int64_t *prefills;  /* prefill prompt lengths */
+	int n_prefills;
+	int ctx;                  /* prompt length before the decode steps */
+	int steps;                /* timed decode steps per batch */
+	int overlap_check;        /* also run the serial reference for the hybrid and cpu modes */
+} moet_bench_e2e_opts;
+
+/* Runs the bench, rows into rec (moet_bench_record_new("e2e")), progress to log, the table
+ * to out. Returns 0 or the first error (a mode's open, placement or pass). */
+int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *out);
+
+#endif

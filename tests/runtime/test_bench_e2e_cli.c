@@ -1,0 +1,111 @@
+/*
+ * test_bench_e2e_cli.c: `moet-hybrid bench e2e` on the CPU backend (device 0 simulated) with a
+ * tiny generated checkpoint and a placement file: the record has one decode row per (mode,
+ * batch) and one prefill row per (mode, length), each with a positive median; its "steps"
+ * split agrees with the placement (no CPU pairs in gpu mode, CPU pairs in hybrid and cpu
+ * modes, PCIe bytes = pairs x hidden x 4 up + the batch's hidden rows down); the overlap
+ * figures (Tc, Tg, bound) are present and consistent for the modes with a CPU tier; the time
+ * to ready is recorded per mode. Bad arguments give one-line errors and exit 1 or 2.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moet_test.h"
+
+
+static double num(const json_t *o, const char *k)
+{
+	return json_number_value(json_object_get(o, k));
+}
+
+int main(void)
+{
+	char *dir = moet_test_mkdtemp("bench-e2e");
+	char model[512], place[512], js[512];
+	snprintf(model, sizeof(model), "%s/model", dir);
+	snprintf(place, sizeof(place), "%s/place.yaml", dir);
+	snprintf(js, sizeof(js), "%s/e2e.json", dir);
+	const char *yaml = "version: 1\ngpus:\n  - {name: gpu0, budget: 1GiB, reserve: 0GiB}\n"
+			   "default: {gpu0: \"0-3\"}\n";
+	CHECK(moet_test_write_file(place, yaml, strlen(yaml)) == 0, "placement file");
+	CHECK(moet_test_cli(NULL, "gen-checkpoint --preset tiny --seed 3 --out %s --quiet",
+			    model) == 0, "gen-checkpoint");
+	/* the geometry from the checkpoint's config.json */
+	char cfgp[600];
+	snprintf(cfgp, sizeof(cfgp), "%s/config.json", model);
+	json_t *cfg = json_load_file(cfgp, 0, NULL);
+	const int64_t HIDDEN = json_integer_value(json_object_get(cfg, "hidden_size"));
+	const int64_t TOPK = json_integer_value(json_object_get(cfg, "num_experts_per_tok"));
+	const int64_t MOE_LAYERS = json_integer_value(json_object_get(cfg, "num_hidden_layers")) -
+				   json_integer_value(json_object_get(cfg, "first_k_dense_replace"));
+	json_decref(cfg);
+	CHECK(HIDDEN > 0 && TOPK > 0 && MOE_LAYERS > 0, "config.json geometry");
+	char *out = NULL;
+	int rc = moet_test_cli(&out, "bench e2e --model %s --device cpu --placement %s "
+			       "--batches 1,3 --prefill 16 --ctx 8 --steps 2 --json %s", model,
+			       place, js);
+	CHECK(rc == 0, "bench e2e: exit %d\n%s", rc, out ? out : "");
+	free(out);
+	json_error_t err;
+	json_t *r = json_load_file(js, 0, &err);
+	CHECK(r != NULL, "%s: %s", js, err.text);
+	if (r) {
+		CHECK(!strcmp(json_string_value(json_object_get(r, "bench")), "e2e"), "bench name");
+		const json_t *rows = json_object_get(r, "results");
+		CHECK(json_array_size(rows) == 9, "3 modes x (2 decode + 1 prefill) rows, got %zu",
+		      json_array_size(rows));
+		size_t i;
+		const json_t *row;
+		json_array_foreach(rows, i, row) {
+			const char *name = json_string_value(json_object_get(row, "name"));
+			CHECK(name && (!strncmp(name, "decode-", 7) || !strncmp(name, "prefill-", 8)),
+			      "row name %s", name ? name : "-");
+			CHECK(num(row, "median_s") > 0 && isfinite(num(row, "median_s")), "median");
+		}
+		const json_t *steps = json_object_get(r, "steps");
+		CHECK(json_array_size(steps) == 6, "3 modes x 2 batches of splits");
+		json_array_foreach(steps, i, row) {
+			const char *mode = json_string_value(json_object_get(row, "mode"));
+			int64_t B = json_integer_value(json_object_get(row, "batch"));
+			double pairs = num(row, "cpu_pairs"), bytes = num(row, "pcie_bytes");
+			if (!mode)
+				continue;
+			if (!strcmp(mode, "gpu")) {
+				CHECK(pairs == 0 && bytes == 0, "gpu mode: no CPU tier work");
+				continue;
+			}
+			CHECK(pairs > 0, "%s batch %lld: CPU pairs", mode, (long long)B);
+			if (!strcmp(mode, "cpu"))
+				CHECK(pairs == (double)(B * TOPK * MOE_LAYERS), "cpu mode: every pair of "
+				      "the MoE layers on the CPU: %g", pairs);
+			/* each MoE layer with CPU work: B rows down, the CPU pairs up */
+			CHECK(bytes <= (pairs + MOE_LAYERS * B) * HIDDEN * 4 &&
+			      bytes >= (pairs + B) * HIDDEN * 4,
+			      "%s batch %lld: %g PCIe bytes for %g pairs", mode, (long long)B, bytes,
+			      pairs);
+			double tc = num(row, "tc_s"), tg = num(row, "tg_s"), bd = num(row,
+										  "overlap_bound_s");
+			double hi = tc > tg ? tc : tg, lo = tc > tg ? tg : tc;
+			CHECK(tc > 0 && fabs(bd - (hi + 0.15 * lo)) <= 1e-12 + 1e-9 * bd,
+			      "%s: bound = max + 0.15 min", mode);
+		}
+		const json_t *ready = json_object_get(r, "ready");
+		CHECK(num(ready, "gpu") > 0 && num(ready, "hybrid") > 0 && num(ready, "cpu") > 0,
+		      "time to ready per mode");
+		json_decref(r);
+	}
+	moet_test_cli_expect("bench e2e --model /nonexistent --device cpu --modes cpu --batches 1 "
+			     "--prefill 4", 1, "/nonexistent");
+	char args[1024];
+	snprintf(args, sizeof(args), "bench e2e --model %s --device cpu --modes hybrid", model);
+	moet_test_cli_expect(args, 1, "needs --placement");
+	snprintf(args, sizeof(args), "bench e2e --model %s --device cpu --batches 0", model);
+	moet_test_cli_expect(args, 1, "--batches: 0 is not in");
+	snprintf(args, sizeof(args), "bench e2e --model %s --modes gpu,tpu", model);
+	moet_test_cli_expect(args, 1, "--modes: 'tpu'");
+	free(dir);
+	return moet_test_done("test_bench_e2e_cli");
+}
