@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# tests/gpu/e2e.sh: the hybrid engine end to end on a GPU machine (issue 5): a full-geometry
+# synthetic Kimi-K2 checkpoint, a routing profile, placements from `plan`, `verify` on the GPU
+# against every expert resident, and `bench e2e` records.
+#
+# Usage (from the repository root): bash tests/gpu/e2e.sh BUILD_DIR OUT_DIR [CKPT_DIR]
+#   BUILD_DIR  a build with moet-hybrid (carried from a development machine is fine)
+#   OUT_DIR    logs, profile, placements and JSON records go here
+#   CKPT_DIR   where the checkpoint is made if missing (default /dev/shm/moet-kimi: RAM-backed,
+#              so the CPU tier reads it from memory as it would a page-cached checkpoint)
+# Environment: MOET_E2E_LAYERS (default 4: layer 0 dense + 3 MoE layers of 384 experts, about
+# 56 GB), MOET_E2E_HOT (hot experts per layer of the hybrid bench placement, default 352),
+# MOET_E2E_STEPS (default 8), MOET_E2E_PREFILL (default 1024,8192),
+# MOET_E2E_BATCHES (default 1,4,16,64), MOET_E2E_SKIP (words: verify bench120 bench).
+# Debian runtime libraries may be carried as .deb files in .deb/ (as for tests/gpu/run.sh).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=$1
+out=$2
+ckpt=${3:-/dev/shm/moet-kimi}
+layers=${MOET_E2E_LAYERS:-4}
+hot=${MOET_E2E_HOT:-352}
+steps=${MOET_E2E_STEPS:-8}
+prefill=${MOET_E2E_PREFILL:-1024,8192}
+batches=${MOET_E2E_BATCHES:-1,4,16,64}
+skip=${MOET_E2E_SKIP:-}
+mkdir -p "$out"
+if ls .deb/*.deb >/dev/null 2>&1; then
+	mkdir -p /tmp/moet-debs
+	for f in .deb/*.deb; do dpkg -x "$f" /tmp/moet-debs; done
+	export LD_LIBRARY_PATH="/tmp/moet-debs/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+fi
+bin=$build/moet-hybrid
+step() { echo "== $(date +%T) $*" | tee -a "$out/e2e.log"; }
+
+if [ ! -f "$ckpt/config.json" ]; then
+	step "gen-checkpoint kimi-k2 --layers $layers -> $ckpt"
+	/usr/bin/time -v "$bin" gen-checkpoint --preset kimi-k2 --layers "$layers" --seed 1 \
+		--out "$ckpt" --quiet 2>"$out/gen.time"
+fi
+step "inspect"
+"$bin" inspect --model "$ckpt" >"$out/inspect.txt"
+step "profile (GPU, every expert resident)"
+"$bin" profile --model "$ckpt" --device cuda --synthetic 48 --seed 1 --max-new 8 --batch 16 \
+	--quiet --out "$out/profile.json" 2>&1 | tail -3 | tee -a "$out/e2e.log"
+for k in 120 "$hot"; do
+	step "plan --hot-per-layer $k"
+	"$bin" plan --model "$ckpt" --profile "$out/profile.json" --gpus 1 --vram-gb 139GiB \
+		--hot-per-layer "$k" --out "$out/place-$k.yaml" >"$out/plan-$k.txt" 2>&1
+	tail -2 "$out/plan-$k.txt" | tee -a "$out/e2e.log"
+done
+if [[ " $skip " != *" verify "* ]]; then
+	step "verify --device cuda, 120 of 384 per layer on the GPU"
+	"$bin" verify --model "$ckpt" --device cuda --placement "$out/place-120.yaml" --prompts 16 \
+		--len 24 --steps 4 2>&1 | tee -a "$out/e2e.log"
+fi
+if [[ " $skip " != *" bench "* ]]; then
+	step "bench e2e, hybrid = $hot of 384 per layer on the GPU"
+	"$bin" bench e2e --model "$ckpt" --placement "$out/place-$hot.yaml" --batches "$batches" \
+		--prefill "$prefill" --steps "$steps" --json "$out/e2e-hot$hot.json" 2>&1 |
+		tee -a "$out/e2e.log"
+fi
+if [[ " $skip " != *" bench120 "* ]]; then
+	step "bench e2e, hybrid = 120 of 384 per layer on the GPU"
+	"$bin" bench e2e --model "$ckpt" --modes hybrid --placement "$out/place-120.yaml" \
+		--batches "$batches" --prefill 1024 --steps "$steps" --json "$out/e2e-hot120.json" \
+		2>&1 | tee -a "$out/e2e.log"
+fi
+step "done"
