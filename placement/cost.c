@@ -1,18 +1,21 @@
 /*
- * cost.c: the decode step cost model (moet_cost.h): the hardware file reader and the
- * prediction of a placement's step time.
+ * cost.c: the hardware descriptions of the decode step cost model (moet_cost.h): the
+ * built-in defaults and the hardware file reader. The model itself is cost_model.c.
  *
- * The hardware file is a flat YAML mapping (configs/hardware-h200-host.yaml):
+ * The hardware file is a YAML mapping (configs/hardware-h200-host.yaml):
  *
  *   name: h200-host
  *   cpu_read_gbps: 94        # every key optional; a missing one keeps its default
+ *   cpu_fma_gflops: 1329
+ *   cpu_fma_frac:            # a curve: tokens per expert: fraction of the peak
+ *     2: 0.198
+ *     8: 0.391
  *   ...
  *
  * read with libyaml's document API, so every fault names its line. Scalars are read as text
- * and converted with strtod, whatever their YAML tag.
- *
- * NOTE: A_tier (the chance that a tier works at all in a step) is 1 - prod(1 - P_e), summed
- * in log space (log1p) so that 384 small P_e do not lose their product to rounding.
+ * and converted with strtod, whatever their YAML tag. A curve is checked whole when read
+ * (tokens increasing, fractions in (0, 1], tokens / fraction never falling), so that the
+ * model can rely on t(r) never falling as r grows.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -37,6 +40,20 @@ void moet_cost_hw_defaults(moet_cost_hw *out)
 	out->gpu_overhead_us = 10.0;
 	out->act_bytes = 4.0;
 	out->from_file = false;
+	/* configs/hardware-h200-host.yaml says which record each figure comes from. */
+	static const double tok[9] = { 2, 4, 8, 16, 32, 64, 128, 256, 1024 };
+	static const double cpu[9] = { 0.198, 0.324, 0.391, 0.524, 0.531, 0.502, 0.553, 0.555,
+				       0.554 };
+	static const double gpu[9] = { 0.185, 0.283, 0.336, 0.341, 0.347, 0.353, 0.358, 0.362,
+				       0.364 };
+	out->cpu_fma_gflops = 1329.0;
+	out->gpu_sgemm_gflops = 50575.0;
+	out->cpu_fma_frac.n = out->gpu_sgemm_frac.n = 9;
+	for (int i = 0; i < 9; i++) {
+		out->cpu_fma_frac.tokens[i] = out->gpu_sgemm_frac.tokens[i] = tok[i];
+		out->cpu_fma_frac.frac[i] = cpu[i];
+		out->gpu_sgemm_frac.frac[i] = gpu[i];
+	}
 }
 
 /* ---- the hardware file -------------------------------------------------------------------- */
@@ -57,8 +74,25 @@ static const hw_key hw_keys[] = {
 	{ "cpu_overhead_us", offsetof(moet_cost_hw, cpu_overhead_us), 0, false, 1e6 },
 	{ "gpu_overhead_us", offsetof(moet_cost_hw, gpu_overhead_us), 0, false, 1e6 },
 	{ "act_bytes", offsetof(moet_cost_hw, act_bytes), 1, false, 8 },
+	{ "cpu_fma_gflops", offsetof(moet_cost_hw, cpu_fma_gflops), 0, true, 1e9 },
+	{ "gpu_sgemm_gflops", offsetof(moet_cost_hw, gpu_sgemm_gflops), 0, true, 1e9 },
 };
 #define N_HW_KEYS ((int)(sizeof(hw_keys) / sizeof(hw_keys[0])))
+
+/* The curves, after the scalar keys in the seen[] index. */
+static const struct {
+	const char *name;
+	size_t off;        /* offset of the moet_cost_curve in moet_cost_hw */
+} hw_curves[] = {
+	{ "cpu_fma_frac", offsetof(moet_cost_hw, cpu_fma_frac) },
+	{ "gpu_sgemm_frac", offsetof(moet_cost_hw, gpu_sgemm_frac) },
+};
+#define N_HW_CURVES 2
+#define HW_NAME_IDX (N_HW_KEYS + N_HW_CURVES)
+
+#define HW_KEY_LIST "name, cpu_read_gbps, gpu_read_gbps, pcie_gbps, pcie_latency_us, " \
+	"cpu_overhead_us, gpu_overhead_us, act_bytes, cpu_fma_gflops, gpu_sgemm_gflops, " \
+	"cpu_fma_frac, gpu_sgemm_frac"
 
 static int hw_yaml_fail(const char *label, const yaml_parser_t *ps)
 {
@@ -75,6 +109,56 @@ static int hw_line(const yaml_node_t *n)
 	return (int)n->start_mark.line + 1;
 }
 
+/* A curve: a mapping of tokens: fraction, checked whole (moet_cost_curve). */
+static int hw_curve(const char *label, yaml_document_t *doc, const char *key,
+		    const yaml_node_t *v, moet_cost_curve *out)
+{
+	moet_cost_curve c = { 0 };
+	if (v->type != YAML_MAPPING_NODE)
+		return moet_err(MOET_EFORMAT, "%s:%d: %s: expected a mapping of tokens per "
+				"expert: fraction of the peak (e.g. {8: 0.39, 64: 0.5}; {} for "
+				"none)", label, hw_line(v), key);
+	for (yaml_node_pair_t *pr = v->data.mapping.pairs.start; pr < v->data.mapping.pairs.top;
+	     pr++) {
+		const yaml_node_t *tk = yaml_document_get_node(doc, pr->key);
+		const yaml_node_t *fv = yaml_document_get_node(doc, pr->value);
+		if (!tk || !fv || tk->type != YAML_SCALAR_NODE || fv->type != YAML_SCALAR_NODE)
+			return moet_err(MOET_EFORMAT, "%s:%d: %s: expected scalar tokens: fraction "
+					"pairs", label, tk ? hw_line(tk) : hw_line(v), key);
+		const char *ts = (const char *)tk->data.scalar.value;
+		const char *fs = (const char *)fv->data.scalar.value;
+		char *end;
+		double t = strtod(ts, &end);
+		if (end == ts || *end || !(t >= 1 && t <= 1e6) || t != floor(t))
+			return moet_err(MOET_EFORMAT, "%s:%d: %s: tokens '%.64s' is not a whole "
+					"number from 1 to 1000000", label, hw_line(tk), key, ts);
+		double f = strtod(fs, &end);
+		if (end == fs || *end || !isfinite(f))
+			return moet_err(MOET_EFORMAT, "%s:%d: %s: %g tokens: fraction '%.64s' "
+					"is not a number", label, hw_line(fv), key, t, fs);
+		if (!(f > 0 && f <= 1))
+			return moet_err(MOET_ERANGE, "%s:%d: %s: %g tokens: fraction %g out of "
+					"range (above 0 .. 1)", label, hw_line(fv), key, t, f);
+		if (c.n == MOET_COST_MAX_POINTS)
+			return moet_err(MOET_ERANGE, "%s:%d: %s: more than %d points", label,
+					hw_line(tk), key, MOET_COST_MAX_POINTS);
+		if (c.n && t <= c.tokens[c.n - 1])
+			return moet_err(MOET_ERANGE, "%s:%d: %s: %g tokens after %g: tokens must "
+					"increase", label, hw_line(tk), key, t, c.tokens[c.n - 1]);
+		/* NOTE: compared as t x f' < t' x f (no division) so that equal times pass. */
+		if (c.n && t * c.frac[c.n - 1] < c.tokens[c.n - 1] * f)
+			return moet_err(MOET_ERANGE, "%s:%d: %s: %g tokens at %g would take less "
+					"time than %g at %g (tokens / fraction must not fall)",
+					label, hw_line(fv), key, t, f, c.tokens[c.n - 1],
+					c.frac[c.n - 1]);
+		c.tokens[c.n] = t;
+		c.frac[c.n] = f;
+		c.n++;
+	}
+	*out = c;
+	return 0;
+}
+
 /* One key: value pair into *hw; seen[] catches repeats. */
 static int hw_entry(const char *label, yaml_document_t *doc, const yaml_node_pair_t *pr,
 		    moet_cost_hw *hw, int *seen)
@@ -85,27 +169,34 @@ static int hw_entry(const char *label, yaml_document_t *doc, const yaml_node_pai
 		return moet_err(MOET_EFORMAT, "%s:%d: keys must be scalars", label,
 				k ? hw_line(k) : 0);
 	const char *key = (const char *)k->data.scalar.value;
-	if (!v || v->type != YAML_SCALAR_NODE)
-		return moet_err(MOET_EFORMAT, "%s:%d: %s: expected a scalar", label, hw_line(k),
-				key);
-	const char *val = (const char *)v->data.scalar.value;
 	int idx = -1;
-	if (!strcmp(key, "name")) {
-		idx = N_HW_KEYS;
-	} else {
-		for (int i = 0; i < N_HW_KEYS; i++)
-			if (!strcmp(key, hw_keys[i].name))
-				idx = i;
-	}
+	if (!strcmp(key, "name"))
+		idx = HW_NAME_IDX;
+	for (int i = 0; i < N_HW_KEYS; i++)
+		if (!strcmp(key, hw_keys[i].name))
+			idx = i;
+	for (int i = 0; i < N_HW_CURVES; i++)
+		if (!strcmp(key, hw_curves[i].name))
+			idx = N_HW_KEYS + i;
 	if (idx < 0)
-		return moet_err(MOET_EFORMAT, "%s:%d: unknown key '%.64s' (name, cpu_read_gbps, "
-				"gpu_read_gbps, pcie_gbps, pcie_latency_us, cpu_overhead_us, "
-				"gpu_overhead_us, act_bytes)", label, hw_line(k), key);
+		return moet_err(MOET_EFORMAT, "%s:%d: unknown key '%.64s' (" HW_KEY_LIST ")", label,
+				hw_line(k), key);
 	if (seen[idx])
 		return moet_err(MOET_EFORMAT, "%s:%d: %s given twice (first on line %d)", label,
 				hw_line(k), key, seen[idx]);
 	seen[idx] = hw_line(k);
-	if (idx == N_HW_KEYS) {
+	if (!v)
+		return moet_err(MOET_EFORMAT, "%s:%d: %s: no value", label, hw_line(k), key);
+	if (idx >= N_HW_KEYS && idx < HW_NAME_IDX) {
+		const int c = idx - N_HW_KEYS;
+		return hw_curve(label, doc, key, v,
+				(moet_cost_curve *)((char *)hw + hw_curves[c].off));
+	}
+	if (v->type != YAML_SCALAR_NODE)
+		return moet_err(MOET_EFORMAT, "%s:%d: %s: expected a scalar", label, hw_line(k),
+				key);
+	const char *val = (const char *)v->data.scalar.value;
+	if (idx == HW_NAME_IDX) {
 		if (strlen(val) >= sizeof(hw->name) || !*val)
 			return moet_err(MOET_EFORMAT, "%s:%d: name: 1 to %d characters", label,
 					hw_line(v), MOET_COST_NAME_BYTES - 1);
@@ -130,7 +221,7 @@ int moet_cost_hw_parse(const char *label, const char *text, size_t n_bytes, moet
 	yaml_parser_t ps;
 	yaml_document_t doc;
 	moet_cost_hw hw;
-	int seen[N_HW_KEYS + 1] = { 0 };
+	int seen[HW_NAME_IDX + 1] = { 0 };
 	int rc = 0;
 	moet_cost_hw_defaults(&hw);
 	if (!yaml_parser_initialize(&ps))
@@ -182,107 +273,3 @@ int moet_cost_hw_load(const char *path, moet_cost_hw *out)
 	return rc;
 }
 
-/* ---- the model -------------------------------------------------------------------------- */
-
-void moet_cost_touch(const double *s, int64_t n, int64_t top_k, int64_t batch, double *P)
-{
-	double tot = 0;
-	for (int64_t i = 0; i < n; i++)
-		tot += s[i];
-	for (int64_t i = 0; i < n; i++) {
-		if (!(tot > 0) || !(s[i] > 0)) {
-			P[i] = 0;
-			continue;
-		}
-		double p = s[i] * (double)top_k / tot;
-		p = p < 1 ? p : 1;
-		/* 1 - (1 - p)^B without losing small p to rounding. */
-		P[i] = p >= 1 ? 1 : -expm1((double)batch * log1p(-p));
-	}
-}
-
-/* One tier's time (ms): overhead when it works, plus its distinct experts' bytes read.
- * bytes / (GB/s x 1e9) s = bytes / (GB/s x 1e6) ms. */
-static double tier_ms(const moet_cost_in *in, double d, double a, double gbps, double ovh_us)
-{
-	return a * ovh_us * 1e-3 + d * (double)in->expert_bytes / (gbps * 1e6);
-}
-
-static double gpus_ms(const moet_cost_in *in, const double *d_gpu, const double *a_gpu)
-{
-	double t_gpu = 0;
-	for (int g = 0; g < in->n_gpus; g++) {
-		double t = tier_ms(in, d_gpu[g], a_gpu[g], in->hw.gpu_read_gbps,
-				   in->hw.gpu_overhead_us);
-		t_gpu = t > t_gpu ? t : t_gpu;
-	}
-	return t_gpu;
-}
-
-double moet_cost_layer_ms(const moet_cost_in *in, double d_cpu, double a_cpu,
-			  const double *d_gpu, const double *a_gpu)
-{
-	const moet_cost_hw *h = &in->hw;
-	const double t_cpu = tier_ms(in, d_cpu, a_cpu, h->cpu_read_gbps, h->cpu_overhead_us);
-	const double t_gpu = gpus_ms(in, d_gpu, a_gpu);
-	double act = (double)in->batch * (double)in->d_model * h->act_bytes;
-	double xfer = a_cpu * (2 * h->pcie_latency_us * 1e-3 + 2 * act / (h->pcie_gbps * 1e6));
-	return (t_cpu > t_gpu ? t_cpu : t_gpu) + xfer;
-}
-
-int moet_cost_predict(const moet_cost_in *in, const double *scores, int64_t n_layers,
-		      int64_t n_experts, const int16_t *owner, moet_cost_pred *out)
-{
-	const int n = in->n_gpus;
-	if (in->batch < 1 || n < 1 || n > 64 || in->top_k < 1)
-		return moet_err(MOET_EINVAL, "cost model: batch %" PRId64 ", %d GPUs, top-k %"
-				PRId64, in->batch, n, in->top_k);
-	for (int64_t i = 0; i < n_layers * n_experts; i++)
-		if (owner[i] < -1 || owner[i] >= n)
-			return moet_err(MOET_EINVAL, "cost model: layer %" PRId64 " expert %" PRId64
-					": owner %d is not a GPU of %d nor the CPU",
-					i / n_experts, i % n_experts, owner[i], n);
-	double *P = malloc((size_t)(n_experts ? n_experts : 1) * sizeof(*P));
-	if (!P)
-		return moet_err(MOET_ENOMEM, "cost model");
-	memset(out, 0, sizeof(*out));
-	for (int64_t l = 0; l < n_layers; l++) {
-		double d_gpu[64] = { 0 }, lq_gpu[64] = { 0 }, a_gpu[64];
-		double d_cpu = 0, lq_cpu = 0;
-		moet_cost_touch(scores + l * n_experts, n_experts, in->top_k, in->batch, P);
-		for (int64_t e = 0; e < n_experts; e++) {
-			const int g = owner[l * n_experts + e];
-			const double q = P[e] < 1 ? log1p(-P[e]) : -INFINITY;
-			if (g < 0) {
-				d_cpu += P[e];
-				lq_cpu += q;
-			} else {
-				d_gpu[g] += P[e];
-				lq_gpu[g] += q;
-			}
-		}
-		double any = d_cpu;
-		for (int g = 0; g < n; g++)
-			any += d_gpu[g];
-		if (any == 0)
-			continue; /* a dense layer or one without routings */
-		const double a_cpu = -expm1(lq_cpu);
-		for (int g = 0; g < n; g++) {
-			a_gpu[g] = -expm1(lq_gpu[g]);
-			out->gpu_distinct += d_gpu[g];
-		}
-		const double t = moet_cost_layer_ms(in, d_cpu, a_cpu, d_gpu, a_gpu);
-		const double t_gpu = gpus_ms(in, d_gpu, a_gpu);
-		const double t_cpu = tier_ms(in, d_cpu, a_cpu, in->hw.cpu_read_gbps,
-					     in->hw.cpu_overhead_us);
-		out->experts_ms += t;
-		out->cpu_ms += t_cpu;
-		out->gpu_ms += t_gpu;
-		out->transfer_ms += t - (t_cpu > t_gpu ? t_cpu : t_gpu);
-		out->cpu_distinct += d_cpu;
-	}
-	out->dense_ms = (double)in->dense_bytes / (in->hw.gpu_read_gbps * 1e6);
-	out->step_ms = out->experts_ms + out->dense_ms;
-	free(P);
-	return 0;
-}

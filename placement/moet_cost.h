@@ -1,33 +1,45 @@
 /*
- * moet_cost.h: the decode step cost model of `plan --auto` (docs/profile-and-plan.md).
+ * moet_cost.h: the decode step cost model of `plan --auto` and `plan --predict`
+ * (docs/profile-and-plan.md).
  *
  * What a decode step of B sequences costs in the MoE layers, predicted from a routing profile
- * and a hardware description. Decode at small B is bound by reading expert bytes, so each
- * tier's time is the bytes of the distinct experts it touches over its read bandwidth:
+ * and a hardware description. Each tier (the CPU, each GPU) runs its experts one call after
+ * another; a call of one expert on r rows (tokens routed to it) is priced by a roofline:
  *
+ *   t(r)     = max(bytes / read, r x F / (frac(r) x peak))    r >= 1; t(0) = 0
+ *              F = 6 x hidden x moe_intermediate flops per row (gate, up, down);
+ *              frac(r): the tier's kernel's measured fraction of the tier's peak (FMA on the
+ *              CPU, SGEMM on a GPU) at r tokens per expert, from `bench` records, interpolated
+ *              (see moet_cost_curve); no curve: bandwidth only
  *   p_e      = c_e x k / sum_e' c_e'      probability that one token routes to expert e
  *                                         (c: the profile's counts of the layer; a token picks
  *                                         k distinct experts, so sum_e p_e = k)
- *   P_e      = 1 - (1 - p_e)^B            probability that a step of B tokens touches e
- *                                         (tokens routed independently)
+ *   R_e      ~ Binomial(B, p_e)           rows of e in a step (tokens routed independently)
+ *   P_e      = 1 - (1 - p_e)^B            probability that a step touches e (R_e >= 1)
+ *   T_e      = E[t(R_e)]                  expected call time on the tier that holds e
  *   D_tier   = sum over the tier's experts of P_e        expected distinct experts touched
  *   A_tier   = 1 - prod over them of (1 - P_e)           probability the tier works at all
  *
- *   t_cpu    = A_cpu x cpu_overhead + D_cpu x bytes / cpu_read
- *   t_gpu    = max over GPUs g of (A_g x gpu_overhead + D_g x bytes / gpu_read)
+ *   t_cpu    = A_cpu x cpu_overhead + sum over CPU experts of T_e (CPU t)
+ *   t_gpu    = max over GPUs g of (A_g x gpu_overhead + sum over g's experts of T_e (GPU t))
  *   transfer = A_cpu x (2 x pcie_latency + 2 x B x d_model x act_bytes / pcie)
  *                                         (hidden states to the host and results back)
  *   t_layer  = max(t_cpu, t_gpu) + transfer
  *   step     = sum over MoE layers of t_layer + dense
  *   dense    = (dense bytes - embedding bytes) / gpu_read    (the same for every placement)
  *
+ * Without compute (no curves) T_e = P_e x bytes / read, and the tier's expert time is
+ * D_tier x bytes / read: the bandwidth-only model. At B = 1 every touched expert has one row,
+ * so the two agree exactly whenever F / (frac(1) x peak) <= bytes / read (true of the H200
+ * figures, with a margin of 1.4x on the CPU and 1.7x on the GPU).
+ *
  * The max: the engine runs the CPU tier and the GPU tiers of a layer at the same time and the
  * layer ends with the slower one; the copies are not overlapped. Simplifications, said so:
  * expectations are taken per tier before the max (E[max] >= max E, so the model is
  * optimistic when the tiers are close; they seldom are: the CPU reads ~30x slower); the
- * experts of a step are touched independently; compute is ignored (true at small B; at
- * B >= ~16 the GPU kernel is compute bound, see docs/benchmarks/). Time in milliseconds,
- * bandwidths in GB/s (10^9 bytes).
+ * experts of a step are touched independently; the dense part is priced by its bytes only
+ * (its compute at large B is not modelled). Time in milliseconds, bandwidths in GB/s (10^9
+ * bytes), compute in GFLOP/s.
  */
 #ifndef MOET_COST_H
 #define MOET_COST_H
@@ -36,7 +48,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "moet_config.h"
+#include "moet_placement.h"
+#include "moet_profile.h"
+
 #define MOET_COST_NAME_BYTES 64
+#define MOET_COST_MAX_POINTS 16      /* points of a compute curve */
+
+/*
+ * A kernel's measured compute rate as a fraction of its tier's peak, by tokens per expert.
+ * Points (tokens[i], frac[i]), tokens strictly increasing, fractions in (0, 1], and the
+ * compute time per row-of-flops tokens / frac never falling (more tokens never take less
+ * time). Between points the compute time r / frac(r) is interpolated linearly in r; below the
+ * first point and above the last the nearest point's fraction holds. n = 0: no compute term.
+ */
+typedef struct moet_cost_curve {
+	int n;
+	double tokens[MOET_COST_MAX_POINTS];     /* tokens per expert, >= 1 */
+	double frac[MOET_COST_MAX_POINTS];       /* fraction of the peak at tokens[i] */
+} moet_cost_curve;
 
 /* The hardware the model is priced on (configs/hardware-*.yaml, or the defaults). */
 typedef struct moet_cost_hw {
@@ -49,6 +79,11 @@ typedef struct moet_cost_hw {
 	double gpu_overhead_us;      /* per MoE layer and step per GPU that works */
 	double act_bytes;            /* bytes per activation element copied (4: binary32) */
 	bool from_file;              /* false: the built-in defaults */
+	/* Compute (added for batches above 1; the bandwidth terms above are unchanged): */
+	double cpu_fma_gflops;       /* all cores' FMA peak (bench cpu-experts fma_GFLOPs) */
+	double gpu_sgemm_gflops;     /* one GPU's SGEMM, no TF32 (bench gpu-experts sgemm_GFLOPs) */
+	moet_cost_curve cpu_fma_frac;    /* the exact CPU expert kernel's share of the FMA peak */
+	moet_cost_curve gpu_sgemm_frac;  /* the GPU expert kernel's share of the SGEMM peak */
 } moet_cost_hw;
 
 /* The built-in defaults: the H200 machine of docs/benchmarks (as in
@@ -57,10 +92,13 @@ void moet_cost_hw_defaults(moet_cost_hw *out);
 
 /*
  * Reads a hardware file: a YAML mapping of the keys above (name, cpu_read_gbps, ...; any key
- * left out keeps its default). Errors, one line "PATH:LINE: fault": MOET_EIO (cannot read),
- * MOET_EFORMAT (malformed YAML, not a mapping, an unknown or repeated key, a value that is
- * not a number), MOET_ERANGE (a bandwidth <= 0, an overhead or latency < 0, act_bytes not
- * in 1..8).
+ * left out keeps its default). The curves are mappings of tokens: fraction ("cpu_fma_frac:
+ * {2: 0.198, 4: 0.324}"; {} turns the tier's compute term off). Errors, one line
+ * "PATH:LINE: fault" naming the key: MOET_EIO (cannot read), MOET_EFORMAT (malformed YAML,
+ * not a mapping, an unknown or repeated key, a value that is not a number, a curve that is
+ * not a mapping of whole token counts), MOET_ERANGE (a bandwidth or peak <= 0, an overhead or
+ * latency < 0, act_bytes not in 1..8, a fraction not in (0, 1], tokens not increasing, a
+ * point where more tokens would take less time, more than MOET_COST_MAX_POINTS points).
  */
 int moet_cost_hw_load(const char *path, moet_cost_hw *out);
 
@@ -75,15 +113,39 @@ typedef struct moet_cost_in {
 	int64_t d_model;             /* hidden_size */
 	uint64_t expert_bytes;       /* bytes of one routed expert */
 	uint64_t dense_bytes;        /* dense part without the embedding (read every step) */
-	int n_gpus;
+	int n_gpus;                  /* 1 .. 64; 0 (moet_cost_predict only): no GPU, all on
+				      * the host: no copies, the dense part read by the CPU */
+	int64_t moe_inter;           /* moe_intermediate_size; 0: no compute term */
 } moet_cost_in;
 
 /* P[i] = 1 - (1 - p_i)^B for one layer's scores s[0..n-1] (p_i = s_i x k / sum s, at most
  * 1). All 0 when the scores sum to 0. */
 void moet_cost_touch(const double *s, int64_t n, int64_t top_k, int64_t batch, double *P);
 
-/* The layer time (ms) for tiers described by their D and A: the CPU's, and each GPU's
- * (d_gpu[g], a_gpu[g], g < n_gpus). */
+/* The time (ms) of one expert call with `rows` rows (>= 0, fractional rows interpolate) on
+ * the GPU (gpu true) or the CPU: t(r) above; t(0) = 0. Non-decreasing in rows for any curve
+ * the reader accepts. */
+double moet_cost_call_ms(const moet_cost_in *in, bool gpu, double rows);
+
+/*
+ * One layer's experts: P[i] as moet_cost_touch, and the expected call times
+ * t_cpu[i] = E[CPU t(R_i)] and t_gpu[i] = E[GPU t(R_i)] with R_i ~ Binomial(B, p_i) (ms).
+ * Exact sums over the binomial's mass within 12 standard deviations of its mean; for a wide
+ * distribution (more than 1024 terms: sd > ~42 rows, mean > ~1760 rows) the call time at the
+ * mean rows given a touch, P x t(B p / P), which is exact when t is linear over the window
+ * (beyond the curve's last point: 1024 tokens in the H200 figures). Non-decreasing in p and
+ * in B. t_cpu / t_gpu may be NULL.
+ */
+void moet_cost_expert_ms(const moet_cost_in *in, const double *s, int64_t n, double *P,
+			 double *t_cpu, double *t_gpu);
+
+/* The layer time (ms) for tiers described by their expected expert times x and busy
+ * chances A: the CPU's, and each GPU's (x_gpu[g], a_gpu[g], g < n_gpus). */
+double moet_cost_layer_time_ms(const moet_cost_in *in, double x_cpu, double a_cpu,
+			       const double *x_gpu, const double *a_gpu);
+
+/* The bandwidth-only layer time: moet_cost_layer_time_ms with x = D x bytes / read (D: the
+ * tier's expected distinct experts). */
 double moet_cost_layer_ms(const moet_cost_in *in, double d_cpu, double a_cpu,
 			  const double *d_gpu, const double *a_gpu);
 
@@ -96,14 +158,38 @@ typedef struct moet_cost_pred {
 	double transfer_ms;          /* sum over layers of the copies */
 	double cpu_distinct;         /* expected distinct experts per step on the CPU, all layers */
 	double gpu_distinct;         /* the same on the GPUs */
+	/* The step as parts that add up to step_ms, each layer's max taken by the slower tier: */
+	double cpu_expert_ms;        /* expert calls of the CPU in the layers where it is slower */
+	double gpu_expert_ms;        /* expert calls of the slowest GPU in the other layers */
+	double overhead_ms;          /* the fixed per-layer costs of those tiers */
+	/* (transfer_ms: the PCIe part; dense_ms: the dense part) */
+	double cpu_rows, gpu_rows;   /* expected rows (token-expert pairs) per step, all layers */
+	int64_t batch;               /* B of the prediction */
 } moet_cost_pred;
 
 /*
  * Predicts the decode step of the placement owner[L x E] (GPU index or -1 for the CPU) from
  * the scores [L x E] (layers without routings cost nothing). MOET_EINVAL for a batch < 1 or
- * an owner out of 0 .. n_gpus-1 / -1; MOET_ENOMEM.
+ * an owner out of 0 .. n_gpus-1 / -1; MOET_ENOMEM. Work: O(L x E x rows in the window).
  */
 int moet_cost_predict(const moet_cost_in *in, const double *scores, int64_t n_layers,
 		      int64_t n_experts, const int16_t *owner, moet_cost_pred *out);
+
+/* Which routings of a profile a prediction reads. */
+#define MOET_COST_PHASE_BOTH MOET_PROFILE_PHASES /* besides MOET_PROFILE_DECODE / _PREFILL */
+
+/*
+ * The decode step of a model under a placement: moet_cost_predict with the geometry of `cf`
+ * (top-k, hidden size, moe_intermediate_size), the expert and dense bytes of `sz` (NULL:
+ * computed from cf's geometry, moet_placement_sizes_from_config), the owner table of `pl`
+ * (its GPUs are the GPU tiers), the counts of `prof` in `phase` (MOET_PROFILE_DECODE,
+ * MOET_PROFILE_PREFILL or MOET_COST_PHASE_BOTH) and the hardware `hw`, at `batch` sequences.
+ * The parts of *out add up: step_ms = gpu_expert_ms + cpu_expert_ms + transfer_ms (PCIe) +
+ * overhead_ms + dense_ms. Errors: MOET_EINVAL (geometries that disagree, naming which; a
+ * profile without routings in the phase; batch < 1), MOET_ENOMEM. All inputs are only read.
+ */
+int moet_cost_predict_step(const moet_config *cf, const moet_placement_sizes *sz,
+			   const moet_placement *pl, const moet_profile *prof, int phase,
+			   const moet_cost_hw *hw, int64_t batch, moet_cost_pred *out);
 
 #endif

@@ -231,13 +231,14 @@ static int plan_counts(moet_plan *pl, const moet_config *cf, const double *score
 /* ---- --auto: experts per layer by the cost model --------------------------------------- */
 
 /*
- * Per MoE layer the prefix sums over its experts in rank order of P (touch probability,
- * moet_cost_touch: ranking by P is ranking by score) and of log(1 - P), so that the layer's
+ * Per MoE layer the prefix sums over its experts in rank order of the expected call times
+ * on each tier, X^cpu and X^gpu (moet_cost_expert_ms: bandwidth and compute; both grow with
+ * the score, so ranking by score ranks them too), and of log(1 - P), so that the layer's
  * predicted time with its top n experts on the GPUs is O(n_gpus) to evaluate:
  *
- *   f_l(n): d_cpu = D_l(E) - D_l(n), a_cpu = 1 - exp(Q_l(E) - Q_l(n)); the n GPU experts
- *           counted as spread evenly, D_l(n) / n_gpus and 1 - exp(Q_l(n) / n_gpus) per GPU
- *           (plan_assign balances load per layer, so this is what it aims at).
+ *   f_l(n): x_cpu = X^cpu_l(E) - X^cpu_l(n), a_cpu = 1 - exp(Q_l(E) - Q_l(n)); the n GPU
+ *           experts counted as spread evenly, X^gpu_l(n) / n_gpus and 1 - exp(Q_l(n) /
+ *           n_gpus) per GPU (plan_assign balances load per layer, so this is what it aims at).
  *
  * Greedy: S times, give one slot to the layer with the largest gain g_l = f_l(n_l) -
  * f_l(n_l + 1) (ties: the busier next expert, then the lower layer); stop early only when
@@ -250,8 +251,8 @@ static int plan_counts(moet_plan *pl, const moet_config *cf, const double *score
  * gains over all layers form such prefixes, because within a layer the gains do not
  * increase; greedy takes exactly those (it always takes the largest gain still available,
  * and a layer's next gain is never larger than the one just taken). So no allocation saves
- * more. The pure bandwidth terms are convex: with P sorted descending the CPU's D falls by
- * P_(n), a non-increasing step. The max of the tiers and the A_tier (overhead, copy) terms
+ * more. The CPU's expert term is convex: with the experts sorted by score its time falls
+ * by X^cpu_(n), a non-increasing step. The max of the tiers and the A_tier (overhead, copy) terms
  * can break convexity (e.g. emptying a layer's CPU tier removes its fixed costs at once);
  * greedy is then a heuristic, so the plan keeps whichever of greedy and the even split has
  * the smaller predicted step (auto_kept_even says which).
@@ -259,19 +260,22 @@ static int plan_counts(moet_plan *pl, const moet_config *cf, const double *score
 typedef struct auto_ctx {
 	moet_cost_in in;
 	int64_t L, E;
-	double *D, *Q;       /* [L x (E + 1)] prefix sums of P and log(1 - P) in rank order */
+	double *Xc, *Xg, *Q; /* [L x (E + 1)] prefix sums of the CPU and GPU expected call
+			      * times and of log(1 - P), in rank order */
 } auto_ctx;
 
 static double auto_f(const auto_ctx *c, int64_t l, int64_t n)
 {
-	const double *D = c->D + l * (c->E + 1), *Q = c->Q + l * (c->E + 1);
-	double dg[MOET_PLACEMENT_MAX_GPUS], ag[MOET_PLACEMENT_MAX_GPUS];
+	const int64_t o = l * (c->E + 1);
+	const double *Xc = c->Xc + o, *Xg = c->Xg + o, *Q = c->Q + o;
+	double xg[MOET_PLACEMENT_MAX_GPUS], ag[MOET_PLACEMENT_MAX_GPUS];
 	const int ng = c->in.n_gpus;
 	for (int g = 0; g < ng; g++) {
-		dg[g] = D[n] / ng;
+		xg[g] = Xg[n] / ng;
 		ag[g] = -expm1(Q[n] / ng);
 	}
-	return moet_cost_layer_ms(&c->in, D[c->E] - D[n], -expm1(Q[c->E] - Q[n]), dg, ag);
+	return moet_cost_layer_time_ms(&c->in, Xc[c->E] - Xc[n], -expm1(Q[c->E] - Q[n]), xg,
+				       ag);
 }
 
 static double auto_total(const auto_ctx *c, const int64_t *n, const moet_config *cf)
@@ -295,11 +299,12 @@ static int auto_counts(moet_plan *pl, const moet_config *cf, const double *score
 	auto_ctx c = { .in = pl->cost, .L = L, .E = E };
 	int64_t *n = calloc((size_t)L, sizeof(*n));
 	double *gain = malloc((size_t)L * sizeof(*gain));
-	double *P = malloc((size_t)E * sizeof(*P));
-	c.D = calloc((size_t)(L * (E + 1)), sizeof(double));
+	double *P = malloc((size_t)E * 3 * sizeof(*P)), *tc = P + E, *tg = P + 2 * E;
+	c.Xc = calloc((size_t)(L * (E + 1)), sizeof(double));
+	c.Xg = calloc((size_t)(L * (E + 1)), sizeof(double));
 	c.Q = calloc((size_t)(L * (E + 1)), sizeof(double));
 	int rc = 0;
-	if (!n || !gain || !P || !c.D || !c.Q) {
+	if (!n || !gain || !P || !c.Xc || !c.Xg || !c.Q) {
 		rc = moet_err(MOET_ENOMEM, "plan --auto");
 		goto done;
 	}
@@ -307,12 +312,14 @@ static int auto_counts(moet_plan *pl, const moet_config *cf, const double *score
 	for (int g = 0; g < pl->n_gpus; g++)
 		S += pl->slots[g];
 	for (int64_t l = 0; l < L; l++) {
-		moet_cost_touch(scores + l * E, E, c.in.top_k, c.in.batch, P);
-		double *D = c.D + l * (E + 1), *Q = c.Q + l * (E + 1);
+		moet_cost_expert_ms(&c.in, scores + l * E, E, P, tc, tg);
+		double *Xc = c.Xc + l * (E + 1), *Xg = c.Xg + l * (E + 1), *Q = c.Q + l * (E + 1);
 		for (int64_t i = 0; i < E; i++) {
-			const double p = P[rank[l * E + i]];
+			const int32_t e = rank[l * E + i];
+			const double p = P[e];
 			/* NOTE: log(1 - 1) clamped: exp(-800) is 0 and differences stay finite. */
-			D[i + 1] = D[i] + p;
+			Xc[i + 1] = Xc[i] + tc[e];
+			Xg[i + 1] = Xg[i] + tg[e];
 			Q[i + 1] = Q[i] + (p < 1 ? log1p(-p) : -800.0);
 		}
 		gain[l] = moet_config_is_moe_layer(cf, l) && E > 0 ?
@@ -344,7 +351,8 @@ done:
 	free(n);
 	free(gain);
 	free(P);
-	free(c.D);
+	free(c.Xc);
+	free(c.Xg);
 	free(c.Q);
 	return rc;
 }
@@ -470,7 +478,8 @@ int moet_plan_make(const moet_config *cf, const moet_placement_sizes *sz, const 
 					   .d_model = cf->hidden_size,
 					   .expert_bytes = pl->slot_bytes,
 					   .dense_bytes = sz->dense_bytes - sz->embed_bytes,
-					   .n_gpus = b->n_gpus };
+					   .n_gpus = b->n_gpus,
+					   .moe_inter = cf->moe_intermediate_size };
 		/* The even split first: its owner table is the comparison. */
 		if ((rc = plan_even_pred(pl, scores, rank)))
 			goto fail;

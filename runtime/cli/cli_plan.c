@@ -4,7 +4,10 @@
  * on a held-out profile against first-K, uniform random, the hindsight optimum and (for
  * gen-checkpoint models) the generator's own distribution. With --auto (or --hardware) the
  * decode step time is predicted by placement/moet_cost.h on a hardware file or the built-in
- * defaults, and --auto spreads the slots unevenly over layers to minimize it.
+ * defaults, and --auto spreads the slots unevenly over layers to minimize it. And
+ * `plan --predict`: the predicted decode step of an existing placement file at one or more
+ * batch sizes, split into GPU experts, CPU experts, PCIe, fixed overheads and the dense part
+ * (moet_cost_predict_step), as a table or one JSON object.
  *
  * Sizes are the checkpoint's (moet_placement_sizes_from_ckpt): only config.json and the
  * shard headers are read, no weights. The placement is checked against the budgets with
@@ -39,7 +42,10 @@ static void usage(FILE *f)
 		"       moet-hybrid plan --evaluate --model DIR --profile TRAIN --holdout TEST "
 		"--gpus N --vram-gb G\n"
 		"                        [--hot-per-layer K] [--reserve-gb R] [--phase P] "
-		"[--seed S] [--json] [--out F]\n\n"
+		"[--seed S] [--json] [--out F]\n"
+		"       moet-hybrid plan --predict --model DIR --placement FILE --profile P\n"
+		"                        [--hardware FILE.yaml] [--batch B[,B...]] [--phase P] "
+		"[--json]\n\n"
 		"Per MoE layer, the experts the profile routes to most go to the GPUs, each GPU\n"
 		"within its budget: budget - reserve - its share of the dense part (split evenly)\n"
 		"holds whole experts at the checkpoint's real sizes. Experts of a layer are dealt\n"
@@ -70,7 +76,13 @@ static void usage(FILE *f)
 		"                     as such);\n"
 		"                     without --auto, predicts the step time of the even split\n"
 		"  --batch B          decode batch (sequences per step) of the prediction\n"
-		"                     (default 1)\n\n"
+		"                     (default 1); with --predict a list (1,4,16,64): a row\n"
+		"                     each\n"
+		"  --predict          the predicted decode step of --placement FILE: step time\n"
+		"                     and its parts (GPU experts, CPU experts, PCIe, fixed\n"
+		"                     overheads, dense part), expected experts and rows per tier;\n"
+		"                     --json: one object {\"predictions\": [{\"batch\": B,\n"
+		"                     ...}, ...]}\n\n"
 		"The picture of a plan: moet-hybrid heatmap (docs/profile-and-plan.md).\n");
 }
 
@@ -91,25 +103,48 @@ static int parse_gib(const char *opt, const char *s, uint64_t *out)
 	return 0;
 }
 
+#define MAX_BATCHES 32
+
 typedef struct plopts {
-	const char *model, *profile, *holdout, *out;
+	const char *model, *profile, *holdout, *out, *placement;
 	moet_plan_phase phase;
 	moet_plan_budget b;
-	int reserve_set, evaluate, json;
+	int reserve_set, evaluate, json, predict;
 	uint64_t seed;
 	const char *hardware;
 	moet_cost_hw hw;
+	int n_batch;
+	int64_t batch[MAX_BATCHES];
 } plopts;
+
+/* "FMA 1329 GFLOP/s x 0.198 (2 tokens) .. 0.554 (1024)" or "no compute term". */
+static void curve_text(const moet_cost_curve *c, double peak, const char *what, char *buf,
+		       size_t n)
+{
+	if (!c->n)
+		snprintf(buf, n, "no compute term");
+	else
+		snprintf(buf, n, "%s %g GFLOP/s x %g (%g tokens) .. %g (%g)", what, peak,
+			 c->frac[0], c->tokens[0], c->frac[c->n - 1], c->tokens[c->n - 1]);
+}
+
+static void print_hw(const plopts *o, const moet_cost_hw *h)
+{
+	char cc[160], gc[160];
+	curve_text(&h->cpu_fma_frac, h->cpu_fma_gflops, "FMA", cc, sizeof(cc));
+	curve_text(&h->gpu_sgemm_frac, h->gpu_sgemm_gflops, "SGEMM", gc, sizeof(gc));
+	printf("cost model: %s%s: cpu read %g GB/s, %s; gpu read %g GB/s, %s; pcie %g GB/s + "
+	       "%g us; overheads cpu %g us, gpu %g us per layer\n",
+	       h->from_file ? "hardware file " : "", h->from_file ? o->hardware : h->name,
+	       h->cpu_read_gbps, cc, h->gpu_read_gbps, gc, h->pcie_gbps, h->pcie_latency_us,
+	       h->cpu_overhead_us, h->gpu_overhead_us);
+}
 
 static void print_cost(const plopts *o, const moet_plan *pl)
 {
-	const moet_cost_hw *h = &pl->cost.hw;
 	const moet_cost_pred *p = &pl->pred, *e = &pl->even_pred;
-	printf("cost model: %s%s: cpu read %g GB/s, gpu read %g GB/s, pcie %g GB/s + %g us, "
-	       "overheads cpu %g us, gpu %g us per layer; decode batch %" PRId64 "\n",
-	       h->from_file ? "hardware file " : "", h->from_file ? o->hardware : h->name,
-	       h->cpu_read_gbps, h->gpu_read_gbps, h->pcie_gbps, h->pcie_latency_us,
-	       h->cpu_overhead_us, h->gpu_overhead_us, pl->cost.batch);
+	print_hw(o, &pl->cost.hw);
+	printf("decode batch %" PRId64 "\n", pl->cost.batch);
 	printf("  %-22s %9s %9s %9s %9s %8s %9s %9s %8s\n", "placement", "step_ms", "moe_ms",
 	       "cpu_ms", "gpu_ms", "copy_ms", "cpu_exp", "gpu_exp", "hit");
 	printf("  %-22s %9.3f %9.3f %9.3f %9.3f %8.3f %9.2f %9.2f %8.4f\n",
@@ -217,11 +252,13 @@ static int write_plan(const plopts *o, const moet_plan *pl, const moet_placement
 	}
 	const moet_cost_hw *h = &pl->cost.hw;
 	if (pl->has_cost)
-		snprintf(pred, sizeof(pred), "\ncost model: %s (cpu %g GB/s, gpu %g GB/s, pcie %g "
-			 "GB/s), decode batch %" PRId64 "\npredicted decode step: %.3f ms (MoE "
-			 "layers %.3f + dense %.3f)%s", h->from_file ? o->hardware : h->name,
-			 h->cpu_read_gbps, h->gpu_read_gbps, h->pcie_gbps, pl->cost.batch,
-			 pl->pred.step_ms, pl->pred.experts_ms, pl->pred.dense_ms, "");
+		snprintf(pred, sizeof(pred), "\ncost model: %s (cpu %g GB/s, %g GFLOP/s FMA "
+			 "x %d points; gpu %g GB/s, %g GFLOP/s SGEMM x %d points; pcie %g GB/s), "
+			 "decode batch %" PRId64 "\npredicted decode step: %.3f ms (MoE layers "
+			 "%.3f + dense %.3f)", h->from_file ? o->hardware : h->name,
+			 h->cpu_read_gbps, h->cpu_fma_gflops, h->cpu_fma_frac.n, h->gpu_read_gbps,
+			 h->gpu_sgemm_gflops, h->gpu_sgemm_frac.n, h->pcie_gbps, pl->cost.batch,
+			 pl->pred.step_ms, pl->pred.experts_ms, pl->pred.dense_ms);
 	char split[160];
 	if (pl->auto_slots && !pl->auto_kept_even)
 		snprintf(split, sizeof(split), "experts per MoE layer chosen by --auto (uneven, "
@@ -366,6 +403,165 @@ static int run_plan(const plopts *o)
 	return rc;
 }
 
+/* ---- --predict ------------------------------------------------------------------------- */
+
+/* s as a JSON string (quotes and backslashes escaped, control characters as \u00XX). */
+static void json_str(const char *s)
+{
+	putchar('"');
+	for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+		if (*c == '"' || *c == '\\')
+			printf("\\%c", *c);
+		else if (*c < 0x20)
+			printf("\\u%04x", *c);
+		else
+			putchar(*c);
+	}
+	putchar('"');
+}
+
+static int profile_phase(moet_plan_phase ph)
+{
+	return ph == MOET_PLAN_PREFILL ? MOET_PROFILE_PREFILL : ph == MOET_PLAN_BOTH ?
+	       MOET_COST_PHASE_BOTH : MOET_PROFILE_DECODE;
+}
+
+static void print_predict_json(const plopts *o, const moet_placement *p, double hit,
+			       const moet_cost_pred *pr)
+{
+	const moet_cost_hw *h = &o->hw;
+	printf("{\"model\": ");
+	json_str(o->model);
+	printf(", \"placement\": ");
+	json_str(o->placement);
+	printf(", \"profile\": ");
+	json_str(o->profile);
+	printf(", \"phase\": \"%s\", \"gpus\": %d, \"hit_rate\": %.6f, \"hardware\": {\"name\": ",
+	       moet_plan_phase_name(o->phase), moet_placement_n_gpus(p), hit);
+	json_str(h->name);
+	printf(", \"file\": ");
+	if (h->from_file)
+		json_str(o->hardware);
+	else
+		printf("null");
+	printf(", \"cpu_read_gbps\": %g, \"gpu_read_gbps\": %g, \"pcie_gbps\": %g, "
+	       "\"cpu_fma_gflops\": %g, \"gpu_sgemm_gflops\": %g, \"cpu_fma_points\": %d, "
+	       "\"gpu_sgemm_points\": %d}, \"predictions\": [", h->cpu_read_gbps,
+	       h->gpu_read_gbps, h->pcie_gbps, h->cpu_fma_gflops, h->gpu_sgemm_gflops,
+	       h->cpu_fma_frac.n, h->gpu_sgemm_frac.n);
+	for (int i = 0; i < o->n_batch; i++) {
+		const moet_cost_pred *q = &pr[i];
+		printf("%s\n {\"batch\": %" PRId64 ", \"step_ms\": %.9g, \"gpu_expert_ms\": %.9g, "
+		       "\"cpu_expert_ms\": %.9g, \"pcie_ms\": %.9g, \"overhead_ms\": %.9g, "
+		       "\"dense_ms\": %.9g, \"cpu_busy_ms\": %.9g, \"gpu_busy_ms\": %.9g, "
+		       "\"cpu_distinct\": %.9g, \"gpu_distinct\": %.9g, \"cpu_rows\": %.9g, "
+		       "\"gpu_rows\": %.9g, \"tokens_per_s\": %.9g}", i ? "," : "", q->batch,
+		       q->step_ms, q->gpu_expert_ms, q->cpu_expert_ms, q->transfer_ms,
+		       q->overhead_ms, q->dense_ms, q->cpu_ms, q->gpu_ms, q->cpu_distinct,
+		       q->gpu_distinct, q->cpu_rows, q->gpu_rows,
+		       q->step_ms > 0 ? 1e3 * (double)q->batch / q->step_ms : 0.0);
+	}
+	printf("]}\n");
+}
+
+static void print_predict(const plopts *o, const moet_placement *p, double hit,
+			  const moet_cost_pred *pr)
+{
+	int64_t on_gpu = 0;
+	const int16_t *own = moet_placement_owners(p);
+	const int64_t n = moet_placement_n_layers(p) * moet_placement_n_experts(p);
+	for (int64_t i = 0; i < n; i++)
+		on_gpu += own[i] >= 0;
+	printf("predict: model %s, placement %s (%d GPU%s, %" PRId64 " routed experts on them), "
+	       "profile %s (%s routings: hit rate %.4f)\n", o->model, o->placement,
+	       moet_placement_n_gpus(p), moet_placement_n_gpus(p) == 1 ? "" : "s", on_gpu,
+	       o->profile, moet_plan_phase_name(o->phase), hit);
+	print_hw(o, &o->hw);
+	printf("  %6s %9s %10s %10s %8s %11s %9s %9s %11s %11s %8s %8s\n", "batch", "step_ms",
+	       "gpu_exp_ms", "cpu_exp_ms", "pcie_ms", "overhead_ms", "dense_ms", "tok/s",
+	       "cpu_busy_ms", "gpu_busy_ms", "cpu_r/e", "gpu_r/e");
+	for (int i = 0; i < o->n_batch; i++) {
+		const moet_cost_pred *q = &pr[i];
+		printf("  %6" PRId64 " %9.3f %10.3f %10.3f %8.3f %11.3f %9.3f %9.1f %11.3f %11.3f "
+		       "%8.2f %8.2f\n", q->batch, q->step_ms, q->gpu_expert_ms, q->cpu_expert_ms,
+		       q->transfer_ms, q->overhead_ms, q->dense_ms,
+		       q->step_ms > 0 ? 1e3 * (double)q->batch / q->step_ms : 0.0, q->cpu_ms,
+		       q->gpu_ms, q->cpu_distinct > 0 ? q->cpu_rows / q->cpu_distinct : 0.0,
+		       q->gpu_distinct > 0 ? q->gpu_rows / q->gpu_distinct : 0.0);
+	}
+	printf("step = gpu_exp + cpu_exp + pcie + overhead + dense (each MoE layer counted on its "
+	       "slower tier); *_busy: each tier's own sum over layers; r/e: expected rows per "
+	       "touched expert\n");
+}
+
+static int run_predict(const plopts *o)
+{
+	moet_config cf;
+	moet_ckpt *ck = NULL;
+	moet_placement_sizes *sz = NULL;
+	moet_profile *prof = NULL;
+	moet_placement *p = NULL;
+	double *scores = NULL;
+	uint8_t *mask = NULL;
+	moet_cost_pred pr[MAX_BATCHES];
+	int rc = moet_config_load(o->model, &cf);
+	if (!rc)
+		rc = moet_ckpt_open(o->model, &ck);
+	if (!rc)
+		rc = moet_placement_sizes_from_ckpt(&cf, ck, &sz);
+	if (!rc && !(rc = moet_profile_load(o->profile, &prof)))
+		rc = moet_profile_check(prof, &cf, o->profile);
+	if (!rc)
+		rc = moet_placement_load(o->placement, &cf, sz, &p);
+	for (int i = 0; !rc && i < o->n_batch; i++)
+		rc = moet_cost_predict_step(&cf, sz, p, prof, profile_phase(o->phase), &o->hw,
+					    o->batch[i], &pr[i]);
+	const int64_t n = cf.num_hidden_layers * cf.n_routed_experts;
+	if (!rc && !(rc = moet_plan_scores(prof, o->phase, &scores)) &&
+	    !(mask = malloc((size_t)(n > 0 ? n : 1))))
+		rc = moet_err(MOET_ENOMEM, "predict");
+	if (!rc) {
+		const int16_t *own = moet_placement_owners(p);
+		for (int64_t i = 0; i < n; i++)
+			mask[i] = own[i] >= 0;
+		const double hit = moet_plan_hit_rate(scores, cf.num_hidden_layers,
+						      cf.n_routed_experts, mask);
+		if (o->json)
+			print_predict_json(o, p, hit, pr);
+		else
+			print_predict(o, p, hit, pr);
+	}
+	free(scores);
+	free(mask);
+	moet_placement_free(p);
+	moet_profile_free(prof);
+	moet_placement_sizes_free(sz);
+	moet_ckpt_close(ck);
+	return rc;
+}
+
+/* "1,4,16" -> batches; 0 or MOET_EINVAL. */
+static int parse_batches(const char *s, plopts *o)
+{
+	const char *at = s;
+	o->n_batch = 0;
+	while (*at) {
+		char *end;
+		long long b = strtoll(at, &end, 10);
+		if (end == at || (*end && *end != ',') || b < 1 || b > 1000000 ||
+		    o->n_batch == MAX_BATCHES)
+			return moet_err(MOET_EINVAL, "--batch '%s': 1 to %d sizes from 1 to "
+					"1000000, comma-separated", s, MAX_BATCHES);
+		o->batch[o->n_batch++] = b;
+		at = *end ? end + 1 : end;
+		if (*end && !*at)
+			return moet_err(MOET_EINVAL, "--batch '%s': ends with a comma", s);
+	}
+	if (!o->n_batch)
+		return moet_err(MOET_EINVAL, "--batch: empty");
+	return 0;
+}
+
 int moet_cli_plan(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -384,10 +580,13 @@ int moet_cli_plan(int argc, char **argv)
 		{ "auto", no_argument, NULL, 'A' },
 		{ "hardware", required_argument, NULL, 'W' },
 		{ "batch", required_argument, NULL, 'B' },
+		{ "predict", no_argument, NULL, 'D' },
+		{ "placement", required_argument, NULL, 'L' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	plopts o = { .phase = MOET_PLAN_DECODE, .seed = 1, .b.batch = 1 };
+	plopts o = { .phase = MOET_PLAN_DECODE, .seed = 1, .b.batch = 1, .n_batch = 1,
+		     .batch = { 1 } };
 	const char *vram = NULL, *reserve = NULL;
 	int c, bad = 0, rc = 0;
 	char *end;
@@ -409,20 +608,42 @@ int moet_cli_plan(int argc, char **argv)
 		case 's': o.seed = strtoull(optarg, &end, 10); bad |= *end != 0; break;
 		case 'A': o.b.auto_slots = true; break;
 		case 'W': o.hardware = optarg; break;
-		case 'B': o.b.batch = strtoll(optarg, &end, 10);
-			bad |= *end || o.b.batch < 1 || o.b.batch > 1000000; break;
+		case 'B': if (!rc) rc = parse_batches(optarg, &o);
+			o.b.batch = o.batch[0]; break;
+		case 'D': o.predict = 1; break;
+		case 'L': o.placement = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
-	if (optind < argc || !o.model || !o.profile || !o.b.n_gpus || !vram ||
+	if (o.predict) {
+		/* --predict reads the placement: nothing of planning goes with it. */
+		if (optind < argc || !o.model || !o.profile || !o.placement || o.evaluate ||
+		    o.b.auto_slots || o.b.n_gpus || vram || reserve || o.b.hot_per_layer || o.out ||
+		    o.holdout) {
+			usage(stderr);
+			return 2;
+		}
+		if (!rc && bad)
+			rc = moet_err(MOET_EINVAL, "--seed takes an integer");
+		if (!rc && o.hardware)
+			rc = moet_cost_hw_load(o.hardware, &o.hw);
+		else if (!rc)
+			moet_cost_hw_defaults(&o.hw);
+		if (!rc)
+			rc = run_predict(&o);
+		return rc ? moet_cli_fail("plan", rc) : 0;
+	}
+	if (optind < argc || !o.model || !o.profile || !o.b.n_gpus || !vram || o.placement ||
 	    (!o.evaluate && !o.out) || (o.evaluate && !o.holdout) || (o.json && !o.evaluate)) {
 		usage(stderr);
 		return 2;
 	}
+	if (!rc && o.n_batch != 1)
+		rc = moet_err(MOET_EINVAL, "--batch: one size (a list only with --predict)");
 	if (!rc && (bad || o.b.n_gpus < 1 || o.b.n_gpus > MOET_PLACEMENT_MAX_GPUS))
-		rc = moet_err(MOET_EINVAL, "--gpus (1..%d), --hot-per-layer (>= 1), --batch "
-			      "(1..1000000) and --seed take integers in range",
+		rc = moet_err(MOET_EINVAL, "--gpus (1..%d), --hot-per-layer (>= 1) and --seed take "
+			      "integers in range",
 			      MOET_PLACEMENT_MAX_GPUS);
 	if (!rc && o.b.auto_slots && o.b.hot_per_layer)
 		rc = moet_err(MOET_EINVAL, "--auto chooses the experts per layer: it does not "

@@ -4,9 +4,12 @@
  * - Touch probabilities against pow(): 1 - (1 - p)^B with p = count x k / sum; at B = 1
  *   they add up to k.
  * - moet_cost_predict against the formula of docs/profile-and-plan.md evaluated here on a
- *   hand-built owner table of 2 GPUs (pow, products, no log space).
+ *   hand-built owner table of 2 GPUs (pow, products, no log space; the expected call time a
+ *   sum over every row count of the binomial, each term from lgamma), with and without the
+ *   compute curves.
  * - Hardware files: configs/hardware-h200-host.yaml loads with the documented figures and
- *   equals the defaults; every fault is one line naming the file and the line.
+ *   equals the defaults; every fault is one line naming the file and the line, the compute
+ *   curves' faults too.
  * - --auto in memory (Kimi-K2 expert size, 8 MoE layers of 64 experts, 1 GPU): layers of
  *   different concentration: the predicted step beats the even split, the budget holds
  *   (moet_placement_check), the reported prediction equals this file's own evaluation;
@@ -55,11 +58,47 @@ static void test_touch(void)
 	CHECK(P[0] == 0 && P[1] == 0 && P[2] == 0, "no routings: P %g %g %g", P[0], P[1], P[2]);
 }
 
+/* One call on r rows, t(r) of docs/profile-and-plan.md written out. */
+static double ref_call(const moet_cost_in *in, int gpu, double r)
+{
+	const moet_cost_hw *h = &in->hw;
+	const moet_cost_curve *c = gpu ? &h->gpu_sgemm_frac : &h->cpu_fma_frac;
+	const double bw = (double)in->expert_bytes / (gpu ? h->gpu_read_gbps : h->cpu_read_gbps)
+			  / 1e6;
+	if (r <= 0)
+		return 0;
+	if (!c->n || !in->moe_inter)
+		return bw;
+	const int k = c->n - 1;
+	double q = r / c->frac[r <= c->tokens[0] ? 0 : k];   /* rows / fraction */
+	for (int i = 0; i < k; i++)
+		if (r >= c->tokens[i] && r <= c->tokens[i + 1]) {
+			double w = (r - c->tokens[i]) / (c->tokens[i + 1] - c->tokens[i]);
+			q = (1 - w) * c->tokens[i] / c->frac[i] +
+			    w * c->tokens[i + 1] / c->frac[i + 1];
+		}
+	const double flops = 6.0 * (double)in->d_model * (double)in->moe_inter;
+	return fmax(bw, q * flops / ((gpu ? h->gpu_sgemm_gflops : h->cpu_fma_gflops) * 1e6));
+}
+
+/* E[t(R)], R ~ Binomial(B, p): every r from 1 to B, each probability from lgamma. */
+static double ref_expect(const moet_cost_in *in, int gpu, double p)
+{
+	const double B = (double)in->batch;
+	if (p >= 1)
+		return ref_call(in, gpu, B);
+	double sum = 0;
+	for (double r = 1; r <= B; r++)
+		sum += exp(lgamma(B + 1) - lgamma(r + 1) - lgamma(B - r + 1) + r * log(p) +
+			   (B - r) * log(1 - p)) * ref_call(in, gpu, r);
+	return sum;
+}
+
 /* The model's formula, written out with pow and products. */
 static double ref_layer(const moet_cost_in *in, const double *s, int64_t E,
 			const int16_t *own)
 {
-	double tot = 0, d[3] = { 0 }, none[3] = { 1, 1, 1 };   /* [0]: CPU, [1 + g]: GPU g */
+	double tot = 0, x[3] = { 0 }, none[3] = { 1, 1, 1 };   /* [0]: CPU, [1 + g]: GPU g */
 	for (int64_t e = 0; e < E; e++)
 		tot += s[e];
 	if (tot == 0)
@@ -67,16 +106,14 @@ static double ref_layer(const moet_cost_in *in, const double *s, int64_t E,
 	for (int64_t e = 0; e < E; e++) {
 		double p = fmin(1, s[e] * (double)in->top_k / tot);
 		double P = 1 - pow(1 - p, (double)in->batch);
-		d[own[e] + 1] += P;
+		x[own[e] + 1] += p > 0 ? ref_expect(in, own[e] >= 0, p) : 0;
 		none[own[e] + 1] *= 1 - P;
 	}
 	const moet_cost_hw *h = &in->hw;
-	double eb = (double)in->expert_bytes;
-	double tc = (1 - none[0]) * h->cpu_overhead_us / 1e3 + d[0] * eb / h->cpu_read_gbps / 1e6;
+	double tc = (1 - none[0]) * h->cpu_overhead_us / 1e3 + x[0];
 	double tg = 0;
 	for (int g = 0; g < in->n_gpus; g++)
-		tg = fmax(tg, (1 - none[1 + g]) * h->gpu_overhead_us / 1e3 +
-				      d[1 + g] * eb / h->gpu_read_gbps / 1e6);
+		tg = fmax(tg, (1 - none[1 + g]) * h->gpu_overhead_us / 1e3 + x[1 + g]);
 	double act = (double)in->batch * (double)in->d_model * h->act_bytes;
 	return fmax(tc, tg) + (1 - none[0]) * (2 * h->pcie_latency_us / 1e3 +
 					       2 * act / h->pcie_gbps / 1e6);
@@ -90,15 +127,22 @@ static void test_predict(void)
 	const int16_t own[L * E] = { -1, -1, -1, -1, -1, -1, 0, 1, -1, -1, -1, -1,
 				     0, 0, 1, -1, -1, 1 };
 	moet_cost_in in = { .batch = 3, .top_k = 2, .d_model = 7168,
-			    .expert_bytes = 44050944, .dense_bytes = 1000000000, .n_gpus = 2 };
+			    .expert_bytes = 44050944, .dense_bytes = 1000000000, .n_gpus = 2,
+			    .moe_inter = 2048 };
 	moet_cost_hw_defaults(&in.hw);
 	moet_cost_pred pr;
-	CHECK(moet_cost_predict(&in, sc, L, E, own, &pr) == 0, "%s", moet_errmsg());
-	double want = 0;
-	for (int l = 0; l < L; l++)
-		want += ref_layer(&in, sc + l * E, E, own + l * E);
-	CHECK(fabs(pr.experts_ms - want) < 1e-9 * want, "experts %.12g ms, ours %.12g",
-	      pr.experts_ms, want);
+	/* B 3 and 40 with the compute curves, B 3 without them (bandwidth only). */
+	for (int v = 0; v < 3; v++) {
+		in.batch = v == 1 ? 40 : 3;
+		if (v == 2)
+			in.hw.cpu_fma_frac.n = in.hw.gpu_sgemm_frac.n = 0;
+		CHECK(moet_cost_predict(&in, sc, L, E, own, &pr) == 0, "%s", moet_errmsg());
+		double want = 0;
+		for (int l = 0; l < L; l++)
+			want += ref_layer(&in, sc + l * E, E, own + l * E);
+		CHECK(fabs(pr.experts_ms - want) < 1e-9 * want, "case %d: experts %.12g ms, ours "
+		      "%.12g", v, pr.experts_ms, want);
+	}
 	CHECK(fabs(pr.dense_ms - 1e9 / 2700e6) < 1e-12, "dense %.12g ms", pr.dense_ms);
 	CHECK(fabs(pr.step_ms - pr.experts_ms - pr.dense_ms) < 1e-12, "step");
 	int16_t bad[L * E];
@@ -151,6 +195,63 @@ static void test_hw(void)
 	hw_fault("", MOET_EFORMAT, "h.yaml: empty hardware file");
 	hw_fault("a: [1,\n", MOET_EFORMAT, "h.yaml:2: malformed YAML");
 	hw_fault("name: ''\n", MOET_EFORMAT, "h.yaml:1: name: 1 to 63 characters");
+	/* The compute figures: the file's (its comments name the records) are the defaults. */
+	static const double tok[9] = { 2, 4, 8, 16, 32, 64, 128, 256, 1024 };
+	static const double cf[9] = { 0.198, 0.324, 0.391, 0.524, 0.531, 0.502, 0.553, 0.555,
+				      0.554 };
+	static const double gf[9] = { 0.185, 0.283, 0.336, 0.341, 0.347, 0.353, 0.358, 0.362,
+				      0.364 };
+	snprintf(path, sizeof(path), "%s/configs/hardware-h200-host.yaml", moet_test_source_dir());
+	CHECK(moet_cost_hw_load(path, &hw) == 0, "%s", moet_errmsg());
+	CHECK(hw.cpu_fma_gflops == 1329 && hw.gpu_sgemm_gflops == 50575 &&
+	      def.cpu_fma_gflops == 1329 && def.gpu_sgemm_gflops == 50575, "peaks %g %g",
+	      hw.cpu_fma_gflops, hw.gpu_sgemm_gflops);
+	CHECK(hw.cpu_fma_frac.n == 9 && hw.gpu_sgemm_frac.n == 9 && def.cpu_fma_frac.n == 9 &&
+	      def.gpu_sgemm_frac.n == 9, "curve points %d %d", hw.cpu_fma_frac.n,
+	      hw.gpu_sgemm_frac.n);
+	for (int i = 0; i < 9 && hw.cpu_fma_frac.n == 9 && hw.gpu_sgemm_frac.n == 9; i++)
+		CHECK(hw.cpu_fma_frac.tokens[i] == tok[i] &&
+		      hw.gpu_sgemm_frac.tokens[i] == tok[i] &&
+		      hw.cpu_fma_frac.frac[i] == cf[i] && hw.gpu_sgemm_frac.frac[i] == gf[i] &&
+		      def.cpu_fma_frac.tokens[i] == tok[i] && def.cpu_fma_frac.frac[i] == cf[i] &&
+		      def.gpu_sgemm_frac.tokens[i] == tok[i] && def.gpu_sgemm_frac.frac[i] == gf[i],
+		      "point %d: %g tokens: cpu %g, gpu %g", i, hw.cpu_fma_frac.tokens[i],
+		      hw.cpu_fma_frac.frac[i], hw.gpu_sgemm_frac.frac[i]);
+	part = "cpu_fma_frac: {}\ngpu_sgemm_frac: {1: 0.5}\n";
+	CHECK(moet_cost_hw_parse("h.yaml", part, strlen(part), &hw) == 0 && hw.cpu_fma_frac.n == 0
+	      && hw.gpu_sgemm_frac.n == 1 && hw.gpu_sgemm_frac.frac[0] == 0.5, "{} and one point");
+	part = "gpu_sgemm_frac:\n  4: 0.3\n  8: 0.6\n";   /* equal time per row: allowed */
+	CHECK(moet_cost_hw_parse("h.yaml", part, strlen(part), &hw) == 0 &&
+	      hw.gpu_sgemm_frac.n == 2, "equal times: %s", moet_errmsg());
+	hw_fault("cpu_fma_frac: 0.5\n", MOET_EFORMAT, "h.yaml:1: cpu_fma_frac: expected a mapping");
+	hw_fault("cpu_fma_frac: [1, 2]\n", MOET_EFORMAT, "h.yaml:1: cpu_fma_frac: expected a "
+		 "mapping");
+	hw_fault("name: x\ncpu_fma_frac:\n", MOET_EFORMAT, "h.yaml:2: cpu_fma_frac: expected a "
+		 "mapping");
+	hw_fault("cpu_fma_frac:\n  2: 0.2\n  2.5: 0.3\n", MOET_EFORMAT, "h.yaml:3: cpu_fma_frac: "
+		 "tokens '2.5' is not a whole number");
+	hw_fault("cpu_fma_frac:\n  0: 0.2\n", MOET_EFORMAT, "h.yaml:2: cpu_fma_frac: tokens '0'");
+	hw_fault("gpu_sgemm_frac:\n  two: 0.2\n", MOET_EFORMAT, "h.yaml:2: gpu_sgemm_frac: tokens "
+		 "'two' is not");
+	hw_fault("gpu_sgemm_frac:\n  2: fast\n", MOET_EFORMAT, "h.yaml:2: gpu_sgemm_frac: 2 "
+		 "tokens: fraction 'fast' is not a number");
+	hw_fault("gpu_sgemm_frac:\n  2: 1.5\n", MOET_ERANGE, "h.yaml:2: gpu_sgemm_frac: 2 tokens: "
+		 "fraction 1.5 out of range");
+	hw_fault("gpu_sgemm_frac:\n  2: 0\n", MOET_ERANGE, "h.yaml:2: gpu_sgemm_frac: 2 tokens: "
+		 "fraction 0 out of range");
+	hw_fault("gpu_sgemm_frac:\n  2: [0.1]\n", MOET_EFORMAT, "h.yaml:2: gpu_sgemm_frac: "
+		 "expected scalar tokens: fraction pairs");
+	hw_fault("cpu_fma_frac:\n  8: 0.4\n  4: 0.3\n", MOET_ERANGE, "h.yaml:3: cpu_fma_frac: 4 "
+		 "tokens after 8: tokens must increase");
+	hw_fault("cpu_fma_frac:\n  4: 0.2\n  8: 0.5\n", MOET_ERANGE, "h.yaml:3: cpu_fma_frac: 8 "
+		 "tokens at 0.5 would take less time than 4 at 0.2");
+	hw_fault("cpu_fma_frac: {1: .1, 2: .1, 3: .1, 4: .1, 5: .1, 6: .1, 7: .1, 8: .1, 9: .1, "
+		 "10: .1, 11: .1, 12: .1, 13: .1, 14: .1, 15: .1, 16: .1, 17: .1}\n", MOET_ERANGE,
+		 "h.yaml:1: cpu_fma_frac: more than 16 points");
+	hw_fault("cpu_fma_frac: {}\ncpu_fma_frac: {}\n", MOET_EFORMAT, "h.yaml:2: cpu_fma_frac "
+		 "given twice (first on line 1)");
+	hw_fault("cpu_fma_gflops: 0\n", MOET_ERANGE, "h.yaml:1: cpu_fma_gflops: 0 out of range");
+	hw_fault("gpu_sgemm_gflops: x\n", MOET_EFORMAT, "h.yaml:1: gpu_sgemm_gflops: 'x' is not");
 	snprintf(path, sizeof(path), "%s/no-such-hw.yaml", tmp);
 	CHECK(moet_cost_hw_load(path, &hw) == MOET_EIO && strstr(moet_errmsg(), "no-such-hw"),
 	      "%s", moet_errmsg());

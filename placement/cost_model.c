@@ -1,0 +1,387 @@
+/*
+ * cost_model.c: the decode step cost model (moet_cost.h): touch probabilities, the roofline
+ * time of one expert call, its expectation over a step's rows, and the prediction of a
+ * placement's step time, split into parts.
+ *
+ * One expert call on r rows, per tier (ms):
+ *
+ *   bandwidth  bytes / (read GB/s x 1e6)                    the bytes of the expert, once
+ *   compute    r x F / (frac(r) x peak GFLOP/s x 1e6)       F = 6 x hidden x moe_inter
+ *   t(r)       max(bandwidth, compute)                      (a roofline per call)
+ *
+ *        t |                                 ___/  compute bound: r / frac(r), the measured
+ *          |                             ___/      time of the kernel at r tokens
+ *          |________________________ ___/
+ *          |   bandwidth bound      /            (frac from the record's medians, so the
+ *          +-----------------------+----- r       curve reproduces the bench at its points)
+ *
+ * The rows R of an expert in a step of B tokens are Binomial(B, p) (each token picks the
+ * expert with probability p, independently), so the expected call time is
+ * sum_{r >= 1} Pr(R = r) t(r). The sum runs over the binomial's bulk, r in
+ * [mean - 12 sd, mean + 12 sd + 16] (the tails beyond hold less than 1e-30 of the mass),
+ * with Pr(R = r) from one lgamma at the window's start and the ratio recurrence
+ * Pr(r + 1) / Pr(r) = (B - r) p / ((r + 1)(1 - p)) after it. Without a compute curve t is
+ * constant and the sum is P x bandwidth, computed as that (the bandwidth-only model, bit for
+ * bit as before).
+ *
+ * NOTE: A_tier (the chance that a tier works at all in a step) is 1 - prod(1 - P_e), summed
+ * in log space (log1p) so that 384 small P_e do not lose their product to rounding.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moet_cost.h"
+#include "moet_err.h"
+
+#define MAX_WINDOW 1024   /* binomial terms summed per expert before the mean is used */
+
+void moet_cost_touch(const double *s, int64_t n, int64_t top_k, int64_t batch, double *P)
+{
+	double tot = 0;
+	for (int64_t i = 0; i < n; i++)
+		tot += s[i];
+	for (int64_t i = 0; i < n; i++) {
+		if (!(tot > 0) || !(s[i] > 0)) {
+			P[i] = 0;
+			continue;
+		}
+		double p = s[i] * (double)top_k / tot;
+		p = p < 1 ? p : 1;
+		/* 1 - (1 - p)^B without losing small p to rounding. */
+		P[i] = p >= 1 ? 1 : -expm1((double)batch * log1p(-p));
+	}
+}
+
+/* ---- one call ---------------------------------------------------------------------------- */
+
+/* r / frac(r): rows over the fraction of the peak, interpolated linearly in r between the
+ * curve's points (the fraction of the nearest point outside them). */
+static double curve_rows(const moet_cost_curve *c, double r)
+{
+	const int n = c->n;
+	if (r <= c->tokens[0])
+		return r / c->frac[0];
+	if (r >= c->tokens[n - 1])
+		return r / c->frac[n - 1];
+	int i = 0;
+	while (r > c->tokens[i + 1])
+		i++;
+	const double a = c->tokens[i] / c->frac[i], b = c->tokens[i + 1] / c->frac[i + 1];
+	return a + (b - a) * (r - c->tokens[i]) / (c->tokens[i + 1] - c->tokens[i]);
+}
+
+typedef struct tier {
+	double bw_ms;                /* bytes / read */
+	double flop_ms;              /* F / peak: ms per (row / fraction); 0: no compute term */
+	const moet_cost_curve *c;
+} tier;
+
+static tier tier_of(const moet_cost_in *in, bool gpu)
+{
+	const moet_cost_hw *h = &in->hw;
+	const moet_cost_curve *c = gpu ? &h->gpu_sgemm_frac : &h->cpu_fma_frac;
+	const double peak = gpu ? h->gpu_sgemm_gflops : h->cpu_fma_gflops;
+	tier t = { .bw_ms = (double)in->expert_bytes / ((gpu ? h->gpu_read_gbps :
+							  h->cpu_read_gbps) * 1e6), .c = c };
+	if (c->n > 0 && in->moe_inter > 0 && peak > 0)
+		t.flop_ms = 6.0 * (double)in->d_model * (double)in->moe_inter / (peak * 1e6);
+	return t;
+}
+
+static double tier_call(const tier *t, double r)
+{
+	if (!(r > 0))
+		return 0;
+	if (!t->flop_ms)
+		return t->bw_ms;
+	const double c = t->flop_ms * curve_rows(t->c, r);
+	return c > t->bw_ms ? c : t->bw_ms;
+}
+
+double moet_cost_call_ms(const moet_cost_in *in, bool gpu, double rows)
+{
+	const tier t = tier_of(in, gpu);
+	return tier_call(&t, rows);
+}
+
+/* ---- the expected call over a step -------------------------------------------------------- */
+
+/* E[t(R)] for R ~ Binomial(B, p), 0 < p < 1, on both tiers (see the design note). */
+static void expect_calls(const tier *tc, const tier *tg, int64_t batch, double p, double P,
+			 double *xc, double *xg)
+{
+	const double B = (double)batch, mu = B * p, sd = sqrt(mu * (1 - p));
+	*xc = P * tc->bw_ms;
+	*xg = P * tg->bw_ms;
+	if (!tc->flop_ms && !tg->flop_ms)
+		return;
+	double lo = floor(mu - 12 * sd), hi = ceil(mu + 12 * sd) + 16;
+	lo = lo > 1 ? lo : 1;
+	hi = hi < B ? hi : B;
+	if (hi - lo > MAX_WINDOW) {
+		/* A wide, and so relatively narrow, distribution: the mean rows given a touch. */
+		const double m = mu / P;
+		if (tc->flop_ms)
+			*xc = P * tier_call(tc, m);
+		if (tg->flop_ms)
+			*xg = P * tier_call(tg, m);
+		return;
+	}
+	double pm = exp(lgamma(B + 1) - lgamma(lo + 1) - lgamma(B - lo + 1) + lo * log(p) +
+			(B - lo) * log1p(-p));
+	const double odds = p / (1 - p);
+	double sc = 0, sg = 0;
+	for (double r = lo; r <= hi; r++) {
+		sc += pm * tier_call(tc, r);
+		sg += pm * tier_call(tg, r);
+		pm *= (B - r) / (r + 1) * odds;
+	}
+	if (tc->flop_ms)
+		*xc = sc;
+	if (tg->flop_ms)
+		*xg = sg;
+}
+
+void moet_cost_expert_ms(const moet_cost_in *in, const double *s, int64_t n, double *P,
+			 double *t_cpu, double *t_gpu)
+{
+	const tier tc = tier_of(in, false), tg = tier_of(in, true);
+	double tot = 0;
+	for (int64_t i = 0; i < n; i++)
+		tot += s[i];
+	moet_cost_touch(s, n, in->top_k, in->batch, P);
+	for (int64_t i = 0; i < n; i++) {
+		double xc = 0, xg = 0;
+		const double p = tot > 0 && s[i] > 0 ? s[i] * (double)in->top_k / tot : 0;
+		if (p >= 1) {
+			xc = tier_call(&tc, (double)in->batch);
+			xg = tier_call(&tg, (double)in->batch);
+		} else if (p > 0) {
+			expect_calls(&tc, &tg, in->batch, p, P[i], &xc, &xg);
+		}
+		if (t_cpu)
+			t_cpu[i] = xc;
+		if (t_gpu)
+			t_gpu[i] = xg;
+	}
+}
+
+/* ---- a layer ----------------------------------------------------------------------------- */
+
+static double transfer_ms(const moet_cost_in *in, double a_cpu)
+{
+	const moet_cost_hw *h = &in->hw;
+	if (in->n_gpus == 0)
+		return 0; /* everything on the host: nothing crosses PCIe */
+	const double act = (double)in->batch * (double)in->d_model * h->act_bytes;
+	return a_cpu * (2 * h->pcie_latency_us * 1e-3 + 2 * act / (h->pcie_gbps * 1e6));
+}
+
+/* The slowest GPU's time, its index in *which (-1 without GPUs). */
+static double gpus_ms(const moet_cost_in *in, const double *x_gpu, const double *a_gpu,
+		      int *which)
+{
+	double t_gpu = 0;
+	*which = -1;
+	for (int g = 0; g < in->n_gpus; g++) {
+		const double t = a_gpu[g] * in->hw.gpu_overhead_us * 1e-3 + x_gpu[g];
+		if (*which < 0 || t > t_gpu) {
+			t_gpu = t;
+			*which = g;
+		}
+	}
+	return t_gpu;
+}
+
+double moet_cost_layer_time_ms(const moet_cost_in *in, double x_cpu, double a_cpu,
+			       const double *x_gpu, const double *a_gpu)
+{
+	int g;
+	const double t_cpu = a_cpu * in->hw.cpu_overhead_us * 1e-3 + x_cpu;
+	const double t_gpu = gpus_ms(in, x_gpu, a_gpu, &g);
+	return (t_cpu > t_gpu ? t_cpu : t_gpu) + transfer_ms(in, a_cpu);
+}
+
+double moet_cost_layer_ms(const moet_cost_in *in, double d_cpu, double a_cpu,
+			  const double *d_gpu, const double *a_gpu)
+{
+	double x_gpu[64];
+	const int n = in->n_gpus < 64 ? in->n_gpus : 64;
+	for (int g = 0; g < n; g++)
+		x_gpu[g] = d_gpu[g] * (double)in->expert_bytes / (in->hw.gpu_read_gbps * 1e6);
+	return moet_cost_layer_time_ms(in, d_cpu * (double)in->expert_bytes /
+				       (in->hw.cpu_read_gbps * 1e6), a_cpu, x_gpu, a_gpu);
+}
+
+/* ---- a placement ------------------------------------------------------------------------- */
+
+typedef struct layer_acc {
+	double x_cpu, lq_cpu, d_cpu, rows_cpu;
+	double x_gpu[64], lq_gpu[64], d_gpu[64], rows_gpu[64];
+} layer_acc;
+
+/* Adds one layer's tiers to *out; the layer's experts' P, T on both tiers given. */
+static void predict_layer(const moet_cost_in *in, const layer_acc *a, moet_cost_pred *out)
+{
+	const int n = in->n_gpus;
+	double a_gpu[64];
+	const double a_cpu = -expm1(a->lq_cpu);
+	for (int g = 0; g < n; g++) {
+		a_gpu[g] = -expm1(a->lq_gpu[g]);
+		out->gpu_distinct += a->d_gpu[g];
+		out->gpu_rows += a->rows_gpu[g];
+	}
+	out->cpu_distinct += a->d_cpu;
+	out->cpu_rows += a->rows_cpu;
+	const double ovh_cpu = a_cpu * in->hw.cpu_overhead_us * 1e-3;
+	const double t_cpu = ovh_cpu + a->x_cpu;
+	int g;
+	const double t_gpu = gpus_ms(in, a->x_gpu, a_gpu, &g);
+	const double xfer = transfer_ms(in, a_cpu);
+	out->cpu_ms += t_cpu;
+	out->gpu_ms += t_gpu;
+	out->transfer_ms += xfer;
+	out->experts_ms += (t_cpu > t_gpu ? t_cpu : t_gpu) + xfer;
+	if (t_cpu >= t_gpu) {
+		out->cpu_expert_ms += a->x_cpu;
+		out->overhead_ms += ovh_cpu;
+	} else {
+		out->gpu_expert_ms += a->x_gpu[g];
+		out->overhead_ms += t_gpu - a->x_gpu[g];
+	}
+}
+
+int moet_cost_predict(const moet_cost_in *in, const double *scores, int64_t n_layers,
+		      int64_t n_experts, const int16_t *owner, moet_cost_pred *out)
+{
+	const int n = in->n_gpus;
+	if (in->batch < 1 || n < 0 || n > 64 || in->top_k < 1)
+		return moet_err(MOET_EINVAL, "cost model: batch %" PRId64 ", %d GPUs, top-k %"
+				PRId64, in->batch, n, in->top_k);
+	for (int64_t i = 0; i < n_layers * n_experts; i++)
+		if (owner[i] < -1 || owner[i] >= n)
+			return moet_err(MOET_EINVAL, "cost model: layer %" PRId64 " expert %" PRId64
+					": owner %d is not a GPU of %d nor the CPU",
+					i / n_experts, i % n_experts, owner[i], n);
+	const size_t ne = (size_t)(n_experts ? n_experts : 1);
+	double *P = malloc(ne * sizeof(*P)), *xc = malloc(ne * sizeof(*xc));
+	double *xg = malloc(ne * sizeof(*xg));
+	layer_acc *a = malloc(sizeof(*a));
+	int rc = 0;
+	if (!P || !xc || !xg || !a) {
+		rc = moet_err(MOET_ENOMEM, "cost model");
+		goto done;
+	}
+	memset(out, 0, sizeof(*out));
+	out->batch = in->batch;
+	for (int64_t l = 0; l < n_layers; l++) {
+		const double *s = scores + l * n_experts;
+		double tot = 0;
+		memset(a, 0, sizeof(*a));
+		moet_cost_expert_ms(in, s, n_experts, P, xc, xg);
+		for (int64_t e = 0; e < n_experts; e++)
+			tot += s[e];
+		for (int64_t e = 0; e < n_experts; e++) {
+			const int g = owner[l * n_experts + e];
+			const double q = P[e] < 1 ? log1p(-P[e]) : -INFINITY;
+			const double rows = tot > 0 ? fmin(1, s[e] * (double)in->top_k / tot) *
+							      (double)in->batch : 0;
+			if (g < 0) {
+				a->d_cpu += P[e];
+				a->lq_cpu += q;
+				a->x_cpu += xc[e];
+				a->rows_cpu += rows;
+			} else {
+				a->d_gpu[g] += P[e];
+				a->lq_gpu[g] += q;
+				a->x_gpu[g] += xg[e];
+				a->rows_gpu[g] += rows;
+			}
+		}
+		if (tot > 0)
+			predict_layer(in, a, out);
+		/* else: a dense layer or one without routings */
+	}
+	/* The dense part on the GPUs (on the CPU when there are none). */
+	out->dense_ms = (double)in->dense_bytes /
+			((n ? in->hw.gpu_read_gbps : in->hw.cpu_read_gbps) * 1e6);
+	out->step_ms = out->experts_ms + out->dense_ms;
+done:
+	free(P);
+	free(xc);
+	free(xg);
+	free(a);
+	return rc;
+}
+
+/* ---- from a model, a placement and a profile ----------------------------------------------- */
+
+int moet_cost_predict_step(const moet_config *cf, const moet_placement_sizes *sz,
+			   const moet_placement *pl, const moet_profile *prof, int phase,
+			   const moet_cost_hw *hw, int64_t batch, moet_cost_pred *out)
+{
+	const int64_t L = cf->num_hidden_layers, E = cf->n_routed_experts;
+	moet_placement_sizes *own_sz = NULL;
+	double *scores = NULL;
+	int rc = 0;
+	if (batch < 1)
+		return moet_err(MOET_EINVAL, "predict: decode batch %" PRId64 " (>= 1)", batch);
+	if (phase < 0 || phase > MOET_COST_PHASE_BOTH)
+		return moet_err(MOET_EINVAL, "predict: phase %d", phase);
+	if (moet_placement_n_layers(pl) != L || moet_placement_n_experts(pl) != E)
+		return moet_err(MOET_EINVAL, "predict: placement %s is for %" PRId64 " layers x %"
+				PRId64 " experts, the model %" PRId64 " x %" PRId64,
+				moet_placement_label(pl), moet_placement_n_layers(pl),
+				moet_placement_n_experts(pl), L, E);
+	if (prof->n_layers != L || prof->n_experts != E || prof->top_k != cf->num_experts_per_tok)
+		return moet_err(MOET_EINVAL, "predict: profile for %" PRId64 " layers x %" PRId64
+				" experts, top-k %" PRId64 "; the model %" PRId64 " x %" PRId64
+				", top-k %" PRId64, prof->n_layers, prof->n_experts, prof->top_k, L,
+				E, cf->num_experts_per_tok);
+	if (!sz && (rc = moet_placement_sizes_from_config(cf, &own_sz)))
+		return rc;
+	if (!sz)
+		sz = own_sz;
+	if (sz->n_layers != L || sz->n_experts != E) {
+		rc = moet_err(MOET_EINVAL, "predict: sizes for %" PRId64 " x %" PRId64 ", model %"
+			      PRId64 " x %" PRId64, sz->n_layers, sz->n_experts, L, E);
+		goto done;
+	}
+	if (!(scores = calloc((size_t)(L * E > 0 ? L * E : 1), sizeof(*scores)))) {
+		rc = moet_err(MOET_ENOMEM, "predict");
+		goto done;
+	}
+	double seen = 0;
+	uint64_t eb = 0;
+	for (int q = 0; q < MOET_PROFILE_PHASES; q++) {
+		if (phase != MOET_COST_PHASE_BOTH && q != phase)
+			continue;
+		const uint64_t *c = prof->counts + moet_profile_at(prof, q, 0);
+		for (int64_t i = 0; i < L * E; i++) {
+			scores[i] += (double)c[i];
+			seen += (double)c[i];
+		}
+	}
+	if (seen == 0) {
+		rc = moet_err(MOET_EINVAL, "predict: the profile has no %s routings", phase ==
+			      MOET_PROFILE_DECODE ? "decode" : phase == MOET_PROFILE_PREFILL ?
+			      "prefill" : "decode or prefill");
+		goto done;
+	}
+	for (int64_t l = 0; l < L; l++)
+		for (int64_t e = 0; moet_config_is_moe_layer(cf, l) && e < E; e++)
+			eb = sz->expert_bytes[l * E + e] > eb ? sz->expert_bytes[l * E + e] : eb;
+	const moet_cost_in in = { .hw = *hw, .batch = batch, .top_k = cf->num_experts_per_tok,
+				  .d_model = cf->hidden_size, .expert_bytes = eb,
+				  .dense_bytes = sz->dense_bytes - sz->embed_bytes,
+				  .n_gpus = moet_placement_n_gpus(pl),
+				  .moe_inter = cf->moe_intermediate_size };
+	rc = moet_cost_predict(&in, scores, L, E, moet_placement_owners(pl), out);
+done:
+	free(scores);
+	moet_placement_sizes_free(own_sz);
+	return rc;
+}
