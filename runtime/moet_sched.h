@@ -101,6 +101,7 @@ typedef struct moet_sched_stats {
 	double step_s;             /* engine seconds in steps (forward + scheduling + sampling) */
 	int n_tiers;               /* 1 + devices */
 	uint64_t tier_pairs[MOET_SCHED_MAX_TIERS]; /* routing pairs: [0] CPU, [1 + g] device g */
+	moet_hybrid_stats hybrid;  /* the hybrid engine's CPU-tier counters (moet_model.h) */
 } moet_sched_stats;
 
 /*

@@ -96,8 +96,22 @@ static void req_unref(moet_sched_req *r)
 
 /* ---- KV pool (lock held) -------------------------------------------------------------- */
 
+static void pool_drop(moet_sched *s, int i);
+
+/* NOTE: the pool holds at most max_requests caches (its array); when full, the smallest
+ * goes, so the pool keeps the caches most likely to fit a later request. */
 static void pool_put(moet_sched *s, moet_kv *kv, int64_t cap)
 {
+	if (s->n_pool == s->o.max_requests) {
+		int small = 0;
+		for (int i = 1; i < s->n_pool; i++)
+			small = s->pool_cap[i] < s->pool_cap[small] ? i : small;
+		if (s->pool_cap[small] >= cap) {
+			moet_kv_destroy(kv);
+			return;
+		}
+		pool_drop(s, small);
+	}
 	s->pool[s->n_pool] = kv;
 	s->pool_cap[s->n_pool++] = cap;
 	s->st.kv_pooled += cap;
@@ -344,7 +358,10 @@ static void *engine(void *arg)
 		double t1 = now_s();
 		uint64_t tiers[MOET_SCHED_MAX_TIERS];
 		moet_model_tier_counts(s->m, tiers, s->st.n_tiers);
+		moet_hybrid_stats hs;
+		moet_model_hybrid_stats(s->m, &hs, 0);
 		pthread_mutex_lock(&s->mu);
+		s->st.hybrid = hs;
 		if (rc)
 			fail_batch(s, n, rc);
 		else

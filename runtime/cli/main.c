@@ -13,6 +13,7 @@ static const struct {
 	int (*run)(int argc, char **argv);
 	const char *summary;
 } commands[] = {
+	{ "serve", moet_cli_serve, "OpenAI-compatible HTTP server (no --model: the demo)" },
 	{ "generate", moet_cli_generate, "token ids in, greedy continuation ids out" },
 	{ "logits", moet_cli_logits, "token ids in, float32 logits [T, vocab] out (.npy)" },
 	{ "verify", moet_cli_verify, "a placement must not change a bit: logits with and without" },

@@ -88,11 +88,11 @@ static void wait_idle(moet_sched *s, moet_sched_stats *st)
 static void test_batching(void)
 {
 	enum { NR = 6 };
-	int64_t prompts[NR][12], want[NR][64], n_want[NR];
+	int64_t prompts[NR][16], want[NR][64], n_want[NR];
 	moet_sched_req *r[NR] = { 0 };
 	moet_sched_params p[NR];
 	for (int i = 0; i < NR; i++) {
-		for (int k = 0; k < 12; k++)
+		for (int k = 0; k < 16; k++)
 			prompts[i][k] = 4 + (i * 37 + k * 11) % 1000;
 		p[i] = greedy(prompts[i], 3 + 2 * i, 5 + i);
 		if (i % 2) { /* seeded sampling on every other one */
@@ -339,6 +339,37 @@ static void test_cancel_and_limits(void)
 	moet_sched_destroy(s);
 }
 
+/* Regression (pool overflow, found by ASan): caches that do not fit later requests stayed
+ * pooled while new ones were made, and the pool array of max_requests overflowed. */
+static void test_pool_overflow(void)
+{
+	moet_sched_opts o = { .max_requests = 2, .kv_tokens = 4000, .max_batch_tokens = 64 };
+	moet_sched *s = NULL;
+	CHECK(moet_sched_create(M, TOK, &o, &s) == 0, "create");
+	if (!s)
+		return;
+	int64_t prompt[2] = { 20, 21 };
+	int64_t sizes[4] = { 8, 100, 400, 30 };
+	for (int round = 0; round < 4; round++) {
+		moet_sched_req *r[2] = { 0 };
+		/* a different reservation each round: prompt 2 + max_tokens */
+		moet_sched_params p = greedy(prompt, 2, sizes[round]);
+		for (int i = 0; i < 2; i++)
+			CHECK(moet_sched_submit(s, &p, &r[i]) == 0, "submit");
+		for (int i = 0; i < 2; i++) {
+			result got;
+			CHECK(r[i] && drain(r[i], &got) == 0, "drain");
+			moet_sched_release(r[i]);
+		}
+		moet_sched_stats st;
+		wait_idle(s, &st);
+		CHECK(st.kv_free <= 2 && st.kv_in_use == 0 && st.kv_pooled <= 4000,
+		      "round %d: pool %d caches, %lld positions", round, st.kv_free,
+		      (long long)st.kv_pooled);
+	}
+	moet_sched_destroy(s);
+}
+
 static void test_logprobs(void)
 {
 	moet_sched_opts o = { .max_requests = 2, .kv_tokens = 256 };
@@ -454,6 +485,7 @@ int main(void)
 		test_kv_budget();
 		test_stop_strings();
 		test_cancel_and_limits();
+		test_pool_overflow();
 		test_logprobs();
 	}
 	moet_model_close(M);

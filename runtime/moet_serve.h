@@ -1,0 +1,70 @@
+/*
+ * moet_serve.h: the OpenAI-compatible HTTP server of `moet-hybrid serve` (docs/serve.md),
+ * on libmicrohttpd, over the scheduler (moet_sched.h).
+ *
+ *   client --HTTP/1.1--> libmicrohttpd (one thread per connection)
+ *            POST /v1/completions, /v1/chat/completions   JSON in; JSON or SSE out
+ *            GET  /v1/models, /health, /metrics
+ *          --> serve_api.c: parse, validate (400/404/413), tokenize, chat format
+ *          --> moet_sched_submit (429 when full) --> poll --> JSON / SSE chunks
+ *
+ * Files: serve.c (daemon, routing, auth, body limits, streaming, disconnects), serve_api.c
+ * (request fields -> scheduler parameters; response bodies), serve_metrics.c (Prometheus
+ * text), serve_demo.c (the embedded demo checkpoint).
+ */
+#ifndef MOET_SERVE_H
+#define MOET_SERVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moet_model.h"
+#include "moet_sched.h"
+#include "moet_tokenizer.h"
+
+typedef struct moet_serve moet_serve;
+
+typedef struct moet_serve_opts {
+	const char *host;          /* address to bind; NULL: "127.0.0.1" */
+	int port;                  /* 0: any free port (moet_serve_port says which) */
+	const char *api_key;       /* NULL: no authentication; else /v1/ needs Bearer KEY */
+	const char *model_id;      /* the name in /v1/models and responses; NULL: "moet" */
+	const char *model_note;    /* a line for /v1/models (e.g. "synthetic untrained demo") */
+	size_t max_body_bytes;     /* request body limit (413); 0: 1 MiB */
+	int64_t max_prompt_tokens; /* prompt limit (413); 0: the context (kv_tokens, positions) */
+	moet_sched_opts sched;
+} moet_serve_opts;
+
+/*
+ * Starts the scheduler and the HTTP daemon over m and tok (both borrowed until stop; tok may
+ * be NULL: then only token-id prompts are accepted and responses carry no text). Returns 0 and
+ * *out, or MOET_EINVAL (bad host), MOET_EIO (cannot bind: the detail names host:port),
+ * MOET_ENOMEM.
+ */
+int moet_serve_start(moet_model *m, const moet_tokenizer *tok, const moet_serve_opts *o,
+		     moet_serve **out);
+
+/* The port the daemon listens on. */
+int moet_serve_port(const moet_serve *s);
+
+/* The scheduler (borrowed), for stats. */
+moet_sched *moet_serve_sched(moet_serve *s);
+
+/* Stops accepting, cancels every request in flight, joins the threads, frees. NULL ok. */
+void moet_serve_stop(moet_serve *s);
+
+/* ---- serve_demo.c ------------------------------------------------------------------------ */
+
+/* ${XDG_CACHE_HOME:-$HOME/.cache}/moet-hybrid/demo-tiny into buf. 0 or MOET_ERANGE. */
+int moet_serve_demo_dir(char *buf, size_t n);
+
+/*
+ * Makes sure dir holds the demo: the tiny synthetic checkpoint (gen-checkpoint --preset tiny
+ * --seed 1, as quickstart.sh's demo) and the project's tokenizer (moet_gen_tokenizer.h),
+ * writing what is missing. Safe against a concurrent call for the same dir (each writes into
+ * its own temporary directory and renames it into place). Returns 0 or an error naming the
+ * path.
+ */
+int moet_serve_demo_ensure(const char *dir);
+
+#endif
