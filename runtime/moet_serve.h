@@ -15,8 +15,10 @@
 #ifndef MOET_SERVE_H
 #define MOET_SERVE_H
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "moet_model.h"
 #include "moet_sched.h"
@@ -66,5 +68,23 @@ int moet_serve_demo_dir(char *buf, size_t n);
  * path.
  */
 int moet_serve_demo_ensure(const char *dir);
+
+/* ---- serve_bench.c: `moet-hybrid bench serve` ------------------------------------------- */
+
+typedef struct moet_serve_bench_opts {
+	const char *model_dir;     /* NULL: the demo */
+	const char *device;        /* NULL: "cpu" */
+	int streams;               /* concurrent streams (16) */
+	int tokens;                /* tokens per stream = timed decode steps */
+	int prompt_words;          /* words of the text prompt */
+	int reps;                  /* bare/served pairs, alternating */
+} moet_serve_bench_opts;
+
+/*
+ * Server overhead against the bare decode step at o->streams streams (docs/serve.md): adds
+ * the ceiling, rows and a "serve" object to rec, progress to log, the table to table.
+ * Returns 0, or an error (MOET_EIO when a stream failed).
+ */
+int moet_serve_bench(const moet_serve_bench_opts *o, json_t *rec, FILE *log, FILE *table);
 
 #endif

@@ -17,6 +17,7 @@ int moet_cli_profile(int argc, char **argv);
 int moet_cli_plan(int argc, char **argv);
 int moet_cli_heatmap(int argc, char **argv);
 int moet_cli_serve(int argc, char **argv);
+int moet_cli_bench_serve(int argc, char **argv);
 
 /* Prints "moet-hybrid <cmd>: <moet_errmsg() or code name>" to stderr; returns 1. */
 int moet_cli_fail(const char *cmd, int code);

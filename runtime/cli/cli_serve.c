@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 
 #include "cli.h"
+#include "moet_bench.h"
 #include "moet_err.h"
 #include "moet_model.h"
 #include "moet_serve.h"
@@ -204,4 +205,63 @@ out:
 	moet_tokenizer_destroy(tok);
 	moet_model_close(m);
 	return rc ? moet_cli_fail("serve", rc) : 0;
+}
+
+/* `moet-hybrid bench serve` (its row in cli_bench.c's table). */
+int moet_cli_bench_serve(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "model", required_argument, NULL, 'm' },
+		{ "device", required_argument, NULL, 'd' },
+		{ "streams", required_argument, NULL, 's' },
+		{ "tokens", required_argument, NULL, 't' },
+		{ "prompt-words", required_argument, NULL, 'w' },
+		{ "reps", required_argument, NULL, 'r' },
+		{ "quick", no_argument, NULL, 'q' },
+		{ "json", required_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	moet_serve_bench_opts o = { .streams = 16, .tokens = 64, .prompt_words = 16, .reps = 5 };
+	const char *json_path = NULL;
+	long long v;
+	int c, rc = 0;
+	optind = 1;
+	while (!rc && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'm': o.model_dir = optarg; break;
+		case 'd': o.device = optarg; break;
+		case 's': rc = parse_num("--streams", optarg, 1, 1024, &v); o.streams = (int)v; break;
+		case 't': rc = parse_num("--tokens", optarg, 2, 100000, &v); o.tokens = (int)v; break;
+		case 'w':
+			rc = parse_num("--prompt-words", optarg, 1, 500, &v);
+			o.prompt_words = (int)v;
+			break;
+		case 'r': rc = parse_num("--reps", optarg, 1, 100, &v); o.reps = (int)v; break;
+		case 'q': o.reps = 2; o.tokens = 32; break;
+		case 'j': json_path = optarg; break;
+		case 'h':
+			printf("usage: moet-hybrid bench serve [--model DIR] [--device D] "
+			       "[--streams N] [--tokens N]\n"
+			       "                          [--prompt-words N] [--reps N] [--quick] "
+			       "[--json FILE]\n\n"
+			       "Server overhead (HTTP + tokenizer + scheduling) as a share of the decode "
+			       "step:\nbare batched decode of N sequences vs the same through the "
+			       "server with N\nstreaming clients on loopback (docs/serve.md). Default: "
+			       "the demo, 16 streams x 64\ntokens, 5 reps; --quick: 2 reps x 32 "
+			       "tokens.\n");
+			return 0;
+		default: return 2;
+		}
+	}
+	if (rc)
+		return moet_cli_fail("bench serve", rc);
+	signal(SIGPIPE, SIG_IGN);
+	json_t *rec = NULL;
+	if (!(rc = moet_bench_record_new("serve", &rec)))
+		rc = moet_serve_bench(&o, rec, stderr, stdout);
+	if (!rc && json_path)
+		rc = moet_bench_write(rec, json_path);
+	json_decref(rec);
+	return rc ? moet_cli_fail("bench serve", rc) : 0;
 }

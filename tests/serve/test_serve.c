@@ -13,9 +13,12 @@
  *   - every error case with its status and OpenAI-style body: 400 (JSON, types, ranges,
  *     fields), 401, 404 (model, path), 405, 413 (body, prompt), 429;
  *   - a client that hangs up mid-stream: its slot is freed (/metrics), the server serves on;
- *   - SIGTERM stops the server with exit 0 (under ASan: no leak).
+ *   - SIGTERM stops the server with exit 0 (under ASan: no leak);
+ *   - --placement over 3 simulated devices: the same greedy ids, pairs per tier and the GPU
+ *     hit rate in /metrics add up.
  */
 #include <jansson.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -429,6 +432,39 @@ static void test_disconnect_and_429(void)
 	      !strcmp(a.finish, "length"), "serves after the hang-ups: %d", a.status);
 }
 
+/* --placement with simulated devices: the same greedy answer, routing pairs on the devices. */
+static void test_placement(const answer *want, const char *want_body)
+{
+	char place[4300], args[4600];
+	snprintf(place, sizeof(place), "%s/serve-placement.yaml", moet_test_tmp_dir());
+	const char *yaml = "gpus:\n  - {name: gpu0, budget: 1GB}\n  - {name: gpu1, budget: 1GB}\n"
+			   "default:\n  gpu0: \"0-9\"\n  gpu1: \"20-25\"\n";
+	CHECK(moet_test_write_file(place, yaml, strlen(yaml)) == 0, "write placement");
+	snprintf(args, sizeof(args), "--placement '%s' --sim-devices 3 --device cpu", place);
+	st_server sv;
+	CHECK(st_start(&sv, XDG, args) == 0, "server with a placement (log %s)", sv.log);
+	if (!sv.pid)
+		return;
+	PORT = sv.port;
+	answer a;
+	CHECK(ask("/v1/completions", want_body, &a) == 0 && a.status == 200, "placement ask");
+	CHECK(a.n_ids == want->n_ids && !memcmp(a.ids, want->ids, sizeof(long long) *
+						 (size_t)a.n_ids), "a placement changed the ids");
+	st_resp r;
+	CHECK(st_http(PORT, "GET", "/metrics", NULL, NULL, &r) == 0, "metrics");
+	double g0 = st_metric(r.body, "moet_expert_pairs_total{tier=\"gpu0\"}");
+	double g1 = st_metric(r.body, "moet_expert_pairs_total{tier=\"gpu1\"}");
+	double g2 = st_metric(r.body, "moet_expert_pairs_total{tier=\"gpu2\"}");
+	double cpu = st_metric(r.body, "moet_expert_pairs_total{tier=\"cpu\"}");
+	double hit = st_metric(r.body, "moet_gpu_hit_rate");
+	CHECK(g0 > 0 && g1 > 0 && g2 == 0 && cpu > 0, "pairs per tier: cpu %g gpu0 %g gpu1 %g "
+	      "gpu2 %g", cpu, g0, g1, g2);
+	CHECK(hit > 0 && hit < 1 && fabs(hit - (g0 + g1) / (cpu + g0 + g1)) < 1e-5,
+	      "hit rate %g", hit);
+	st_resp_free(&r);
+	CHECK(st_stop(&sv) == 0, "placement server exit");
+}
+
 int main(void)
 {
 	snprintf(XDG, sizeof(XDG), "%s/serve-xdg", moet_test_tmp_dir());
@@ -448,6 +484,14 @@ int main(void)
 	test_disconnect_and_429();
 	int st = st_stop(&sv);
 	CHECK(st == 0, "server exit status %d (log %s)", st, sv.log);
+	answer want;
+	const char *body = "{\"prompt\":[0,50,60,70],\"max_tokens\":8,\"temperature\":0,"
+			   "\"logprobs\":0,\"return_tokens_as_token_ids\":true}";
+	CHECK(st_start(&sv, XDG, "") == 0, "plain server");
+	PORT = sv.port;
+	CHECK(ask("/v1/completions", body, &want) == 0 && want.n_ids > 0, "plain ask");
+	CHECK(st_stop(&sv) == 0, "plain server exit");
+	test_placement(&want, body);
 	if (moet_test_failures) {
 		char cmd[4200];
 		snprintf(cmd, sizeof(cmd), "tail -20 '%s' >&2", sv.log);
