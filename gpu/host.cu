@@ -65,6 +65,22 @@ extern "C" int moet_gpu_copy_peer_async(void *dst, int dst_device, const void *s
 	return 0;
 }
 
+extern "C" int moet_gpu_stream_create(void **out)
+{
+	cudaStream_t st;
+	if (!out)
+		return moet_err(MOET_EINVAL, "moet_gpu_stream_create: out is NULL");
+	MOET_CUDA_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+	*out = (void *)st;
+	return 0;
+}
+
+extern "C" void moet_gpu_stream_destroy(void *stream)
+{
+	if (stream)
+		cudaStreamDestroy((cudaStream_t)stream);
+}
+
 extern "C" int moet_gpu_event_create(void **out)
 {
 	cudaEvent_t e;

@@ -34,6 +34,11 @@ int moet_gpu_copy_d2h_async(void *dst, const void *src, size_t bytes, void *stre
 int moet_gpu_copy_peer_async(void *dst, int dst_device, const void *src, int src_device,
 			     size_t bytes, void *stream);
 
+/* A stream of the current device (cudaStream_t as void *, non-blocking with respect to the
+ * legacy default stream); destroy accepts NULL. */
+int moet_gpu_stream_create(void **out);
+void moet_gpu_stream_destroy(void *stream);
+
 /* Events (cudaEvent_t as void *): created with timing on. record queues a mark on `stream`;
  * event_sync waits for it; elapsed_ms is the time between two completed marks. */
 int moet_gpu_event_create(void **out);

@@ -49,6 +49,18 @@ int moet_gpu_copy_peer_async(void *dst, int dst_device, const void *src, int src
 	return no_cuda("moet_gpu_copy_peer_async");
 }
 
+int moet_gpu_stream_create(void **out)
+{
+	if (out)
+		*out = NULL;
+	return no_cuda("moet_gpu_stream_create");
+}
+
+void moet_gpu_stream_destroy(void *stream)
+{
+	(void)stream;
+}
+
 int moet_gpu_event_create(void **out)
 {
 	if (out)

@@ -24,9 +24,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
+
 #include "moet_bench_e2e.h"
+#include "moet_ckpt.h"
 #include "moet_err.h"
+#include "moet_gpu.h"
+#include "moet_gpu_host.h"
 #include "moet_model.h"
+#include "moet_upload.h"
 
 static uint64_t xs(uint64_t *s)
 {
@@ -145,6 +151,87 @@ static int open_mode(const moet_bench_e2e_opts *o, int mode, moet_model **out, d
 	return 0;
 }
 
+/* Host-to-device copies of 256 MiB from pinned memory, median of 5: the link's ceiling. */
+static int h2d_ceiling(double *out_GBps)
+{
+	const size_t bytes = (size_t)256 << 20;
+	void *h = NULL, *d = NULL;
+	double t[5];
+	int rc = moet_gpu_host_alloc(bytes, &h);
+	if (!rc)
+		rc = moet_gpu_alloc(bytes, &d);
+	if (!rc)
+		memset(h, 1, bytes);
+	for (int i = 0; i < 5 && !rc; i++) {
+		double t0 = moet_bench_now_s();
+		rc = moet_gpu_copy_h2d(d, h, bytes);
+		t[i] = moet_bench_now_s() - t0;
+	}
+	moet_gpu_free(d);
+	moet_gpu_host_free(h);
+	if (!rc) {
+		moet_bench_stats st;
+		moet_bench_stats_of(t, 5, &st);
+		*out_GBps = (double)bytes / st.median_s / 1e9;
+	}
+	return rc;
+}
+
+typedef struct read_job {
+	const moet_ckpt *ck;
+	size_t first, step, limit; /* tensors first, first + step, ... */
+	size_t bytes;
+	uint64_t sink;
+} read_job;
+
+static void *read_main(void *arg)
+{
+	read_job *j = arg;
+	for (size_t i = j->first; i < moet_ckpt_count(j->ck) && j->bytes < j->limit; i += j->step) {
+		const moet_tensor *t = moet_ckpt_at(j->ck, i);
+		if (!strstr(t->name, ".experts."))
+			continue;
+		uintptr_t a = ((uintptr_t)t->data + 63) & ~(uintptr_t)63;
+		uintptr_t b = ((uintptr_t)t->data + t->n_bytes) & ~(uintptr_t)63;
+		if (b > a) {
+			j->sink ^= moet_bench_read((const void *)a, (size_t)(b - a));
+			j->bytes += (size_t)(b - a);
+		}
+	}
+	return NULL;
+}
+
+/* The source's read bandwidth as the upload meets it: n_threads read routed-expert bytes of
+ * a fresh mapping of the checkpoint (page faults included), up to `limit` bytes in all. */
+static int source_ceiling(const char *dir, int n_threads, size_t limit, double *out_GBps)
+{
+	moet_ckpt *ck = NULL;
+	int rc = moet_ckpt_open(dir, &ck);
+	if (rc)
+		return rc;
+	pthread_t th[64];
+	read_job jb[64];
+	int made = 0;
+	double t0 = moet_bench_now_s();
+	for (int i = 0; i < n_threads && i < 64; i++) {
+		jb[i] = (read_job){ ck, (size_t)i, (size_t)n_threads, limit / (size_t)n_threads, 0, 0 };
+		if (pthread_create(&th[i], NULL, read_main, &jb[i]))
+			break;
+		made++;
+	}
+	size_t bytes = 0;
+	for (int i = 0; i < made; i++) {
+		pthread_join(th[i], NULL);
+		bytes += jb[i].bytes;
+	}
+	double s = moet_bench_now_s() - t0;
+	moet_ckpt_close(ck);
+	if (!made || !bytes)
+		return moet_err(MOET_EIO, "source read ceiling: nothing read (%d threads)", made);
+	*out_GBps = (double)bytes / s / 1e9;
+	return 0;
+}
+
 static const char *mode_name[] = { "gpu", "hybrid", "cpu" };
 
 static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
@@ -165,6 +252,19 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 		json_object_set_new(rec, "steps", steps_arr);
 		json_object_set_new(rec, "ready", ready);
 	}
+	if (!rc && strcmp(o->device, "cpu")) {
+		/* NOTE: the read ceiling first, on bytes the upload will read again: the second
+		 * reader finds the pages in the page cache either way (a RAM-backed checkpoint) */
+		double h2d = 0, src = 0;
+		int threads = moet_upload_default_threads();
+		if (!(rc = h2d_ceiling(&h2d)) &&
+		    !(rc = source_ceiling(o->model_dir, threads, (size_t)16 << 30, &src))) {
+			moet_bench_add_ceiling(rec, "h2d_GBps", h2d, "GB/s");
+			moet_bench_add_ceiling(rec, "source_read_GBps", src, "GB/s");
+			fprintf(out, "ceilings: host-to-device %.1f GB/s (pinned), source read %.1f GB/s "
+				"(%d threads)\n", h2d, src, threads);
+		}
+	}
 	fprintf(out, "%-7s %-9s %6s %11s %10s %10s %10s %10s %10s\n", "mode", "what", "tokens",
 		"median_ms", "tok/s", "cpu_ms", "wait_ms", "pcie_ms", "bound_ms");
 	for (int mode = 0; !rc && mode < 3; mode++) {
@@ -176,8 +276,15 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			o->model_dir);
 		if ((rc = open_mode(o, mode, &m, &ready_s)))
 			break;
-		json_object_set_new(ready, mode_name[mode], json_real(ready_s));
-		fprintf(out, "%-7s %-9s %6s %11.1f\n", mode_name[mode], "ready", "-", 1e3 * ready_s);
+		double up_b = 0, up_s = 0;
+		moet_model_upload_stats(m, &up_b, &up_s);
+		json_object_set_new(ready, mode_name[mode],
+				    json_pack("{s:f, s:f, s:f, s:f}", "ready_s", ready_s,
+					      "upload_bytes", up_b, "upload_s", up_s, "upload_GBps",
+					      up_s > 0 ? up_b / up_s / 1e9 : 0.0));
+		fprintf(out, "%-7s %-9s %6s %11.1f   upload %.2f GB in %.2f s = %.1f GB/s\n",
+			mode_name[mode], "ready", "-", 1e3 * ready_s, up_b / 1e9, up_s,
+			up_s > 0 ? up_b / up_s / 1e9 : 0.0);
 		for (int bi = 0; !rc && bi < o->n_batches; bi++) {
 			const int64_t B = o->batches[bi];
 			step_split sp = { 0 };

@@ -11,9 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "model_int.h"
 #include "moet_err.h"
+#include "moet_upload.h"
 
 #define NAME_BYTES 256
 #define PREFIX_BYTES 96 /* "model.layers.L.self_attn": leaves room for any suffix */
@@ -162,33 +164,87 @@ static int bind_ffn(moet_model *m, const char *prefix, int64_t inter, int64_t hi
 	return rc;
 }
 
+/* Bytes of a matrix with its block scales. */
+static size_t mat_bytes(const moet_mat *w)
+{
+	size_t b = (size_t)w->rows * (size_t)w->cols * moet_dtype_size(w->dtype);
+	if (w->scale_inv)
+		b += (size_t)((w->rows + MOET_BLOCK - 1) / MOET_BLOCK) *
+		     (size_t)((w->cols + MOET_BLOCK - 1) / MOET_BLOCK) * sizeof(float);
+	return b;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 int moet_model_bind_experts(moet_model *m, const int16_t *owner)
 {
 	const moet_config *c = &m->cfg;
 	const int64_t E = c->n_routed_experts;
 	const moet_backend_ops *op = m->be->ops;
-	int rc;
+	moet_mat *host = NULL, *dev = NULL;
+	moet_ffn_w **dst = NULL;
+	int64_t n = 0;
+	int rc = 0;
 	if (!m->experts_unbound)
 		return 0;
+	const int64_t cap = c->num_hidden_layers * E;
+	if (!(host = malloc((size_t)(3 * cap) * sizeof(*host))) ||
+	    !(dev = malloc((size_t)(3 * cap) * sizeof(*dev))) ||
+	    !(dst = malloc((size_t)cap * sizeof(*dst)))) {
+		rc = moet_err(MOET_ENOMEM, "expert upload list");
+		goto out;
+	}
 	for (int64_t l = 0; l < c->num_hidden_layers; l++) {
 		moet_layer_w *lw = &m->layers[l];
 		if (!lw->is_moe)
 			continue;
 		for (int64_t e = 0; e < E; e++) {
-			const moet_ffn_w *h = &lw->experts_host[e];
-			moet_ffn_w *d = &lw->experts[e];
-			if (d->gate.data || (owner && owner[l * E + e] != 0))
+			if (lw->experts[e].gate.data || (owner && owner[l * E + e] != 0))
 				continue;
-			if ((rc = op->bind_mat(m->be, &h->gate, &d->gate)) ||
-			    (rc = op->bind_mat(m->be, &h->up, &d->up)) ||
-			    (rc = op->bind_mat(m->be, &h->down, &d->down)))
-				return moet_err_prefix(rc, "layer %lld expert %lld to the %s backend",
-						       (long long)l, (long long)e, op->name);
+			const moet_ffn_w *h = &lw->experts_host[e];
+			dst[n] = &lw->experts[e];
+			host[3 * n] = h->gate;
+			host[3 * n + 1] = h->up;
+			host[3 * n + 2] = h->down;
+			n++;
 		}
 	}
+	double t0 = now_s();
+	if (op->bind_mats) {
+		rc = op->bind_mats(m->be, host, 3 * n, moet_upload_default_threads(), dev);
+	} else {
+		for (int64_t i = 0; i < 3 * n && !rc; i++)
+			rc = op->bind_mat(m->be, &host[i], &dev[i]);
+	}
+	if (rc) {
+		rc = moet_err_prefix(rc, "%lld routed experts to the %s backend", (long long)n,
+				     op->name);
+		goto out;
+	}
+	for (int64_t i = 0; i < n; i++) {
+		*dst[i] = (moet_ffn_w){ dev[3 * i], dev[3 * i + 1], dev[3 * i + 2] };
+		for (int k = 0; k < 3; k++)
+			m->upload_bytes += mat_bytes(&host[3 * i + k]);
+	}
+	m->upload_s += now_s() - t0;
 	if (!owner)
 		m->experts_unbound = 0;
-	return 0;
+out:
+	free(host);
+	free(dev);
+	free(dst);
+	return rc;
+}
+
+void moet_model_upload_stats(const moet_model *m, double *out_bytes, double *out_seconds)
+{
+	*out_bytes = (double)m->upload_bytes;
+	*out_seconds = m->upload_s;
 }
 
 static int bind_attention(moet_model *m, int64_t l, moet_layer_w *lw)

@@ -94,6 +94,8 @@ struct moet_model {
 	moet_hybrid *hy;          /* the CPU tier's engine (with a placement) */
 	int experts_unbound;      /* some routed experts are not bound yet (GPU backends bind
 				     them at the placement or the first pass) */
+	uint64_t upload_bytes;    /* routed experts' bytes bound by moet_model_bind_experts */
+	double upload_s;          /* and its wall time */
 	uint64_t *tier_pairs;     /* [1 + n_devices]: pairs served, CPU tier first */
 	moet_expert_pair *pairs;  /* host scratch of the dispatch, grown */
 	moet_expert_pair *tier_list;

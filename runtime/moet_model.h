@@ -62,6 +62,11 @@ typedef struct moet_seq_step {
 	int64_t n_tok;
 	float *out_logits;     /* [n_tok][vocab] (or [vocab] with last_only), or NULL: none */
 	int last_only;         /* logits of the last token only */
+	/* The next token, drawn from the last token's logits with moet_sample (position
+	 * kv->len + n_tok), into *out_token (NULL: none); on a backend that samples (CUDA) only
+	 * the id leaves the device (moet_backend_draw; MOET_SAMPLE_DEVICE=0: on the host). */
+	const moet_sample_params *sample;
+	int64_t *out_token;
 } moet_seq_step;
 
 /*
@@ -91,7 +96,8 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 typedef struct moet_hybrid_stats {
 	uint64_t calls;      /* MoE layer calls with work for the CPU tier */
 	uint64_t cpu_pairs;  /* routing pairs the CPU tier computed */
-	uint64_t ns_cpu;     /* from the tier's submit to its completion being seen */
+	uint64_t ns_cpu;     /* from the tier's submit to its end: exact when it runs alone
+				(overlap off), else to the moment the driver saw it done */
 	uint64_t ns_wait;    /* the driving thread blocked waiting for the tier */
 	uint64_t bytes_d2h;  /* hidden rows copied to the host staging */
 	uint64_t bytes_h2d;  /* expert outputs copied back to the backend */
@@ -100,6 +106,10 @@ typedef struct moet_hybrid_stats {
 
 /* The CPU tier's counters (zeros without a placement); reset clears them after reading. */
 void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset);
+
+/* The routed experts' upload to a GPU backend so far (at the placement, or at the first pass
+ * without one): bytes (codes and scales) and wall seconds. */
+void moet_model_upload_stats(const moet_model *m, double *out_bytes, double *out_seconds);
 
 /* Overlap of the CPU tier with the device's work on (1, the default) or off (0: the CPU tier
  * runs alone, the reference path; MOET_HYBRID_OVERLAP=0 at set_placement does the same).
