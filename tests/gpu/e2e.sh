@@ -11,7 +11,9 @@
 # Environment: MOET_E2E_LAYERS (default 4: layer 0 dense + 3 MoE layers of 384 experts, about
 # 56 GB), MOET_E2E_HOT (hot experts per layer of the hybrid bench placement, default 352),
 # MOET_E2E_STEPS (default 8), MOET_E2E_PREFILL (default 1024,8192),
-# MOET_E2E_BATCHES (default 1,4,16,64), MOET_E2E_SKIP (words: verify bench120 bench).
+# MOET_E2E_BATCHES (default 1,4,16,64), MOET_E2E_VERIFY_HOT (hot experts per layer of the
+# verify placement, default 96: over 25% of routings on the CPU), MOET_E2E_SKIP (words:
+# verify bench120 bench).
 # Debian runtime libraries may be carried as .deb files in .deb/ (as for tests/gpu/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,6 +25,7 @@ hot=${MOET_E2E_HOT:-352}
 steps=${MOET_E2E_STEPS:-8}
 prefill=${MOET_E2E_PREFILL:-1024,8192}
 batches=${MOET_E2E_BATCHES:-1,4,16,64}
+vhot=${MOET_E2E_VERIFY_HOT:-96}
 skip=${MOET_E2E_SKIP:-}
 mkdir -p "$out"
 if ls .deb/*.deb >/dev/null 2>&1; then
@@ -43,15 +46,15 @@ step "inspect"
 step "profile (GPU, every expert resident)"
 "$bin" profile --model "$ckpt" --device cuda --synthetic 48 --seed 1 --max-new 8 --batch 16 \
 	--quiet --out "$out/profile.json" 2>&1 | tail -3 | tee -a "$out/e2e.log"
-for k in 120 "$hot"; do
+for k in 120 "$hot" "$vhot"; do
 	step "plan --hot-per-layer $k"
 	"$bin" plan --model "$ckpt" --profile "$out/profile.json" --gpus 1 --vram-gb 139GiB \
 		--hot-per-layer "$k" --out "$out/place-$k.yaml" >"$out/plan-$k.txt" 2>&1
 	tail -2 "$out/plan-$k.txt" | tee -a "$out/e2e.log"
 done
 if [[ " $skip " != *" verify "* ]]; then
-	step "verify --device cuda, 120 of 384 per layer on the GPU"
-	"$bin" verify --model "$ckpt" --device cuda --placement "$out/place-120.yaml" --prompts 16 \
+	step "verify --device cuda, $vhot of 384 per layer on the GPU"
+	"$bin" verify --model "$ckpt" --device cuda --placement "$out/place-$vhot.yaml" --prompts 16 \
 		--len 24 --steps 4 2>&1 | tee -a "$out/e2e.log"
 fi
 if [[ " $skip " != *" bench "* ]]; then
