@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # quickstart.sh: set up, build and run moet-hybrid on a fresh Debian/Ubuntu machine.
 #
+#   ./quickstart.sh serve   build, start the OpenAI-compatible server on the embedded demo
+#                           (foreground; PORT=N picks the port, default 8000)
 #   ./quickstart.sh demo    build, make the demo checkpoint on first use, run generate on it
 #   ./quickstart.sh test    build, run every test (ctest)
 #   ./quickstart.sh asan    build with AddressSanitizer + UBSan in build-asan/, run every test
@@ -38,6 +40,24 @@ build() { # build DIR [cmake options...]
 
 cmd=${1:-demo}
 case "$cmd" in
+serve)
+	need_pkgs
+	build build
+	port=${PORT:-8000}
+	cat >&2 <<MSG
+quickstart: starting the server on the embedded demo (a synthetic, untrained model: its text
+is meaningless; made on first use). In another terminal:
+
+  curl -s http://127.0.0.1:$port/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 32}'
+
+  curl -sN http://127.0.0.1:$port/v1/completions -H 'Content-Type: application/json' \\
+    -d '{"prompt": "Once upon a time", "max_tokens": 32, "stream": true}'
+
+Ctrl-C stops it.
+MSG
+	exec build/moet-hybrid serve --port "$port"
+	;;
 demo)
 	need_pkgs
 	build build
@@ -62,7 +82,7 @@ asan)
 	ctest --test-dir build-asan --output-on-failure -j 2
 	;;
 *)
-	echo "usage: $0 demo|test|asan" >&2
+	echo "usage: $0 serve|demo|test|asan" >&2
 	exit 2
 	;;
 esac
