@@ -215,7 +215,14 @@ int moet_model_bind_experts(moet_model *m, const int16_t *owner)
 		}
 	}
 	double t0 = now_s();
-	if (op->bind_mats) {
+	/* MOET_UPLOAD=plain: one bind_mat per matrix (the driver's pageable path), the
+	 * reference of the staged upload */
+	const char *up = getenv("MOET_UPLOAD");
+	if (up && strcmp(up, "plain") && strcmp(up, "staged")) {
+		rc = moet_err(MOET_EINVAL, "MOET_UPLOAD='%s': expected staged or plain", up);
+		goto out;
+	}
+	if (op->bind_mats && !(up && !strcmp(up, "plain"))) {
 		rc = op->bind_mats(m->be, host, 3 * n, moet_upload_default_threads(), dev);
 	} else {
 		for (int64_t i = 0; i < 3 * n && !rc; i++)

@@ -18,9 +18,14 @@
  * too much); they meet the caller once per chunk (a generation counter under a mutex).
  */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "moet_err.h"
 #include "moet_gpu.h"
@@ -54,6 +59,35 @@ typedef struct worker {
 	int id;
 } worker;
 
+/* memcpy with non-temporal stores: the staging buffer is written without being read first
+ * (a plain memcpy's stores fetch each destination line: one more pass over DRAM, which the
+ * upload shares with the transfer itself). */
+static void nt_copy(char *dst, const char *src, size_t n)
+{
+#if defined(__SSE2__)
+	size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
+	if (head > n)
+		head = n;
+	memcpy(dst, src, head);
+	dst += head, src += head, n -= head;
+	size_t i = 0;
+	for (; i + 64 <= n; i += 64) {
+		__m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+		__m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+		__m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+		__m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+		_mm_stream_si128((__m128i *)(dst + i), a);
+		_mm_stream_si128((__m128i *)(dst + i + 16), b);
+		_mm_stream_si128((__m128i *)(dst + i + 32), c);
+		_mm_stream_si128((__m128i *)(dst + i + 48), d);
+	}
+	memcpy(dst + i, src + i, n - i);
+	_mm_sfence();
+#else
+	memcpy(dst, src, n);
+#endif
+}
+
 /* Thread id's slice of the chunk's bytes, copied piece by piece. */
 static void copy_slice(const team *t, int id, int n_threads)
 {
@@ -64,7 +98,7 @@ static void copy_slice(const team *t, int id, int n_threads)
 		const piece *p = &t->pc[i];
 		size_t a = p->at > lo ? p->at : lo, b = p->at + p->bytes < hi ? p->at + p->bytes : hi;
 		if (a < b)
-			memcpy(t->buf + a, p->src + (a - p->at), b - a);
+			nt_copy(t->buf + a, p->src + (a - p->at), b - a);
 	}
 }
 
