@@ -43,6 +43,9 @@ typedef struct moet_xtier_opts {
 	int direct;                /* MOET_URING_DIRECT_* (moet_uring.h); 0: auto */
 	int no_prefetch;           /* 1: no router-based prefetch */
 	int no_warm;               /* 1: start empty (default: fill with the profile's hottest) */
+	/* warm fill progress (optional): bytes of experts read so far, of total */
+	void (*progress)(void *ctx, uint64_t done_bytes, uint64_t total_bytes);
+	void *progress_ctx;
 } moet_xtier_opts;
 
 typedef struct moet_xtier_stats {
@@ -92,6 +95,9 @@ moet_xtier *moet_model_xtier(const moet_model *m);
 /* Counters since creation (or the last reset). */
 void moet_xtier_stats_get(const moet_xtier *x, moet_xtier_stats *out);
 void moet_xtier_stats_reset(moet_xtier *x);
+
+/* 1 if expert e of MoE layer l is in a slot with all its bytes read (tests). */
+int moet_xtier_is_resident(const moet_xtier *x, int64_t layer, int64_t expert);
 
 /* The tier's reader (fault injection in tests: moet_uring_fault). Borrowed. */
 moet_uring *moet_xtier_reader(moet_xtier *x);

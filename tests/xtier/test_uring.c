@@ -140,7 +140,7 @@ static void random_reads(char **paths, int *fds, const uint64_t *sizes, int n_fi
 	moet_uring_range *r = calloc(N_RANGES, sizeof(*r));
 	int seen[N_RANGES] = { 0 };
 	uint8_t *arena = NULL;
-	size_t arena_bytes = (size_t)N_RANGES * (300000 + 2 * A);
+	size_t arena_bytes = (size_t)N_RANGES * (300000 / A + 3) * A; /* a multiple of A */
 	if (registered) {
 		arena = aligned_alloc(A, arena_bytes);
 		void *b[2] = { arena, arena + arena_bytes / 2 };

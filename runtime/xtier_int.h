@@ -1,0 +1,105 @@
+/*
+ * xtier_int.h: internals of the NVMe expert tier shared by xtier.c (layout, slots, creation,
+ * warm fill) and xtier_run.c (acquire, release, prefetch, eviction). Not a public header.
+ */
+#ifndef MOET_XTIER_INT_H
+#define MOET_XTIER_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "model_int.h"
+#include "moet_uring.h"
+#include "moet_xtier.h"
+
+#define XT_TENSORS 6          /* gate, gate scale, up, up scale, down, down scale */
+#define XT_MERGE_GAP (64u << 10) /* tensors closer than this in a shard are read as one */
+
+enum { XT_FREE = 0, XT_LOADING, XT_READY };
+
+/* A run of one expert's bytes in one shard, read by one range. */
+typedef struct xt_seg {
+	int file;                 /* reader file id (= shard index) */
+	uint64_t off;             /* file offset of the first byte */
+	size_t bytes;
+	size_t slot_off;          /* MOET_URING_ALIGN-aligned start of its buffer in the slot */
+} xt_seg;
+
+/* Where an expert's bytes are and how they sit in a slot. */
+typedef struct xt_info {
+	int n_seg;
+	xt_seg seg[XT_TENSORS];
+	size_t tpos[XT_TENSORS];  /* slot byte position of each tensor's first byte (scales of
+				     a model without them: unused) */
+	size_t bytes;             /* exact bytes of its tensors */
+	size_t slot_need;         /* slot bytes its segments need */
+} xt_info;
+
+typedef struct xt_slot {
+	int64_t layer, expert;    /* what it holds (LOADING or READY); -1 when FREE */
+	int state;                /* XT_* */
+	int pins;
+	int failed;               /* a segment's read failed (slot is FREE again) */
+	int prefetched;           /* read ahead and not acquired since */
+	int demand;               /* read for an acquire */
+	unsigned segs_left;
+	uint64_t last_use;        /* tick of the last acquire */
+	uint64_t round;           /* prefetch round that protects it */
+	moet_ffn_w views;         /* READY: views into the slot */
+} xt_slot;
+
+struct moet_xtier {
+	moet_model *m;            /* borrowed: the model owns the tier */
+	moet_xtier_opts o;
+	moet_uring *u;
+	int64_t L, E, H, k;
+	int64_t n_moe;            /* MoE layers */
+	xt_info *info;            /* [L x E] (MoE layers only filled) */
+	int32_t *where;           /* [L x E]: slot or -1 */
+	double *prior;            /* [L x E]: profile counts (0 without a profile) */
+	double *prior_tot;        /* [L] */
+	uint64_t *obs;            /* [L x E]: pairs acquired this run */
+	uint64_t *obs_tot;        /* [L] */
+	size_t slot_bytes;
+	int64_t n_slots;
+	uint8_t *mem;             /* n_slots x slot_bytes, page-aligned (mmap) */
+	xt_slot *slots;
+	int32_t *pinned;          /* slots pinned by the last acquire */
+	int64_t n_pinned;
+	moet_ffn_w *table;        /* [E]: acquire's answer */
+	uint64_t tick, round;
+	/* predictor */
+	int64_t *next_moe;        /* [L]: the next MoE layer after l, or -1 */
+	moet_mat *router;         /* [L]: host views of the routers (MoE layers) */
+	float **router_bias;      /* [L]: decoded, owned (MoE layers) */
+	float **post_norm;        /* [L]: decoded, owned (MoE layers) */
+	int64_t pred_layer;       /* the layer the prediction is for, or -1 */
+	uint8_t *pred;            /* [E]: predicted experts of pred_layer */
+	int64_t pred_cpu;         /* how many of them are in the CPU tier */
+	float *scr;               /* prefetch scratch */
+	size_t scr_elems;
+	char err[512];            /* the last failed read */
+	moet_xtier_stats st;
+};
+
+/* Is expert e of layer l in the CPU tier now? */
+static inline int xt_is_cpu(const moet_xtier *x, int64_t l, int64_t e)
+{
+	return !x->m->owner || x->m->owner[l * x->E + e] < 0;
+}
+
+static inline uint64_t moet_xtier_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* xtier.c: starts the reads of expert (l, e) into slot s (state LOADING). */
+int xt_load(moet_xtier *x, int64_t s, int64_t l, int64_t e, int demand);
+
+/* xtier_run.c: the value of keeping (l, e) (frequency x recency; higher stays). */
+double xt_value(const moet_xtier *x, int64_t l, int64_t e, uint64_t last_use);
+
+#endif
