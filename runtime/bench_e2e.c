@@ -140,7 +140,8 @@ static int open_mode(const moet_bench_e2e_opts *o, int mode, moet_model **out, d
 	}
 	for (int64_t i = 0; i < LE; i++)
 		own[i] = mode == MOET_E2E_GPU ? 0 : mode == MOET_E2E_CPU ? -1 : o->owner[i];
-	rc = moet_model_set_placement(m, own, 1);
+	rc = moet_model_set_placement(m, own, mode == MOET_E2E_HYBRID && o->n_devices > 1
+						   ? o->n_devices : 1);
 	free(own);
 	if (rc) {
 		moet_model_close(m);

@@ -29,6 +29,7 @@
 
 #include "model_int.h"
 #include "moet_err.h"
+#include "moet_gpu.h"
 
 static void sim_free(moet_sim_device *d)
 {
@@ -78,6 +79,12 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 		moet_hybrid_destroy(m->hy, m->be);
 		m->hy = NULL;
 	}
+	for (int g = 1; m->remote && g < m->n_devices; g++) {
+		moet_remote_finish(m->remote[g]);
+		moet_remote_destroy(m->remote[g]);
+	}
+	free(m->remote);
+	m->remote = NULL;
 	for (int g = 0; m->sim && g < m->n_devices; g++)
 		sim_free(&m->sim[g]);
 	free(m->sim);
@@ -92,9 +99,13 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 	const int host = m->be->ops->host_memory;
 	if (n_devices < 0 || n_devices > 64)
 		return moet_err(MOET_EINVAL, "placement: %d devices (0 .. 64)", n_devices);
-	if (!host && n_devices > 1)
-		return moet_err(MOET_EUNSUP, "placement over %d GPUs: the %s backend drives one GPU "
-				"(device 0) so far", n_devices, m->be->ops->name);
+	if (!host && n_devices > 1) {
+		const char *why = NULL;
+		int have = moet_gpu_count(&why);
+		if (have < n_devices)
+			return moet_err(MOET_EDEVICE, "placement over %d GPUs: this machine has %d "
+					"(%s)", n_devices, have, why ? why : "CUDA devices");
+	}
 	for (int64_t i = 0; i < L * E; i++)
 		if (owner[i] < -1 || owner[i] >= n_devices)
 			return moet_err(MOET_EINVAL, "placement: layer %lld expert %lld has owner %d, "
@@ -114,6 +125,14 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 	if (!host) {
 		if ((rc = moet_model_bind_experts(m, owner)))
 			goto fail;
+		if (n_devices > 1 &&
+		    !(m->remote = calloc((size_t)n_devices, sizeof(*m->remote)))) {
+			rc = moet_err(MOET_ENOMEM, "GPU tiers");
+			goto fail;
+		}
+		for (int g = 1; g < n_devices; g++)
+			if ((rc = moet_remote_create(m, g, owner, &m->remote[g])))
+				goto fail;
 		return 0;
 	}
 	for (int g = 0; g < n_devices; g++) {
@@ -214,7 +233,10 @@ static int run_tier(moet_model *m, int64_t l, int tier, const moet_ffn_w *table,
 	if (!cnt)
 		return 0;
 	int rc = 0;
-	if (m->xtier && !m->owner) {
+	if (m->remote && tier >= 1) {
+		rc = moet_remote_begin(m->remote[tier], l, E, m->tier_list, cnt, top_k, h, n,
+				       y + *row * H);
+	} else if (m->xtier && !m->owner) {
 		/* the CPU tier through the NVMe expert tier: runs of whole experts made resident
 		 * in its slots, each computed from the slots' views (moet_xtier.h) */
 		for (int64_t q = 0, got = 0; q < cnt && !rc; q += got) {
@@ -315,11 +337,18 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 	if (!rc)
 		rc = m->be->ops->upload(m->be, slot, m->slot_h, (size_t)P * sizeof(int32_t));
 	if (rc)
-		moet_hybrid_cpu_finish(m->hy, m->be);
+		moet_moe_dispatch_finish(m);
 	return rc;
 }
 
 int moet_moe_dispatch_finish(moet_model *m)
 {
-	return m->hy ? moet_hybrid_cpu_finish(m->hy, m->be) : 0;
+	int rc = 0;
+	for (int g = 1; m->remote && g < m->n_devices; g++) {
+		int r = moet_remote_finish(m->remote[g]);
+		if (!rc)
+			rc = r;
+	}
+	int r = m->hy ? moet_hybrid_cpu_finish(m->hy, m->be) : 0;
+	return rc ? rc : r;
 }

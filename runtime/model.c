@@ -252,6 +252,8 @@ void moet_model_upload_stats(const moet_model *m, double *out_bytes, double *out
 {
 	*out_bytes = (double)m->upload_bytes;
 	*out_seconds = m->upload_s;
+	for (int g = 1; m->remote && g < m->n_devices; g++)
+		moet_remote_upload_stats(m->remote[g], out_bytes, out_seconds);
 }
 
 static int bind_attention(moet_model *m, int64_t l, moet_layer_w *lw)

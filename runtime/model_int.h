@@ -64,6 +64,19 @@ void moet_hybrid_get_stats(const moet_hybrid *hy, moet_hybrid_stats *out);
 void moet_hybrid_set_overlap(moet_hybrid *hy, int on);
 void moet_hybrid_reset_stats(moet_hybrid *hy);
 
+/* remote.c: the expert tier of a GPU beyond the backend's own (placement device g >= 1). */
+typedef struct moet_remote moet_remote;
+int moet_remote_create(const struct moet_model *m, int g, const int16_t *owner,
+		       moet_remote **out);
+void moet_remote_destroy(moet_remote *r);
+/* Starts layer l's pairs of this GPU on h (home GPU, n rows): results to y_dst (home GPU,
+ * cnt rows) at finish. */
+int moet_remote_begin(moet_remote *r, int64_t l, int64_t E, const moet_expert_pair *pairs,
+		      int64_t cnt, int64_t top_k, const float *h, int64_t n, float *y_dst);
+int moet_remote_finish(moet_remote *r);
+/* Adds this tier's upload bytes and seconds. */
+void moet_remote_upload_stats(const moet_remote *r, double *bytes, double *seconds);
+
 /* Activation buffers of the forward pass (backend memory), grown to the largest batch. */
 typedef struct moet_fwd_bufs {
 	int64_t cap_rows;         /* rows the buffers hold */
@@ -92,6 +105,7 @@ struct moet_model {
 	int n_devices;
 	moet_sim_device *sim;     /* [n_devices] test doubles (CPU backend only) */
 	moet_hybrid *hy;          /* the CPU tier's engine (with a placement) */
+	moet_remote **remote;     /* [n_devices]: GPUs 1.. of a GPU backend ([0] unused) */
 	int experts_unbound;      /* some routed experts are not bound yet (GPU backends bind
 				     them at the placement or the first pass) */
 	uint64_t upload_bytes;    /* routed experts' bytes bound by moet_model_bind_experts */

@@ -14,7 +14,8 @@ enum { MOET_E2E_GPU = 0, MOET_E2E_HYBRID = 1, MOET_E2E_CPU = 2 };
 typedef struct moet_bench_e2e_opts {
 	const char *model_dir;
 	const char *device;       /* "cuda" (or "cpu": the simulated device 0, for tests) */
-	const int16_t *owner;     /* [layers x experts] of the hybrid mode (-1 CPU, 0 GPU) */
+	const int16_t *owner;     /* [layers x experts] of the hybrid mode (-1 CPU, g GPU g) */
+	int n_devices;            /* GPUs of the hybrid mode's placement (0: 1) */
 	int modes;                /* bit (1 << MOET_E2E_*) per mode to run */
 	const int64_t *batches;   /* decode batch sizes */
 	int n_batches;

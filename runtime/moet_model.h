@@ -83,11 +83,12 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
  * the checkpoint's mapped bytes) or g in [0, n_devices) (device g). On the CPU backend the
  * devices are simulated: test doubles, each with a private copy of its experts' bytes,
  * computed by the same kernels; any placement gives the same logits bit for bit (the
- * contract). On a GPU backend device 0 is the backend's GPU: the experts it owns are
- * uploaded (only those, when no forward pass ran before without a placement), the CPU tier
- * runs on the hybrid engine's executor beside the GPU (runtime/hybrid.c). owner NULL removes
- * the placement. The table is copied. Errors: MOET_EINVAL (an owner out of range),
- * MOET_EUNSUP (more devices than a GPU backend drives), MOET_ENOMEM, MOET_EDEVICE.
+ * contract). On a GPU backend device g is CUDA device g, device 0 the backend's own: each
+ * gets only the experts it owns (device 0: all of them if a pass ran before without a
+ * placement), devices 1.. compute theirs on copies of the hidden rows (runtime/remote.c), the
+ * CPU tier runs on the hybrid engine's executor (runtime/hybrid.c). owner NULL removes the
+ * placement. The table is copied. Errors: MOET_EINVAL (an owner out of range), MOET_EDEVICE
+ * (fewer CUDA devices than n_devices, or a CUDA failure), MOET_ENOMEM.
  */
 int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices);
 

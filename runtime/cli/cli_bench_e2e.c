@@ -19,7 +19,7 @@ static void usage(FILE *f)
 		   "                             [--prefill 1024,8192] [--ctx N] [--steps N]\n"
 		   "                             [--no-overlap-check] [--json FILE]\n\n"
 		   "The whole model per placement mode: gpu (every routed expert on the GPU), hybrid\n"
-		   "(the placement file's GPU 0 and the CPU tier), cpu (every routed expert on the\n"
+		   "(the placement file's GPUs and the CPU tier), cpu (every routed expert on the\n"
 		   "CPU tier, the dense part on the GPU). Per mode: the time to ready (open and\n"
 		   "upload), decode steps at each batch size (B sequences after --ctx tokens, --steps\n"
 		   "timed steps: median step, tokens/s, the CPU tier's busy and waited time, PCIe\n"
@@ -66,7 +66,7 @@ static int parse_modes(const char *s, int *out)
 
 /* The placement file's owner table, checked against the model (opened on the CPU: no
  * upload). */
-static int load_owner(const char *dir, const char *path, int16_t **out)
+static int load_owner(const char *dir, const char *path, int16_t **out, int *out_n)
 {
 	moet_model *m = NULL;
 	moet_placement_sizes *sz = NULL;
@@ -76,9 +76,8 @@ static int load_owner(const char *dir, const char *path, int16_t **out)
 		rc = moet_placement_sizes_from_ckpt(moet_model_config(m), moet_model_ckpt(m), &sz);
 	if (!rc)
 		rc = moet_placement_load(path, moet_model_config(m), sz, &pl);
-	if (!rc && moet_placement_n_gpus(pl) > 1)
-		rc = moet_err(MOET_EUNSUP, "%s: %d GPUs; bench e2e drives one so far", path,
-			      moet_placement_n_gpus(pl));
+	if (!rc)
+		*out_n = moet_placement_n_gpus(pl);
 	if (!rc) {
 		const moet_config *c = moet_model_config(m);
 		size_t n = (size_t)(c->num_hidden_layers * c->n_routed_experts);
@@ -160,7 +159,7 @@ int moet_cli_bench_e2e(int argc, char **argv)
 	if (!rc && !place && (o.modes & (1 << MOET_E2E_HYBRID)))
 		rc = moet_err(MOET_EINVAL, "--modes hybrid needs --placement FILE");
 	if (!rc && place)
-		rc = load_owner(o.model_dir, place, &owner);
+		rc = load_owner(o.model_dir, place, &owner, &o.n_devices);
 	o.owner = owner;
 	json_t *rec = NULL;
 	if (!rc)
