@@ -89,6 +89,11 @@ typedef struct moet_xtier_stats {
  */
 int moet_model_set_xtier(moet_model *m, const moet_xtier_opts *o);
 
+/* The geometry a tier would have (slot_bytes, tier_experts, tier_bytes, direct; n_slots 0)
+ * without allocating slots or reading experts: for budgets given as a share of the tier.
+ * Errors as moet_model_set_xtier. */
+int moet_xtier_plan(moet_model *m, moet_xtier_stats *out);
+
 /* The model's tier, or NULL. Borrowed. */
 moet_xtier *moet_model_xtier(const moet_model *m);
 

@@ -411,12 +411,9 @@ static int use_profile(moet_xtier *x, const moet_profile *p)
 	return 0;
 }
 
-int moet_model_set_xtier(moet_model *m, const moet_xtier_opts *o)
+/* A tier with its layout and reader, no slots yet. */
+static int init(moet_model *m, const moet_xtier_opts *o, moet_xtier **out)
 {
-	moet_xtier_destroy(m->xtier);
-	m->xtier = NULL;
-	if (!o || !o->ram_budget_bytes)
-		return 0;
 	if (!m->owner && strcmp(m->be->ops->name, "cpu"))
 		return moet_err(MOET_EUNSUP, "RAM budget on the %s backend without a placement: "
 				"every expert is on the device, there is no CPU tier",
@@ -440,8 +437,36 @@ int moet_model_set_xtier(moet_model *m, const moet_xtier_opts *o)
 		rc = use_profile(x, o->profile);
 	if (!rc && x->n_moe == 0)
 		rc = moet_err(MOET_EINVAL, "RAM budget: the model has no MoE layer");
+	x->st.slot_bytes = x->slot_bytes;
+	if (rc) {
+		moet_xtier_destroy(x);
+		return rc;
+	}
+	*out = x;
+	return 0;
+}
+
+int moet_xtier_plan(moet_model *m, moet_xtier_stats *out)
+{
+	moet_xtier_opts o = { 0 };
+	moet_xtier *x = NULL;
+	int rc = init(m, &o, &x);
+	if (!rc)
+		*out = x->st;
+	moet_xtier_destroy(x);
+	return rc;
+}
+
+int moet_model_set_xtier(moet_model *m, const moet_xtier_opts *o)
+{
+	moet_xtier_destroy(m->xtier);
+	m->xtier = NULL;
+	if (!o || !o->ram_budget_bytes)
+		return 0;
+	moet_xtier *x = NULL;
+	int rc = init(m, o, &x);
 	if (rc)
-		goto fail;
+		return rc;
 	x->n_slots = (int64_t)(o->ram_budget_bytes / x->slot_bytes);
 	if (x->n_slots < 1) {
 		rc = moet_err(MOET_EINVAL, "RAM budget of %zu bytes is below one expert slot "

@@ -6,6 +6,8 @@
 #ifndef MOET_CLI_H
 #define MOET_CLI_H
 
+#include <stdio.h>
+
 int moet_cli_inspect(int argc, char **argv);
 int moet_cli_gen_checkpoint(int argc, char **argv);
 int moet_cli_logits(int argc, char **argv);
@@ -32,5 +34,14 @@ typedef struct moet_model moet_model;
  * (at least the file's count), -1 takes the file's. Returns 0 or the error code. */
 int moet_cli_apply_placement(moet_model *m, const char *path, int sim_devices,
 			     int *out_n_devices);
+
+/* --ram-budget-gb VALUE [--ram-profile FILE]: puts the CPU tier behind the NVMe expert tier
+ * (runtime/moet_xtier.h) with VALUE GiB (2^30 bytes) of slots, or VALUE% of the slots the
+ * whole CPU tier needs; call after the placement. Prints the tier's geometry to stderr.
+ * Returns 0 or the error code. */
+int moet_cli_apply_ram_budget(moet_model *m, const char *value, const char *profile_path);
+
+/* One stderr-style line of the tier's counters to f (nothing without a tier). */
+void moet_cli_ram_report(const moet_model *m, FILE *f);
 
 #endif

@@ -14,7 +14,8 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: moet-hybrid generate --model DIR --tokens ID,ID,... [--max-new N] "
 		   "[--ignore-eos] [--device cpu|cuda]\n"
-		   "       [--placement FILE [--sim-devices N]]\n"
+		   "       [--placement FILE [--sim-devices N]] [--ram-budget-gb G "
+		   "[--ram-profile FILE]]\n"
 		   "       [--temperature T] [--top-k K] [--top-p P] [--seed S]\n\n"
 		   "Runs the prompt through the model and prints the continuation (greedy: argmax,\n"
 		   "ties to the lowest id; or sampled) as comma-separated token ids on one line.\n\n"
@@ -23,6 +24,10 @@ static void usage(FILE *f)
 		   "  --placement F   expert placement file (docs/placement.md); on --device cpu\n"
 		   "                  its GPUs are simulated devices (results do not change)\n"
 		   "  --sim-devices N simulated devices (default: the placement's GPU count)\n"
+		   "  --ram-budget-gb G  keep the CPU tier's experts on disk behind G GiB of RAM\n"
+		   "                  slots (or G%% of the tier), read by io_uring; results do\n"
+		   "                  not change (docs/io-uring.md)\n"
+		   "  --ram-profile F routing profile for the tier's admission and eviction\n"
 		   "  --tokens IDS    prompt token ids, comma-separated\n"
 		   "  --max-new N     tokens to generate (default 16)\n"
 		   "  --ignore-eos    do not stop at the model's eos_token_id\n"
@@ -47,10 +52,13 @@ int moet_cli_generate(int argc, char **argv)
 		{ "top-k", required_argument, NULL, 'k' },
 		{ "top-p", required_argument, NULL, 'p' },
 		{ "seed", required_argument, NULL, 's' },
+		{ "ram-budget-gb", required_argument, NULL, 'B' },
+		{ "ram-profile", required_argument, NULL, 'Q' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *model_dir = NULL, *tokens = NULL, *device = "cpu", *place = NULL;
+	const char *ram = NULL, *ram_prof = NULL;
 	int sim = -1, simbad = 0;
 	char *simend;
 	long long max_new = 16;
@@ -77,6 +85,8 @@ int moet_cli_generate(int argc, char **argv)
 		case 'k': sp.top_k = strtoll(optarg, &end, 10); bad |= *end != 0; break;
 		case 'p': sp.top_p = strtod(optarg, &end); bad |= *end != 0; break;
 		case 's': sp.seed = strtoull(optarg, &end, 10); bad |= *end != 0; break;
+		case 'B': ram = optarg; break;
+		case 'Q': ram_prof = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -100,6 +110,8 @@ int moet_cli_generate(int argc, char **argv)
 		rc = moet_model_open_on(model_dir, device, &m);
 	if (!rc && place)
 		rc = moet_cli_apply_placement(m, place, sim, NULL);
+	if (!rc && ram)
+		rc = moet_cli_apply_ram_budget(m, ram, ram_prof);
 	if (!rc && !(out = malloc((size_t)max_new * sizeof(*out))))
 		rc = moet_err(MOET_ENOMEM, "output ids");
 	if (!rc)
@@ -109,6 +121,7 @@ int moet_cli_generate(int argc, char **argv)
 		for (int64_t i = 0; i < n_out; i++)
 			printf("%s%lld", i ? "," : "", (long long)out[i]);
 		printf("\n");
+		moet_cli_ram_report(m, stderr);
 	}
 	free(out);
 	free(prompt);

@@ -14,7 +14,8 @@
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: moet-hybrid logits --model DIR --tokens ID,ID,... --out FILE.npy\n"
-		   "       [--device cpu|cuda] [--placement FILE [--sim-devices N]]\n\n"
+		   "       [--device cpu|cuda] [--placement FILE [--sim-devices N]]\n"
+		   "       [--ram-budget-gb G [--ram-profile FILE]]\n\n"
 		   "Runs the tokens as one sequence (positions 0..T-1) and writes the logits of\n"
 		   "every position as a float32 NumPy array of shape [T, vocab_size].\n\n"
 		   "  --model DIR     checkpoint directory (config.json + safetensors shards)\n"
@@ -22,6 +23,10 @@ static void usage(FILE *f)
 		   "  --placement F   expert placement file (docs/placement.md); on --device cpu\n"
 		   "                  its GPUs are simulated devices (results do not change)\n"
 		   "  --sim-devices N simulated devices (default: the placement's GPU count)\n"
+		   "  --ram-budget-gb G  keep the CPU tier's experts on disk behind G GiB of RAM\n"
+		   "                  slots (or G%% of the tier), read by io_uring; results do\n"
+		   "                  not change (docs/io-uring.md)\n"
+		   "  --ram-profile F routing profile for the tier's admission and eviction\n"
 		   "  --tokens IDS    token ids, comma-separated\n"
 		   "  --out FILE      output .npy file\n");
 }
@@ -35,11 +40,13 @@ int moet_cli_logits(int argc, char **argv)
 		{ "sim-devices", required_argument, NULL, 'N' },
 		{ "tokens", required_argument, NULL, 't' },
 		{ "out", required_argument, NULL, 'o' },
+		{ "ram-budget-gb", required_argument, NULL, 'B' },
+		{ "ram-profile", required_argument, NULL, 'Q' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *model_dir = NULL, *tokens = NULL, *out_path = NULL, *device = "cpu";
-	const char *place = NULL;
+	const char *place = NULL, *ram = NULL, *ram_prof = NULL;
 	int sim = -1, simbad = 0;
 	char *simend;
 	int c;
@@ -52,6 +59,8 @@ int moet_cli_logits(int argc, char **argv)
 		case 'N': sim = (int)strtol(optarg, &simend, 10); simbad |= *simend || sim < 0; break;
 		case 't': tokens = optarg; break;
 		case 'o': out_path = optarg; break;
+		case 'B': ram = optarg; break;
+		case 'Q': ram_prof = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -72,6 +81,8 @@ int moet_cli_logits(int argc, char **argv)
 		rc = moet_model_open_on(model_dir, device, &m);
 	if (!rc && place)
 		rc = moet_cli_apply_placement(m, place, sim, NULL);
+	if (!rc && ram)
+		rc = moet_cli_apply_ram_budget(m, ram, ram_prof);
 	if (!rc)
 		rc = moet_kv_create(m, n, &kv);
 	const int64_t V = rc ? 0 : moet_model_config(m)->vocab_size;
@@ -82,6 +93,7 @@ int moet_cli_logits(int argc, char **argv)
 	if (!rc) {
 		int64_t shape[2] = { n, V };
 		rc = moet_npy_write(out_path, MOET_DT_F32, 2, shape, logits);
+		moet_cli_ram_report(m, stderr);
 	}
 	free(logits);
 	free(ids);

@@ -3,6 +3,7 @@
  */
 #include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,6 +11,9 @@
 #include "moet_err.h"
 #include "moet_model.h"
 #include "moet_placement.h"
+#include "moet_profile.h"
+#include "moet_uring.h"
+#include "moet_xtier.h"
 
 int moet_cli_parse_tokens(const char *s, int64_t **out, int64_t *out_n)
 {
@@ -58,4 +62,63 @@ int moet_cli_apply_placement(moet_model *m, const char *path, int sim_devices,
 	moet_placement_free(pl);
 	moet_placement_sizes_free(sz);
 	return rc;
+}
+
+int moet_cli_apply_ram_budget(moet_model *m, const char *value, const char *profile_path)
+{
+	char *end;
+	errno = 0;
+	double v = strtod(value, &end);
+	int pct = *end == '%';
+	if (end == value || errno || (*end && !pct) || (pct && end[1]) || !(v > 0) ||
+	    (pct && v > 100) || v > 1e9)
+		return moet_err(MOET_EINVAL, "--ram-budget-gb '%s': a size in GiB (2^30 bytes) "
+				"above 0, or a share of the CPU tier such as 50%%", value);
+	moet_xtier_stats plan;
+	moet_profile *prof = NULL;
+	int rc = moet_xtier_plan(m, &plan);
+	if (!rc && profile_path)
+		rc = moet_profile_load(profile_path, &prof);
+	size_t bytes = pct ? (size_t)(v / 100.0 * (double)plan.tier_experts) * plan.slot_bytes
+			   : (size_t)(v * (double)(1ull << 30));
+	if (!rc && pct && bytes < plan.slot_bytes)
+		bytes = plan.slot_bytes;
+	if (!rc)
+		rc = moet_model_set_ram_budget(m, bytes, prof);
+	moet_profile_free(prof);
+	if (rc)
+		return rc;
+	moet_xtier *x = moet_model_xtier(m);
+	moet_xtier_stats st;
+	moet_xtier_stats_get(x, &st);
+	const char *note = moet_uring_note(moet_xtier_reader(x));
+	fprintf(stderr, "NVMe tier: %.3f GiB: %lld slots of %zu bytes for %lld CPU-tier experts "
+		"(%.1f%%, %.3f GiB on disk), %s reads, %s slots, warm fill %llu experts in %.3f s"
+		"%s%s\n", (double)bytes / (double)(1ull << 30), (long long)st.n_slots,
+		st.slot_bytes, (long long)st.tier_experts,
+		st.tier_experts ? 100.0 * (double)st.n_slots / (double)st.tier_experts : 0.0,
+		(double)st.tier_bytes / (double)(1ull << 30), st.direct ? "O_DIRECT" : "buffered",
+		st.registered ? "registered" : "unregistered", (unsigned long long)st.warm_reads,
+		(double)st.warm_ns * 1e-9, note[0] ? "; " : "", note);
+	return 0;
+}
+
+void moet_cli_ram_report(const moet_model *m, FILE *f)
+{
+	moet_xtier *x = moet_model_xtier(m);
+	if (!x)
+		return;
+	moet_xtier_stats st;
+	moet_xtier_stats_get(x, &st);
+	double look = st.lookups ? (double)st.lookups : 1, act = st.actual ? (double)st.actual : 1;
+	fprintf(f, "NVMe tier: hit rate %.3f (%llu hits, %llu late, %llu misses of %llu), "
+		"predictor recall %.3f (chance %.3f, %llu predicted), %llu prefetched (%llu used), "
+		"%.1f MB read, %.3f s waiting, %llu read errors\n",
+		(double)(st.hits + st.late_hits) / look, (unsigned long long)st.hits,
+		(unsigned long long)st.late_hits, (unsigned long long)st.misses,
+		(unsigned long long)st.lookups, (double)st.predicted_hits / act,
+		(double)st.chance_hits_x1e6 / 1e6 / act, (unsigned long long)st.predicted,
+		(unsigned long long)st.prefetch_reads, (unsigned long long)st.prefetch_used,
+		(double)st.bytes_read * 1e-6, (double)st.wait_ns * 1e-9,
+		(unsigned long long)st.read_errors);
 }

@@ -8,6 +8,10 @@
  * a private copy of its experts' bytes); with --device cuda the reference run has every
  * expert on the GPU and the placement's GPU 0 is that GPU, the rest of the experts computed
  * by the hybrid engine's CPU tier (one GPU so far).
+ *
+ * With --ram-budget-gb the run under test also keeps the CPU tier behind the NVMe expert tier
+ * (io_uring reads into RAM slots, runtime/moet_xtier.h); the reference has no budget. The
+ * placement is then optional (without it the CPU tier is every expert, CPU backend).
  */
 #include <getopt.h>
 #include <stdint.h>
@@ -24,7 +28,8 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: moet-hybrid verify --model DIR --placement FILE [--device cpu|cuda] "
 		   "[--sim-devices N]\n"
-		   "                          [--prompts N] [--len N] [--steps N] [--seed S]\n\n"
+		   "                          [--prompts N] [--len N] [--steps N] [--seed S]\n"
+		   "                          [--ram-budget-gb G [--ram-profile FILE]]\n\n"
 		   "Runs N synthetic prompts (token ids from the seed) through prefill and decode\n"
 		   "steps with the placement and without it, at batch size 1 (one call per\n"
 		   "sequence) and N (all sequences in one call), and compares every logit bit for\n"
@@ -36,7 +41,11 @@ static void usage(FILE *f)
 		   "  --sim-devices N   how many simulated devices (default: the file's GPU count;\n"
 		   "                    must be at least that)\n"
 		   "  --prompts N       sequences (default 4)   --len N  prompt length (default 12)\n"
-		   "  --steps N         decode steps (default 4) --seed S  token seed (default 1)\n");
+		   "  --steps N         decode steps (default 4) --seed S  token seed (default 1)\n"
+		   "  --ram-budget-gb G the run under test keeps the CPU tier on disk behind G GiB\n"
+		   "                    of RAM slots (or G%% of the tier; docs/io-uring.md); with\n"
+		   "                    it --placement is optional\n"
+		   "  --ram-profile F   routing profile for the tier's admission and eviction\n");
 }
 
 typedef struct vopts {
@@ -94,10 +103,12 @@ int moet_cli_verify(int argc, char **argv)
 		{ "len", required_argument, NULL, 'L' },
 		{ "steps", required_argument, NULL, 'S' },
 		{ "seed", required_argument, NULL, 's' },
+		{ "ram-budget-gb", required_argument, NULL, 'B' },
+		{ "ram-profile", required_argument, NULL, 'Q' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	const char *model_dir = NULL, *place = NULL, *device = "cpu";
+	const char *model_dir = NULL, *place = NULL, *device = "cpu", *ram = NULL, *ram_prof = NULL;
 	vopts o = { 4, 12, 4, 1 };
 	int sim = -1, c, bad = 0;
 	char *end;
@@ -112,11 +123,13 @@ int moet_cli_verify(int argc, char **argv)
 		case 'L': o.len = (int)strtol(optarg, &end, 10); bad |= *end; break;
 		case 'S': o.steps = (int)strtol(optarg, &end, 10); bad |= *end; break;
 		case 's': o.seed = strtoull(optarg, &end, 10); bad |= *end != 0; break;
+		case 'B': ram = optarg; break;
+		case 'Q': ram_prof = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
-	if (!model_dir || !place) {
+	if (!model_dir || (!place && !ram)) {
 		usage(stderr);
 		return 2;
 	}
@@ -132,9 +145,9 @@ int moet_cli_verify(int argc, char **argv)
 	int rc = moet_model_open_on(model_dir, device, &m), differ = 0;
 	if (!rc)
 		rc = moet_placement_sizes_from_ckpt(moet_model_config(m), moet_model_ckpt(m), &sz);
-	if (!rc)
+	if (!rc && place)
 		rc = moet_placement_load(place, moet_model_config(m), sz, &pl);
-	int n_dev = rc ? 0 : moet_placement_n_gpus(pl);
+	int n_dev = rc || !pl ? 0 : moet_placement_n_gpus(pl);
 	if (!rc && sim >= 0 && sim < n_dev)
 		rc = moet_err(MOET_EINVAL, "--sim-devices %d: the placement names %d GPUs", sim,
 			      n_dev);
@@ -145,8 +158,10 @@ int moet_cli_verify(int argc, char **argv)
 	if (!rc && (!(ref = malloc(n_log * sizeof(float))) || !(got = malloc(n_log * sizeof(float)))))
 		rc = moet_err(MOET_ENOMEM, "logits");
 	for (int batched = 0; !rc && batched < 2; batched++) {
-		if ((rc = moet_model_set_placement(m, NULL, 0)) || (rc = run_all(m, &o, batched, ref)) ||
-		    (rc = moet_model_set_placement(m, moet_placement_owners(pl), n_dev)) ||
+		if ((rc = moet_model_set_ram_budget(m, 0, NULL)) ||
+		    (rc = moet_model_set_placement(m, NULL, 0)) || (rc = run_all(m, &o, batched, ref)) ||
+		    (pl && (rc = moet_model_set_placement(m, moet_placement_owners(pl), n_dev))) ||
+		    (ram && (rc = moet_cli_apply_ram_budget(m, ram, ram_prof))) ||
 		    (rc = run_all(m, &o, batched, got)))
 			break;
 		size_t first = n_log;
@@ -174,6 +189,7 @@ int moet_cli_verify(int argc, char **argv)
 			       moet_placement_gpu_at(pl, g)->name : "sim",
 			       total ? 100.0 * (double)cnt[1 + g] / (double)total : 0);
 		printf(" of %llu\n", (unsigned long long)total);
+		moet_cli_ram_report(m, stdout);
 	}
 	free(ref);
 	free(got);
