@@ -37,7 +37,7 @@ typedef struct cpu_be {
 	int max_jobs;
 	float *scratch;
 	size_t scratch_elems;
-	moet_rows rows;       /* the current batch's row table */
+	moet_rows rows[2];    /* the current batch's row tables (a slot per micro-batch) */
 } cpu_be;
 
 static cpu_be *impl(moet_backend *be)
@@ -62,8 +62,10 @@ static void cpu_destroy(moet_backend *be)
 {
 	cpu_be *c = impl(be);
 	moet_cpuexec_destroy(c->ex);
-	free(c->rows.info);
-	free(c->rows.tokens);
+	for (int i = 0; i < 2; i++) {
+		free(c->rows[i].info);
+		free(c->rows[i].tokens);
+	}
 	free(c->scratch);
 	free(c);
 }
@@ -107,10 +109,13 @@ static int cpu_bind_vec(moet_backend *be, const float *host, int64_t n, const fl
 	return 0;
 }
 
-static int cpu_prepare_rows(moet_backend *be, const moet_rowinfo *rows, const int64_t *tokens,
-			    int64_t n, int64_t n_layers, const moet_rows **out)
+static int cpu_prepare_rows(moet_backend *be, int slot, const moet_rowinfo *rows,
+			    const int64_t *tokens, int64_t n, int64_t n_layers,
+			    const moet_rows **out)
 {
-	moet_rows *r = &impl(be)->rows;
+	if (slot < 0 || slot > 1)
+		return moet_err(MOET_EINVAL, "row table slot %d (0 or 1)", slot);
+	moet_rows *r = &impl(be)->rows[slot];
 	(void)n_layers;
 	if (n > r->cap) {
 		moet_rowinfo *ni = realloc(r->info, (size_t)n * sizeof(*ni));

@@ -40,10 +40,10 @@ typedef struct cuda_be {
 	int device;
 	void **owned;        /* bound weights and vectors */
 	int n_owned, cap_owned;
-	moet_rows rows;
-	void *rows_dev;      /* one device block behind rows */
-	size_t rows_bytes;
-	void *host_stage;    /* host staging of the row block */
+	moet_rows rows[2];   /* per slot (the micro-batches of a pass) */
+	void *rows_dev[2];   /* one device block behind each slot's rows */
+	size_t rows_bytes[2];
+	void *host_stage[2]; /* host staging of the row block */
 	void *scratch;       /* expert h rows */
 	size_t scratch_bytes;
 	int32_t *pair_tok;   /* device [cap_pairs]: the token of each grouped pair */
@@ -78,8 +78,10 @@ static void cu_destroy(moet_backend *be)
 	for (int i = 0; i < c->n_owned; i++)
 		moet_gpu_free(c->owned[i]);
 	free(c->owned);
-	moet_gpu_free(c->rows_dev);
-	free(c->host_stage);
+	for (int i = 0; i < 2; i++) {
+		moet_gpu_free(c->rows_dev[i]);
+		free(c->host_stage[i]);
+	}
 	moet_gpu_free(c->scratch);
 	moet_gpu_free(c->pair_tok);
 	moet_gpu_free(c->iota);
@@ -199,28 +201,31 @@ static int cu_bind_vec(moet_backend *be, const float *host, int64_t n, const flo
 	return rc;
 }
 
-static int cu_prepare_rows(moet_backend *be, const moet_rowinfo *rows, const int64_t *tokens,
-			   int64_t n, int64_t n_layers, const moet_rows **out)
+static int cu_prepare_rows(moet_backend *be, int slot, const moet_rowinfo *rows,
+			   const int64_t *tokens, int64_t n, int64_t n_layers,
+			   const moet_rows **out)
 {
 	cuda_be *c = impl(be);
+	if (slot < 0 || slot > 1)
+		return moet_err(MOET_EINVAL, "row table slot %d (0 or 1)", slot);
 	/* layout of the block: tok[n] pos[n] (int32, padded to 8 bytes) kbase[L][n] vbase[L][n] */
 	size_t ints = ((size_t)(2 * n) * sizeof(int32_t) + 7) & ~(size_t)7;
 	size_t bytes = ints + (size_t)(2 * n_layers * n) * sizeof(float *);
 	int rc;
-	if (bytes > c->rows_bytes) {
-		void *stage = realloc(c->host_stage, bytes);
+	if (bytes > c->rows_bytes[slot]) {
+		void *stage = realloc(c->host_stage[slot], bytes);
 		if (!stage)
 			return moet_err(MOET_ENOMEM, "row table staging");
-		c->host_stage = stage;
-		moet_gpu_free(c->rows_dev);
-		c->rows_dev = NULL;
-		c->rows_bytes = 0;
-		if ((rc = moet_gpu_alloc(bytes, &c->rows_dev)))
+		c->host_stage[slot] = stage;
+		moet_gpu_free(c->rows_dev[slot]);
+		c->rows_dev[slot] = NULL;
+		c->rows_bytes[slot] = 0;
+		if ((rc = moet_gpu_alloc(bytes, &c->rows_dev[slot])))
 			return rc;
-		c->rows_bytes = bytes;
+		c->rows_bytes[slot] = bytes;
 	}
-	int32_t *tok = c->host_stage, *pos = tok + n;
-	float **kb = (float **)((char *)c->host_stage + ints), **vb = kb + n_layers * n;
+	int32_t *tok = c->host_stage[slot], *pos = tok + n;
+	float **kb = (float **)((char *)c->host_stage[slot] + ints), **vb = kb + n_layers * n;
 	for (int64_t t = 0; t < n; t++) {
 		tok[t] = (int32_t)tokens[t];
 		pos[t] = (int32_t)rows[t].pos;
@@ -229,12 +234,12 @@ static int cu_prepare_rows(moet_backend *be, const moet_rowinfo *rows, const int
 			vb[l * n + t] = rows[t].v + l * rows[t].v_layer;
 		}
 	}
-	if ((rc = moet_gpu_copy_h2d(c->rows_dev, c->host_stage, bytes)))
+	if ((rc = moet_gpu_copy_h2d(c->rows_dev[slot], c->host_stage[slot], bytes)))
 		return rc;
-	moet_rows *r = &c->rows;
-	r->tok = c->rows_dev;
+	moet_rows *r = &c->rows[slot];
+	r->tok = c->rows_dev[slot];
 	r->pos = r->tok + n;
-	r->kbase = (float **)((char *)c->rows_dev + ints);
+	r->kbase = (float **)((char *)c->rows_dev[slot] + ints);
 	r->vbase = r->kbase + n_layers * n;
 	r->n = n;
 	*out = r;

@@ -75,7 +75,8 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 	const int64_t L = c->num_hidden_layers, E = c->n_routed_experts;
 	int rc = 0;
 	if (m->hy) {
-		moet_hybrid_cpu_finish(m->hy, m->be);
+		for (int i = 0; i < MOET_HYBRID_SLOTS; i++)
+			moet_hybrid_cpu_finish(m->hy, i, m->be);
 		moet_hybrid_destroy(m->hy, m->be);
 		m->hy = NULL;
 	}
@@ -165,8 +166,11 @@ fail:
 void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset)
 {
 	moet_hybrid_get_stats(m->hy, out);
-	if (reset)
+	out->split_passes = m->split_passes;
+	if (reset) {
 		moet_hybrid_reset_stats(m->hy);
+		m->split_passes = 0;
+	}
 }
 
 int moet_model_set_hybrid_overlap(moet_model *m, int on)
@@ -269,9 +273,9 @@ static int cpu_tier_xtier(moet_model *m, int64_t l, int64_t cnt, int64_t top_k, 
 		const moet_ffn_w *xt;
 		rc = moet_xtier_acquire(m->xtier, l, m->tier_list + q, cnt - q, &xt, &got);
 		if (!rc)
-			rc = moet_hybrid_cpu_begin(m->hy, m->be, xt, m->tier_list + q, got, top_k, h,
-						   n, y + q * H);
-		int rf = moet_hybrid_cpu_finish(m->hy, m->be);
+			rc = moet_hybrid_cpu_begin(m->hy, m->mb_slot, m->be, xt, m->tier_list + q,
+						   got, top_k, h, n, y + q * H);
+		int rf = moet_hybrid_cpu_finish(m->hy, m->mb_slot, m->be);
 		if (!rc)
 			rc = rf;
 		moet_xtier_release(m->xtier, l);
@@ -321,8 +325,8 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 	}
 	if (cpu_cnt) {
 		rc = m->xtier ? cpu_tier_xtier(m, l, cpu_cnt, k, h, n, y + cpu_row * c->hidden_size)
-			      : moet_hybrid_cpu_begin(m->hy, m->be, lw->experts_host, m->tier_list,
-						      cpu_cnt, k, h, n,
+			      : moet_hybrid_cpu_begin(m->hy, m->mb_slot, m->be, lw->experts_host,
+						      m->tier_list, cpu_cnt, k, h, n,
 						      y + cpu_row * c->hidden_size);
 		if (rc)
 			return rc;
@@ -349,6 +353,6 @@ int moet_moe_dispatch_finish(moet_model *m)
 		if (!rc)
 			rc = r;
 	}
-	int r = m->hy ? moet_hybrid_cpu_finish(m->hy, m->be) : 0;
+	int r = m->hy ? moet_hybrid_cpu_finish(m->hy, m->mb_slot, m->be) : 0;
 	return rc ? rc : r;
 }

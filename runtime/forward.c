@@ -29,9 +29,8 @@ static int64_t imax(int64_t a, int64_t b)
 	return a > b ? a : b;
 }
 
-void moet_model_free_bufs(moet_model *m)
+static void free_bufs(moet_model *m, moet_fwd_bufs *b)
 {
-	moet_fwd_bufs *b = &m->bufs;
 	void *p[] = { b->x, b->h, b->q, b->qa, b->kva, b->kvb, b->attn, b->out, b->rlogits,
 		      b->rw, b->y, b->shared, b->logits, b->ids, b->slot };
 	for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++)
@@ -40,17 +39,22 @@ void moet_model_free_bufs(moet_model *m)
 	memset(b, 0, sizeof(*b));
 }
 
-/* Grows the pass's buffers to n rows (never shrinks: the next batch likely is as large). */
-static int ensure_bufs(moet_model *m, int64_t n)
+void moet_model_free_bufs(moet_model *m)
+{
+	for (int i = 0; i < 2; i++)
+		free_bufs(m, &m->bufs[i]);
+}
+
+/* Grows a buffer set to n rows (never shrinks: the next batch likely is as large). */
+static int ensure_bufs(moet_model *m, moet_fwd_bufs *b, int64_t n)
 {
 	const moet_config *c = &m->cfg;
-	moet_fwd_bufs *b = &m->bufs;
 	const int64_t H = c->hidden_size, nh = c->num_attention_heads;
 	const int64_t qk = moet_config_qk_head_dim(c), k = imax(c->num_experts_per_tok, 1);
 	const int64_t E = imax(c->n_routed_experts, 1);
 	if (n <= b->cap_rows)
 		return 0;
-	moet_model_free_bufs(m);
+	free_bufs(m, b);
 	const struct { void **p; int64_t elems; size_t size; } want[] = {
 		{ (void **)&b->x, n * H, 4 },
 		{ (void **)&b->h, n * H, 4 },
@@ -71,7 +75,7 @@ static int ensure_bufs(moet_model *m, int64_t n)
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
 		int rc = m->be->ops->alloc(m->be, (size_t)want[i].elems * want[i].size, want[i].p);
 		if (rc) {
-			moet_model_free_bufs(m);
+			free_bufs(m, b);
 			return moet_err_prefix(rc, "forward buffers for %lld rows", (long long)n);
 		}
 	}
@@ -120,7 +124,7 @@ static int attention(moet_model *m, int64_t l, int64_t n, const moet_rows *rows)
 	const moet_layer_w *lw = &m->layers[l];
 	const moet_backend_ops *op = m->be->ops;
 	moet_backend *be = m->be;
-	moet_fwd_bufs *b = &m->bufs;
+	moet_fwd_bufs *b = m->cur;
 	const int64_t H = c->hidden_size, nh = c->num_attention_heads;
 	const int64_t nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim;
 	const int64_t qk = nope + rope, kva_w = c->kv_lora_rank + rope;
@@ -167,12 +171,13 @@ static int observe_routes(moet_model *m, int64_t l, int64_t n, const moet_seq_st
 	float *wts = malloc((size_t)(n * k) * sizeof(*wts));
 	int rc = (!ids || !wts) ? moet_err(MOET_ENOMEM, "route observer copies") : 0;
 	if (!rc)
-		rc = m->be->ops->download(m->be, ids, m->bufs.ids, (size_t)(n * k) * sizeof(*ids));
+		rc = m->be->ops->download(m->be, ids, m->cur->ids, (size_t)(n * k) * sizeof(*ids));
 	if (!rc)
-		rc = m->be->ops->download(m->be, wts, m->bufs.rw, (size_t)(n * k) * sizeof(*wts));
+		rc = m->be->ops->download(m->be, wts, m->cur->rw, (size_t)(n * k) * sizeof(*wts));
 	for (int s = 0, t = 0; !rc && s < n_steps; s++)
 		for (int64_t i = 0; i < steps[s].n_tok; i++, t++) {
-			moet_route_event ev = { .layer = l, .seq = s, .pos = steps[s].kv->len + i,
+			moet_route_event ev = { .layer = l, .seq = m->mb_seq_base + s,
+						.pos = steps[s].kv->len + i,
 						.is_prefill = steps[s].n_tok > 1, .top_k = (int)k,
 						.ids = ids + t * k, .weights = wts + t * k };
 			m->route_fn(m->route_ctx, &ev);
@@ -182,15 +187,18 @@ static int observe_routes(moet_model *m, int64_t l, int64_t n, const moet_seq_st
 	return rc;
 }
 
-static int feed_forward(moet_model *m, int64_t l, int64_t n, const moet_seq_step *steps,
-			int n_steps)
+/* The feed-forward of layer l up to the point where the expert tiers run: a dense MLP
+ * completely; for a MoE layer router, selection, the dispatch (the CPU tier and other GPUs
+ * left running) and the shared experts. ff_finish completes it. */
+static int ff_start(moet_model *m, int64_t l, int64_t n, const moet_seq_step *steps,
+		    int n_steps)
 {
 	const moet_config *c = &m->cfg;
 	const moet_layer_w *lw = &m->layers[l];
 	const moet_backend_ops *op = m->be->ops;
 	moet_backend *be = m->be;
-	moet_fwd_bufs *b = &m->bufs;
-	const int64_t H = c->hidden_size, k = c->num_experts_per_tok;
+	moet_fwd_bufs *b = m->cur;
+	const int64_t H = c->hidden_size;
 	int rc;
 	if (!lw->is_moe)
 		return op->ffn(be, &lw->mlp, b->h, n, b->out);
@@ -201,11 +209,23 @@ static int feed_forward(moet_model *m, int64_t l, int64_t n, const moet_seq_step
 	TRY(moet_moe_dispatch(m, l, b->ids, n, b->h, b->y, b->slot));
 	/* the CPU tier may still run: the shared experts go on the backend meanwhile */
 	rc = lw->has_shared ? op->ffn(be, &lw->mlp, b->h, n, b->shared) : 0;
-	int rf = moet_moe_dispatch_finish(m);
-	if (rc || (rc = rf))
-		return rc;
-	return op->combine(be, b->y, b->slot, b->rw, k, lw->has_shared ? b->shared : NULL, n, H,
-			   b->out);
+	if (rc)
+		moet_moe_dispatch_finish(m);
+	return rc;
+}
+
+static int ff_finish(moet_model *m, int64_t l, int64_t n)
+{
+	const moet_config *c = &m->cfg;
+	const moet_layer_w *lw = &m->layers[l];
+	moet_fwd_bufs *b = m->cur;
+	const int64_t H = c->hidden_size, k = c->num_experts_per_tok;
+	int rc;
+	if (!lw->is_moe)
+		return 0;
+	TRY(moet_moe_dispatch_finish(m));
+	return m->be->ops->combine(m->be, b->y, b->slot, b->rw, k,
+				   lw->has_shared ? b->shared : NULL, n, H, b->out);
 }
 
 /* Final norm and lm_head for the rows that want logits, downloaded into each step. */
@@ -214,7 +234,7 @@ static int logits_out(moet_model *m, int64_t n, const moet_seq_step *steps, int 
 	const moet_config *c = &m->cfg;
 	const moet_backend_ops *op = m->be->ops;
 	moet_backend *be = m->be;
-	moet_fwd_bufs *b = &m->bufs;
+	moet_fwd_bufs *b = m->cur;
 	const int64_t H = c->hidden_size, V = c->vocab_size;
 	int64_t n_sel = 0;
 	int rc;
@@ -245,57 +265,149 @@ static int logits_out(moet_model *m, int64_t n, const moet_seq_step *steps, int 
 	return 0;
 }
 
+/* One micro-batch of a pass: its entries, rows, row table, buffers and dispatch slot. */
+typedef struct mb_pass {
+	const moet_seq_step *steps;
+	int n_steps, seq_base, slot;
+	int64_t n;
+	const moet_rows *rows;
+	moet_fwd_bufs *b;
+} mb_pass;
+
+static void use(moet_model *m, const mb_pass *p)
+{
+	m->cur = p->b;
+	m->mb_slot = p->slot;
+	m->mb_seq_base = p->seq_base;
+}
+
+/* Row table and embedding of a micro-batch. */
+static int mb_begin(moet_model *m, mb_pass *p)
+{
+	const moet_config *c = &m->cfg;
+	moet_rowinfo *rows = malloc((size_t)p->n * sizeof(*rows));
+	int64_t *tok = malloc((size_t)p->n * sizeof(*tok));
+	int rc = (!rows || !tok) ? moet_err(MOET_ENOMEM, "row table of %lld rows",
+					    (long long)p->n) : 0;
+	for (int s = 0, t = 0; !rc && s < p->n_steps; s++) {
+		const moet_kv *kv = p->steps[s].kv;
+		for (int64_t i = 0; i < p->steps[s].n_tok; i++, t++) {
+			rows[t] = (moet_rowinfo){ kv->k, kv->v, kv->max_tokens * kv->k_row,
+						  kv->max_tokens * kv->v_row, kv->len + i };
+			tok[t] = p->steps[s].tokens[i];
+		}
+	}
+	if (!rc)
+		rc = ensure_bufs(m, p->b, p->n);
+	if (!rc)
+		rc = m->be->ops->prepare_rows(m->be, p->slot, rows, tok, p->n, c->num_hidden_layers,
+					      &p->rows);
+	if (!rc)
+		rc = m->be->ops->embed(m->be, &m->embed, p->rows, p->n, p->b->x);
+	free(rows);
+	free(tok);
+	return rc;
+}
+
+/* Layer l of a micro-batch up to the running expert tiers (stage 1) ... */
+static int mb_stage1(moet_model *m, const mb_pass *p, int64_t l)
+{
+	const moet_config *c = &m->cfg;
+	const moet_layer_w *lw = &m->layers[l];
+	const moet_backend_ops *op = m->be->ops;
+	const int64_t H = c->hidden_size, n = p->n;
+	moet_fwd_bufs *b = p->b;
+	int rc;
+	use(m, p);
+	TRY(op->rmsnorm(m->be, b->x, H, lw->in_norm, n, H, c->rms_norm_eps, b->h, H));
+	TRY(attention(m, l, n, p->rows));
+	TRY(op->add(m->be, b->x, b->out, n * H));
+	TRY(op->rmsnorm(m->be, b->x, H, lw->post_norm, n, H, c->rms_norm_eps, b->h, H));
+	return ff_start(m, l, n, p->steps, p->n_steps);
+}
+
+/* ... and from there to the layer's output (stage 2). */
+static int mb_stage2(moet_model *m, const mb_pass *p, int64_t l)
+{
+	int rc;
+	use(m, p);
+	TRY(ff_finish(m, l, p->n));
+	TRY(m->be->ops->add(m->be, p->b->x, p->b->out, p->n * m->cfg.hidden_size));
+	if (m->xtier) /* the next MoE layer's experts, predicted from x, read ahead */
+		moet_xtier_prefetch(m->xtier, l, p->b->x, p->n);
+	return 0;
+}
+
+/* Two micro-batches when a placement leaves experts to the CPU tier and the batch has at least
+ * two entries (MOET_MICROBATCH=0 turns it off): split by entries at half the rows. */
+static int split_point(const moet_model *m, const moet_seq_step *steps, int n_steps, int64_t n)
+{
+	const char *env = getenv("MOET_MICROBATCH");
+	if (!m->hy || m->remote || n_steps < 2 || (env && !strcmp(env, "0")))
+		return n_steps;
+	int64_t rows = 0;
+	int k = 0;
+	while (k < n_steps - 1 && 2 * (rows + steps[k].n_tok) <= n)
+		rows += steps[k++].n_tok;
+	return k == 0 ? 1 : k;
+}
+
+/*
+ * NOTE: with two micro-batches A and B the layers interleave as
+ *   A1(0) B1(0) A2(0) A1(1) B2(0) B1(1) A2(1) A1(2) ...   (1: up to the expert tiers, 2: rest)
+ * so that while the CPU tier computes one micro-batch's experts of layer l, the driving thread
+ * queues the other's attention, router and GPU experts: CPU and GPU busy at once. Rows are
+ * independent, so the bits equal those of one pass (tests: test_hybrid_sim, test_gpu_hybrid).
+ */
 int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_steps)
 {
 	const moet_config *c = &m->cfg;
-	const moet_backend_ops *op = m->be->ops;
-	moet_backend *be = m->be;
-	const int64_t H = c->hidden_size;
+	const int64_t L = c->num_hidden_layers;
 	int64_t n = 0;
 	int rc = check_batch(m, steps, n_steps, &n);
 	if (rc || n == 0)
 		return rc;
-	TRY(ensure_bufs(m, n));
 	if (m->experts_unbound && !m->owner)
 		TRY(moet_model_bind_experts(m, NULL));
-	moet_fwd_bufs *b = &m->bufs;
-	moet_rowinfo *rows = malloc((size_t)n * sizeof(*rows));
-	int64_t *tok = malloc((size_t)n * sizeof(*tok));
-	if (!rows || !tok) {
-		rc = moet_err(MOET_ENOMEM, "row table of %lld rows", (long long)n);
-		goto out;
-	}
-	for (int s = 0, t = 0; s < n_steps; s++) {
-		const moet_kv *kv = steps[s].kv;
-		for (int64_t i = 0; i < steps[s].n_tok; i++, t++) {
-			rows[t] = (moet_rowinfo){ kv->k, kv->v, kv->max_tokens * kv->k_row,
-						  kv->max_tokens * kv->v_row, kv->len + i };
-			tok[t] = steps[s].tokens[i];
+	const int k = split_point(m, steps, n_steps, n);
+	mb_pass p[2] = { { .steps = steps, .n_steps = k, .seq_base = 0, .slot = 0,
+			   .b = &m->bufs[0] },
+			 { .steps = steps + k, .n_steps = n_steps - k, .seq_base = k, .slot = 1,
+			   .b = &m->bufs[1] } };
+	const int n_mb = k < n_steps ? 2 : 1;
+	m->split_passes += n_mb == 2;
+	for (int i = 0; i < n_mb; i++)
+		for (int s = 0; s < p[i].n_steps; s++)
+			p[i].n += p[i].steps[s].n_tok;
+	for (int i = 0; i < n_mb && !rc; i++)
+		rc = mb_begin(m, &p[i]);
+	if (n_mb == 1) {
+		for (int64_t l = 0; l < L && !rc; l++)
+			if (!(rc = mb_stage1(m, &p[0], l)))
+				rc = mb_stage2(m, &p[0], l);
+	} else {
+		if (!rc)
+			rc = mb_stage1(m, &p[0], 0);
+		for (int64_t l = 0; l < L && !rc; l++) {
+			if ((rc = mb_stage1(m, &p[1], l)) || (rc = mb_stage2(m, &p[0], l)) ||
+			    (l + 1 < L && (rc = mb_stage1(m, &p[0], l + 1))))
+				break;
+			rc = mb_stage2(m, &p[1], l);
 		}
 	}
-	const moet_rows *brows = NULL;
-	if ((rc = op->prepare_rows(be, rows, tok, n, c->num_hidden_layers, &brows)) ||
-	    (rc = op->embed(be, &m->embed, brows, n, b->x)))
-		goto out;
-	for (int64_t l = 0; l < c->num_hidden_layers && !rc; l++) {
-		const moet_layer_w *lw = &m->layers[l];
-		if ((rc = op->rmsnorm(be, b->x, H, lw->in_norm, n, H, c->rms_norm_eps, b->h, H)) ||
-		    (rc = attention(m, l, n, brows)) || (rc = op->add(be, b->x, b->out, n * H)) ||
-		    (rc = op->rmsnorm(be, b->x, H, lw->post_norm, n, H, c->rms_norm_eps, b->h, H)) ||
-		    (rc = feed_forward(m, l, n, steps, n_steps)) ||
-		    (rc = op->add(be, b->x, b->out, n * H)))
-			goto out;
-		if (m->xtier) /* the next MoE layer's experts, predicted from x, read ahead */
-			moet_xtier_prefetch(m->xtier, l, b->x, n);
+	for (int i = 0; rc && i < n_mb; i++) { /* nothing left running on a failure */
+		use(m, &p[i]);
+		moet_moe_dispatch_finish(m);
 	}
-	if ((rc = logits_out(m, n, steps, n_steps)))
-		goto out;
+	for (int i = 0; i < n_mb && !rc; i++) {
+		use(m, &p[i]);
+		rc = logits_out(m, p[i].n, p[i].steps, p[i].n_steps);
+	}
+	if (rc)
+		return rc;
 	for (int s = 0; s < n_steps; s++)
 		steps[s].kv->len += steps[s].n_tok;
-out:
-	free(rows);
-	free(tok);
-	return rc;
+	return 0;
 }
 
 int moet_model_forward(moet_model *m, moet_kv *kv, const int64_t *tokens, int64_t n_tok,

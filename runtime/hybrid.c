@@ -16,6 +16,8 @@
  *
  * Staging buffers and the job table grow to the largest batch seen and are kept: after the
  * first step of a given size nothing is allocated (ARCHITECTURE.md: nothing per token).
+ * MOET_HYBRID_SLOTS calls may be in flight at once, one per slot (forward.c's micro-batches);
+ * the executor runs their batches in submission order.
  *
  * NOTE: the team is the executor of cpu/exec.c made for this model (MOET_CPU_THREADS, else
  * every core but one on a GPU backend: the thread that drives the GPU needs a core too). On
@@ -35,14 +37,11 @@
 #define HY_MAX_JOBS 256  /* jobs per executor batch */
 #define HY_MAX_PENDING 8 /* batches in flight */
 
-struct moet_hybrid {
-	moet_cpuexec *ex;         /* NULL: compute on the calling thread */
-	const moet_cpu_kernels *kern;
-	int overlap;              /* 0: begin waits (MOET_HYBRID_OVERLAP=0) */
+/* One call of the tier: a micro-batch of the pass (forward.c pipelines two). */
+typedef struct hy_call {
 	float *h_stage;           /* [cap_rows][H] host_alloc */
 	float *y_stage;           /* [cap_pairs][H] host_alloc */
-	float *scratch;           /* [HY_MAX_TOK][max_inter] (calling-thread path) */
-	int64_t cap_rows, cap_pairs, H, max_inter;
+	int64_t cap_rows, cap_pairs;
 	moet_cpuexec_job *jobs;   /* [cap_pairs] */
 	uint64_t tickets[HY_MAX_PENDING];
 	int n_tickets;
@@ -50,6 +49,15 @@ struct moet_hybrid {
 	int64_t pending;          /* pairs of the pending call */
 	uint64_t t_submit;        /* ns, begin's submit */
 	uint64_t t_done;          /* ns, the tier's end when begin saw it (serial), else 0 */
+} hy_call;
+
+struct moet_hybrid {
+	moet_cpuexec *ex;         /* NULL: compute on the calling thread */
+	const moet_cpu_kernels *kern;
+	int overlap;              /* 0: begin waits (MOET_HYBRID_OVERLAP=0) */
+	float *scratch;           /* [HY_MAX_TOK][max_inter] (calling-thread path) */
+	int64_t H, max_inter;
+	hy_call call[MOET_HYBRID_SLOTS];
 	moet_hybrid_stats st;
 };
 
@@ -90,7 +98,8 @@ int moet_hybrid_create(moet_backend *be, const moet_config *c, moet_hybrid **out
 	if (n_threads != 1) {
 		moet_cpuexec_opts o = { .node = MOET_TOPO_ALL_NODES, .n_threads = n_threads,
 					.max_tok = HY_MAX_TOK, .max_inter = hy->max_inter,
-					.max_jobs = HY_MAX_JOBS, .max_pending = HY_MAX_PENDING,
+					.max_jobs = HY_MAX_JOBS,
+					.max_pending = HY_MAX_PENDING * MOET_HYBRID_SLOTS,
 					.kernels = hy->kern };
 		if ((rc = moet_cpuexec_create(&o, &hy->ex))) {
 			rc = moet_err_prefix(rc, "hybrid engine: CPU expert executor");
@@ -114,55 +123,58 @@ void moet_hybrid_destroy(moet_hybrid *hy, moet_backend *be)
 	if (!hy)
 		return;
 	moet_cpuexec_destroy(hy->ex); /* finishes anything in flight first */
-	be->ops->host_free(be, hy->h_stage);
-	be->ops->host_free(be, hy->y_stage);
+	for (int i = 0; i < MOET_HYBRID_SLOTS; i++) {
+		be->ops->host_free(be, hy->call[i].h_stage);
+		be->ops->host_free(be, hy->call[i].y_stage);
+		free(hy->call[i].jobs);
+	}
 	free(hy->scratch);
-	free(hy->jobs);
 	free(hy);
 }
 
-static int grow(moet_hybrid *hy, moet_backend *be, int64_t rows, int64_t pairs)
+static int grow(const moet_hybrid *hy, hy_call *cl, moet_backend *be, int64_t rows,
+		int64_t pairs)
 {
 	const size_t row_bytes = (size_t)hy->H * sizeof(float);
 	int rc;
-	if (rows > hy->cap_rows) {
-		be->ops->host_free(be, hy->h_stage);
-		hy->h_stage = NULL;
-		hy->cap_rows = 0;
-		if ((rc = be->ops->host_alloc(be, (size_t)rows * row_bytes, (void **)&hy->h_stage)))
+	if (rows > cl->cap_rows) {
+		be->ops->host_free(be, cl->h_stage);
+		cl->h_stage = NULL;
+		cl->cap_rows = 0;
+		if ((rc = be->ops->host_alloc(be, (size_t)rows * row_bytes, (void **)&cl->h_stage)))
 			return moet_err_prefix(rc, "hybrid engine: staging of %lld rows",
 					       (long long)rows);
-		hy->cap_rows = rows;
+		cl->cap_rows = rows;
 	}
-	if (pairs > hy->cap_pairs) {
-		be->ops->host_free(be, hy->y_stage);
-		free(hy->jobs);
-		hy->y_stage = NULL;
-		hy->cap_pairs = 0;
-		if (!(hy->jobs = malloc((size_t)pairs * sizeof(*hy->jobs))))
+	if (pairs > cl->cap_pairs) {
+		be->ops->host_free(be, cl->y_stage);
+		free(cl->jobs);
+		cl->y_stage = NULL;
+		cl->cap_pairs = 0;
+		if (!(cl->jobs = malloc((size_t)pairs * sizeof(*cl->jobs))))
 			return moet_err(MOET_ENOMEM, "hybrid engine: %lld jobs", (long long)pairs);
 		if ((rc = be->ops->host_alloc(be, (size_t)pairs * row_bytes,
-					      (void **)&hy->y_stage)))
+					      (void **)&cl->y_stage)))
 			return moet_err_prefix(rc, "hybrid engine: staging of %lld rows",
 					       (long long)pairs);
-		hy->cap_pairs = pairs;
+		cl->cap_pairs = pairs;
 	}
 	return 0;
 }
 
 /* Waits for the oldest batch in flight. */
-static int wait_oldest(moet_hybrid *hy)
+static int wait_oldest(moet_hybrid *hy, hy_call *cl)
 {
-	int rc = moet_cpuexec_wait(hy->ex, hy->tickets[0]);
-	memmove(hy->tickets, hy->tickets + 1, (size_t)(--hy->n_tickets) * sizeof(uint64_t));
+	int rc = moet_cpuexec_wait(hy->ex, cl->tickets[0]);
+	memmove(cl->tickets, cl->tickets + 1, (size_t)(--cl->n_tickets) * sizeof(uint64_t));
 	return rc;
 }
 
-static int wait_all(moet_hybrid *hy)
+static int wait_all(moet_hybrid *hy, hy_call *cl)
 {
 	int rc = 0;
-	while (hy->n_tickets) {
-		int r = wait_oldest(hy);
+	while (cl->n_tickets) {
+		int r = wait_oldest(hy, cl);
 		if (!rc)
 			rc = r;
 	}
@@ -170,7 +182,7 @@ static int wait_all(moet_hybrid *hy)
 }
 
 /* Submits jobs[0..n_jobs) in executor batches (at most HY_MAX_JOBS jobs, HY_MAX_TOK tokens). */
-static int submit_jobs(moet_hybrid *hy, int64_t n_jobs)
+static int submit_jobs(moet_hybrid *hy, hy_call *cl, int64_t n_jobs)
 {
 	int64_t at = 0;
 	int rc = 0;
@@ -178,33 +190,36 @@ static int submit_jobs(moet_hybrid *hy, int64_t n_jobs)
 		int cnt = 0;
 		int64_t tok = 0;
 		while (at + cnt < n_jobs && cnt < HY_MAX_JOBS &&
-		       (cnt == 0 || tok + hy->jobs[at + cnt].n_tok <= HY_MAX_TOK))
-			tok += hy->jobs[at + cnt++].n_tok;
-		if (hy->n_tickets == HY_MAX_PENDING && (rc = wait_oldest(hy)))
+		       (cnt == 0 || tok + cl->jobs[at + cnt].n_tok <= HY_MAX_TOK))
+			tok += cl->jobs[at + cnt++].n_tok;
+		if (cl->n_tickets == HY_MAX_PENDING && (rc = wait_oldest(hy, cl)))
 			break;
-		rc = moet_cpuexec_submit(hy->ex, hy->jobs + at, cnt, &hy->tickets[hy->n_tickets]);
+		rc = moet_cpuexec_submit(hy->ex, cl->jobs + at, cnt, &cl->tickets[cl->n_tickets]);
 		if (!rc)
-			hy->n_tickets++;
+			cl->n_tickets++;
 		at += cnt;
 	}
 	return rc;
 }
 
-int moet_hybrid_cpu_begin(moet_hybrid *hy, moet_backend *be, const moet_ffn_w *table,
+int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moet_ffn_w *table,
 			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
 			  const float *h, int64_t n, float *y_dst)
 {
+	if (slot < 0 || slot >= MOET_HYBRID_SLOTS)
+		return moet_err(MOET_EINVAL, "hybrid engine: slot %d", slot);
+	hy_call *cl = &hy->call[slot];
 	const int64_t H = hy->H;
 	const size_t row_bytes = (size_t)H * sizeof(float);
 	int rc;
-	if (hy->pending)
+	if (cl->pending)
 		return moet_err(MOET_EINVAL, "hybrid engine: begin with a call still in flight");
 	if (cnt <= 0)
 		return 0;
-	if ((rc = grow(hy, be, n, cnt)))
+	if ((rc = grow(hy, cl, be, n, cnt)))
 		return rc;
 	uint64_t t0 = now_ns();
-	if ((rc = be->ops->download(be, hy->h_stage, h, (size_t)n * row_bytes)))
+	if ((rc = be->ops->download(be, cl->h_stage, h, (size_t)n * row_bytes)))
 		return rc;
 	uint64_t t1 = now_ns();
 	hy->st.bytes_d2h += (uint64_t)n * row_bytes;
@@ -215,59 +230,60 @@ int moet_hybrid_cpu_begin(moet_hybrid *hy, moet_backend *be, const moet_ffn_w *t
 		while (q + k < cnt && pairs[q + k].expert == pairs[q].expert && k < HY_MAX_TOK)
 			k++;
 		for (int64_t i = q; i < q + k; i++)
-			memcpy(hy->y_stage + i * H, hy->h_stage + (pairs[i].pair / top_k) * H,
+			memcpy(cl->y_stage + i * H, cl->h_stage + (pairs[i].pair / top_k) * H,
 			       row_bytes);
 		const moet_ffn_w *e = &table[pairs[q].expert];
-		hy->jobs[n_jobs++] = (moet_cpuexec_job){ e->gate, e->up, e->down,
-							 hy->y_stage + q * H,
-							 hy->y_stage + q * H, k };
+		cl->jobs[n_jobs++] = (moet_cpuexec_job){ e->gate, e->up, e->down,
+							 cl->y_stage + q * H,
+							 cl->y_stage + q * H, k };
 		q += k;
 	}
-	hy->y_dst = y_dst;
-	hy->pending = cnt;
-	hy->t_submit = now_ns();
+	cl->y_dst = y_dst;
+	cl->pending = cnt;
+	cl->t_submit = now_ns();
 	hy->st.cpu_pairs += (uint64_t)cnt;
 	if (!hy->ex) {
 		for (int64_t j = 0; j < n_jobs && !rc; j++) {
-			moet_cpuexec_job *jb = &hy->jobs[j];
+			moet_cpuexec_job *jb = &cl->jobs[j];
 			/* NOTE: x and y alias: moet_expert_ffn consumes h before writing y */
 			rc = moet_expert_ffn(hy->kern, &jb->gate, &jb->up, &jb->down, jb->x,
 					     jb->n_tok, hy->scratch, jb->y);
 		}
 	} else {
-		rc = submit_jobs(hy, n_jobs);
+		rc = submit_jobs(hy, cl, n_jobs);
 		if (!rc && !hy->overlap)
-			rc = wait_all(hy);
+			rc = wait_all(hy, cl);
 	}
 	if (!hy->ex || !hy->overlap)
-		hy->t_done = now_ns(); /* the tier ran alone: its time is exact */
+		cl->t_done = now_ns(); /* the tier ran alone: its time is exact */
 	if (rc) {
-		int r = hy->ex ? wait_all(hy) : 0;
+		int r = hy->ex ? wait_all(hy, cl) : 0;
 		(void)r;
-		hy->pending = 0;
+		cl->pending = 0;
 	}
 	return rc;
 }
 
-int moet_hybrid_cpu_finish(moet_hybrid *hy, moet_backend *be)
+int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be)
 {
-	if (!hy || !hy->pending)
+	if (!hy || slot < 0 || slot >= MOET_HYBRID_SLOTS || !hy->call[slot].pending)
 		return 0;
+	hy_call *cl = &hy->call[slot];
 	uint64_t t0 = now_ns();
-	int rc = hy->ex ? wait_all(hy) : 0;
+	int rc = hy->ex ? wait_all(hy, cl) : 0;
 	uint64_t t1 = now_ns();
 	/* NOTE: overlapped, the tier's end is only seen here (an upper bound of its time) */
-	hy->st.ns_cpu += (hy->t_done ? hy->t_done : t1) - hy->t_submit;
-	hy->t_done = 0;
+	hy->st.ns_cpu += (cl->t_done ? cl->t_done : t1) - cl->t_submit;
+	cl->t_done = 0;
 	hy->st.ns_wait += t1 - t0;
-	const size_t bytes = (size_t)hy->pending * (size_t)hy->H * sizeof(float);
+	const size_t bytes = (size_t)cl->pending * (size_t)hy->H * sizeof(float);
 	if (!rc)
-		rc = be->ops->upload(be, hy->y_dst, hy->y_stage, bytes);
+		rc = be->ops->upload(be, cl->y_dst, cl->y_stage, bytes);
 	uint64_t t2 = now_ns();
 	hy->st.bytes_h2d += bytes;
 	hy->st.ns_h2d += t2 - t1;
 	hy->st.calls++;
-	hy->pending = 0;
+	cl->pending = 0;
 	return rc;
 }
 

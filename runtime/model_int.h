@@ -50,16 +50,17 @@ typedef struct moet_layer_w {
 
 /* hybrid.c: the CPU tier of the hybrid engine (executor, staging buffers, counters). */
 typedef struct moet_hybrid moet_hybrid;
+#define MOET_HYBRID_SLOTS 2 /* calls in flight at once: one per micro-batch of a pass */
 int moet_hybrid_create(moet_backend *be, const moet_config *c, moet_hybrid **out);
 void moet_hybrid_destroy(moet_hybrid *hy, moet_backend *be);
 /* Starts the CPU tier's pairs (sorted by expert; table: host views by expert) on h (backend
  * memory, n rows): results go to y_dst (backend memory, cnt rows) at finish. One call in
- * flight at a time. */
-int moet_hybrid_cpu_begin(moet_hybrid *hy, moet_backend *be, const moet_ffn_w *table,
+ * flight per slot (0 .. MOET_HYBRID_SLOTS - 1). */
+int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moet_ffn_w *table,
 			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
 			  const float *h, int64_t n, float *y_dst);
 /* Waits for the call in flight (if any) and copies its rows to the backend. */
-int moet_hybrid_cpu_finish(moet_hybrid *hy, moet_backend *be);
+int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be);
 void moet_hybrid_get_stats(const moet_hybrid *hy, moet_hybrid_stats *out);
 void moet_hybrid_set_overlap(moet_hybrid *hy, int on);
 void moet_hybrid_reset_stats(moet_hybrid *hy);
@@ -106,6 +107,8 @@ struct moet_model {
 	moet_sim_device *sim;     /* [n_devices] test doubles (CPU backend only) */
 	moet_hybrid *hy;          /* the CPU tier's engine (with a placement) */
 	moet_remote **remote;     /* [n_devices]: GPUs 1.. of a GPU backend ([0] unused) */
+	int mb_slot;              /* the micro-batch being dispatched (forward.c) */
+	uint64_t split_passes;    /* passes run as two micro-batches (moet_hybrid_stats) */
 	int experts_unbound;      /* some routed experts are not bound yet (GPU backends bind
 				     them at the placement or the first pass) */
 	uint64_t upload_bytes;    /* routed experts' bytes bound by moet_model_bind_experts */
@@ -115,7 +118,9 @@ struct moet_model {
 	moet_expert_pair *tier_list;
 	int32_t *ids_h, *slot_h;
 	int64_t cap_pairs;
-	moet_fwd_bufs bufs;
+	moet_fwd_bufs bufs[2];    /* per micro-batch of a pass (forward.c) */
+	moet_fwd_bufs *cur;       /* the micro-batch being computed */
+	int mb_seq_base;          /* its first entry's index in the caller's batch */
 	moet_route_fn route_fn;   /* optional observer of routing decisions */
 	void *route_ctx;
 	struct moet_xtier *xtier; /* NVMe expert tier of the CPU tier (moet_xtier.h), or NULL */

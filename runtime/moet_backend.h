@@ -84,9 +84,11 @@ typedef struct moet_backend_ops {
 			 moet_mat *out);
 
 	/* The batch's rows (host arrays of n entries) in the backend's form, valid until the
-	 * next call (owned by the backend). n_layers: the model's layer count. */
-	int (*prepare_rows)(moet_backend *be, const moet_rowinfo *rows, const int64_t *tokens,
-			    int64_t n, int64_t n_layers, const moet_rows **out);
+	 * next call with the same slot (0 or 1: the micro-batches of a pipelined pass; owned by
+	 * the backend). n_layers: the model's layer count. */
+	int (*prepare_rows)(moet_backend *be, int slot, const moet_rowinfo *rows,
+			    const int64_t *tokens, int64_t n, int64_t n_layers,
+			    const moet_rows **out);
 	/* x[t][:] = dec(table[token of row t][:]) for t < n; table [V x H] BF16/F16/F32. */
 	int (*embed)(moet_backend *be, const moet_mat *table, const moet_rows *rows, int64_t n,
 		     float *x);

@@ -103,6 +103,7 @@ typedef struct moet_hybrid_stats {
 	uint64_t bytes_d2h;  /* hidden rows copied to the host staging */
 	uint64_t bytes_h2d;  /* expert outputs copied back to the backend */
 	uint64_t ns_d2h, ns_h2d;
+	uint64_t split_passes; /* forward passes run as two pipelined micro-batches */
 } moet_hybrid_stats;
 
 /* The CPU tier's counters (zeros without a placement); reset clears them after reading. */

@@ -2,7 +2,8 @@
  * test_gpu_hybrid.c: the hybrid engine on a real GPU (issue 5). A generated checkpoint (tiny
  * preset, FP8 experts, skewed routing) runs on the CPU backend without a placement: the
  * reference. On the CUDA backend, for placements all-GPU, all-CPU, random halves and a
- * per-layer split, with the CPU tier overlapped and serial (MOET_HYBRID_OVERLAP=0):
+ * per-layer split, with the CPU tier overlapped and serial (MOET_HYBRID_OVERLAP=0), batched
+ * calls in two micro-batches and in one pass (MOET_MICROBATCH=0):
  *   - ragged batches of prefill and decode give logits equal to the reference bit for bit,
  *     batched and one sequence per call;
  *   - the tier counts add up, the random placement sends >= 25% of routings to the CPU;
@@ -87,8 +88,9 @@ int main(void)
 	int16_t *own = malloc((size_t)(L * E) * sizeof(*own));
 	CHECK(run(cpu, 1, ref) == 0, "reference: %s", moet_errmsg());
 
-	const char *names[] = { "all-gpu", "all-cpu", "random-half", "per-layer", "random serial" };
-	for (int pl = 0; pl < 5; pl++) {
+	const char *names[] = { "all-gpu", "all-cpu", "random-half", "per-layer", "random serial",
+				"random one pass" };
+	for (int pl = 0; pl < 6; pl++) {
 		for (int64_t i = 0; i < L * E; i++) {
 			int64_t l = i / E, e = i % E;
 			own[i] = pl == 0 ? 0 : pl == 1 ? -1 : pl == 3 ? (int16_t)((l % 2) ? 0 : -1)
@@ -100,6 +102,8 @@ int main(void)
 		CHECK(moet_model_set_placement(gpu, own, 1) == 0, "%s: %s", names[pl],
 		      moet_errmsg());
 		unsetenv("MOET_HYBRID_OVERLAP");
+		if (pl == 5) /* batched calls in one pass: no micro-batches (forward.c) */
+			setenv("MOET_MICROBATCH", "0", 1);
 		for (int batched = 0; batched < 2; batched++) {
 			memset(got, 0xCD, n_log * sizeof(float));
 			CHECK(run(gpu, batched, got) == 0, "%s: %s", names[pl], moet_errmsg());
@@ -107,6 +111,7 @@ int main(void)
 			      "%s (%s): logits differ from the CPU reference", names[pl],
 			      batched ? "batched" : "solo");
 		}
+		unsetenv("MOET_MICROBATCH");
 		uint64_t cnt[2];
 		moet_model_tier_counts(gpu, cnt, 2);
 		moet_hybrid_stats hs;
@@ -121,7 +126,7 @@ int main(void)
 			CHECK(cnt[0] == 0, "all-gpu: nothing on the CPU");
 		if (pl == 1)
 			CHECK(cnt[1] == 0, "all-cpu: nothing on the GPU");
-		if (pl == 2 || pl == 4)
+		if (pl == 2 || pl >= 4)
 			CHECK(cnt[0] * 4 >= total && cnt[1], "%s: CPU share %llu of %llu", names[pl],
 			      (unsigned long long)cnt[0], (unsigned long long)total);
 		printf("%-14s CPU %llu, GPU %llu routings; CPU tier %.2f ms, waited %.2f ms, "

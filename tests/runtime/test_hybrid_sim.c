@@ -79,11 +79,11 @@ int main(void)
 	int16_t *own = malloc((size_t)(L * E) * sizeof(*own));
 	run(m, 1, ref);
 
-	/* the last two: the CPU tier's reference paths (hybrid.c): no overlap, and computed on
-	 * the driving thread */
+	/* then the reference paths: the CPU tier (hybrid.c) without overlap and on the driving
+	 * thread, and batched calls in one pass instead of two micro-batches (forward.c) */
 	const char *names[] = { "all-cpu", "all-device", "random-3", "per-layer", "random-3 solo",
-				"random-3 serial", "random-3 1-thread" };
-	for (int pl = 0; pl < 7; pl++) {
+				"random-3 serial", "random-3 1-thread", "random-3 one pass" };
+	for (int pl = 0; pl < 8; pl++) {
 		int n_dev = pl == 0 ? 0 : pl == 1 ? 1 : 3;
 		for (int64_t l = 0; l < L; l++)
 			for (int64_t e = 0; e < E; e++) {
@@ -107,7 +107,10 @@ int main(void)
 		unsetenv("MOET_HYBRID_OVERLAP");
 		unsetenv("MOET_CPU_THREADS");
 		memset(got, 0xAB, n_logits * sizeof(float));
+		if (pl == 7) /* batched calls without the two micro-batches (forward.c) */
+			setenv("MOET_MICROBATCH", "0", 1);
 		run(m, pl != 4, got);
+		unsetenv("MOET_MICROBATCH");
 		CHECK(memcmp(ref, got, n_logits * sizeof(float)) == 0,
 		      "%s: logits differ from the run without placement", names[pl]);
 		uint64_t cnt[4];
@@ -127,6 +130,12 @@ int main(void)
 		      names[pl], (unsigned long long)hs.cpu_pairs, (unsigned long long)cnt[0]);
 		CHECK(hs.bytes_h2d == cnt[0] * (uint64_t)c->hidden_size * sizeof(float),
 		      "%s: output bytes copied back", names[pl]);
+		if (pl == 4 || pl == 7)
+			CHECK(hs.split_passes == 0, "%s: no pass in two micro-batches", names[pl]);
+		else
+			CHECK(hs.split_passes == STEPS + 1, "%s: %llu of %d batched passes in two "
+			      "micro-batches", names[pl], (unsigned long long)hs.split_passes,
+			      STEPS + 1);
 		if (pl == 0)
 			CHECK(cnt[0] == total, "all-cpu: every pair on the CPU tier");
 		if (pl == 1)
