@@ -12,10 +12,11 @@
  *                the CPU tier's counters over the timed steps give the split: CPU busy
  *                (submit to done), driver blocked on the CPU, PCIe copies (staging down and
  *                up, wall time of the synchronous copies), the rest (GPU and host work)
- *   overlap      for hybrid modes the same steps again with MOET_HYBRID_OVERLAP=0: there the
- *                CPU tier runs alone (Tc = its busy time per step) and the rest of the step
- *                is the GPU part with the copies (Tg = serial step - Tc); the overlapped step
- *                is compared with max(Tc, Tg) + 0.15 x min(Tc, Tg) (the issue's bound)
+ *   overlap      for hybrid modes the same steps again in one pass (MOET_MICROBATCH=0), once
+ *                overlapped and once serial (the CPU tier alone: Tc = its busy time per step,
+ *                Tg = serial step - Tc, the GPU part with the copies); the default step (two
+ *                micro-batches) is compared with max(Tc, Tg) + 0.15 x min(Tc, Tg) (the
+ *                issue's bound)
  *   prefill P    one sequence of P random tokens in one call, last logits to the host
  *
  * Rows: decode-<mode> (tokens = B, median step), prefill-<mode> (tokens = P); the split and
@@ -300,13 +301,23 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			double bound = 0;
 			json_t *sj = split_json(mode_name[mode], B, &sp);
 			if (mode != MOET_E2E_GPU && o->overlap_check && sp.cpu_pairs > 0) {
-				/* the serial reference run: Tc alone, Tg = the rest */
+				/* the serial reference run, one pass (no micro-batches): Tc alone, Tg =
+				 * the rest; then overlapped in one pass, to show what the
+				 * micro-batches add */
 				double *ser = malloc((size_t)o->steps * sizeof(double));
-				step_split ss = { 0 };
-				rc = ser ? moet_model_set_hybrid_overlap(m, 0)
+				step_split ss = { 0 }, s1 = { 0 };
+				setenv("MOET_MICROBATCH", "0", 1);
+				rc = ser ? decode_run(m, B, o->ctx, o->steps, ser, &s1)
 					 : moet_err(MOET_ENOMEM, "samples");
+				if (!rc) {
+					moet_bench_stats one;
+					moet_bench_stats_of(ser, o->steps, &one);
+					json_object_set_new(sj, "one_pass_step_s", json_real(one.median_s));
+					rc = moet_model_set_hybrid_overlap(m, 0);
+				}
 				if (!rc)
 					rc = decode_run(m, B, o->ctx, o->steps, ser, &ss);
+				unsetenv("MOET_MICROBATCH");
 				int r2 = moet_model_set_hybrid_overlap(m, 1);
 				if (!rc)
 					rc = r2;
