@@ -11,7 +11,8 @@
 # Environment: MOET_E2E_LAYERS (default 4: layer 0 dense + 3 MoE layers of 384 experts, about
 # 56 GB), MOET_E2E_HOT (hot experts per layer of the hybrid bench placement, default 352),
 # MOET_E2E_STEPS (default 8), MOET_E2E_PREFILL (default 1024,8192),
-# MOET_E2E_BATCHES (default 1,4,16,64), MOET_E2E_VERIFY_HOT (hot experts per layer of the
+# MOET_E2E_BATCHES (default 1,4,16,64), MOET_E2E_MODES (default gpu,hybrid,cpu),
+# MOET_E2E_VERIFY_HOT (hot experts per layer of the
 # verify placement, default 96: over 25% of routings on the CPU), MOET_E2E_SKIP (words:
 # verify bench120 bench).
 # Debian runtime libraries may be carried as .deb files in .deb/ (as for tests/gpu/run.sh).
@@ -57,10 +58,23 @@ if [[ " $skip " != *" verify "* ]]; then
 	"$bin" verify --model "$ckpt" --device cuda --placement "$out/place-$vhot.yaml" --prompts 16 \
 		--len 24 --steps 4 2>&1 | tee -a "$out/e2e.log"
 fi
+n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+if [[ " $skip " != *" verify "* ]] && [ "${n_gpu:-0}" -ge 2 ]; then
+	step "plan --gpus 2 --hot-per-layer $vhot; verify on two GPUs"
+	"$bin" plan --model "$ckpt" --profile "$out/profile.json" --gpus 2 --vram-gb 139GiB \
+		--hot-per-layer "$vhot" --out "$out/place2-$vhot.yaml" >"$out/plan2-$vhot.txt" 2>&1
+	"$bin" verify --model "$ckpt" --device cuda --placement "$out/place2-$vhot.yaml" \
+		--prompts 16 --len 24 --steps 4 2>&1 | tee -a "$out/e2e.log"
+	step "the same with NCCL_P2P_DISABLE=1 CUDA_VISIBLE_DEVICES reversed (no peer path assumed)"
+	CUDA_VISIBLE_DEVICES=1,0 NCCL_P2P_DISABLE=1 "$bin" verify --model "$ckpt" --device cuda \
+		--placement "$out/place2-$vhot.yaml" --prompts 4 --len 16 --steps 2 2>&1 |
+		tee -a "$out/e2e.log"
+fi
 if [[ " $skip " != *" bench "* ]]; then
 	step "bench e2e, hybrid = $hot of 384 per layer on the GPU"
 	"$bin" bench e2e --model "$ckpt" --placement "$out/place-$hot.yaml" --batches "$batches" \
-		--prefill "$prefill" --steps "$steps" --json "$out/e2e-hot$hot.json" 2>&1 |
+		--prefill "$prefill" --steps "$steps" --modes "${MOET_E2E_MODES:-gpu,hybrid,cpu}" \
+		--json "$out/e2e-hot$hot.json" 2>&1 |
 		tee -a "$out/e2e.log"
 fi
 if [[ " $skip " != *" bench120 "* ]]; then
