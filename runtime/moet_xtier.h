@@ -43,6 +43,8 @@ typedef struct moet_xtier_opts {
 	int direct;                /* MOET_URING_DIRECT_* (moet_uring.h); 0: auto */
 	int no_prefetch;           /* 1: no router-based prefetch */
 	int no_warm;               /* 1: start empty (default: fill with the profile's hottest) */
+	int no_register;           /* 1: do not register the slots with io_uring (registering
+				      pins them: every page is faulted in up front) */
 	/* warm fill progress (optional): bytes of experts read so far, of total */
 	void (*progress)(void *ctx, uint64_t done_bytes, uint64_t total_bytes);
 	void *progress_ctx;
@@ -75,7 +77,8 @@ typedef struct moet_xtier_stats {
 	uint64_t bytes_read;       /* bytes that reached slots (exact, per expert) */
 	uint64_t read_errors;      /* failed expert reads (demand and prefetch) */
 	uint64_t wait_ns;          /* time acquire spent waiting for reads */
-	uint64_t warm_ns;          /* time of the warm fill */
+	uint64_t warm_ns;          /* time of the warm fill (reads) */
+	uint64_t alloc_ns;         /* time to allocate and register the slots */
 } moet_xtier_stats;
 
 /*

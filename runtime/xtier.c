@@ -323,7 +323,7 @@ static int alloc_slots(moet_xtier *x)
 		bufs[i] = x->mem + (size_t)first * x->slot_bytes;
 		bytes[i] = (size_t)cnt * x->slot_bytes;
 	}
-	if (!rc)
+	if (!rc && !x->o.no_register)
 		rc = moet_uring_register(x->u, bufs, bytes, n);
 	free(bufs);
 	free(bytes);
@@ -477,8 +477,10 @@ int moet_model_set_xtier(moet_model *m, const moet_xtier_opts *o)
 		x->n_slots = x->n_moe * x->E;
 	x->st.slot_bytes = x->slot_bytes;
 	x->st.n_slots = x->n_slots;
+	uint64_t t0 = moet_xtier_now_ns();
 	if ((rc = alloc_slots(x)))
 		goto fail;
+	x->st.alloc_ns = moet_xtier_now_ns() - t0;
 	if (!o->no_warm && (rc = warm_fill(x)))
 		goto fail;
 	m->xtier = x;

@@ -15,6 +15,7 @@ int moet_cli_generate(int argc, char **argv);
 int moet_cli_verify(int argc, char **argv);
 int moet_cli_bench(int argc, char **argv);
 int moet_cli_bench_e2e(int argc, char **argv);
+int moet_cli_bench_load(int argc, char **argv);
 int moet_cli_profile(int argc, char **argv);
 int moet_cli_plan(int argc, char **argv);
 int moet_cli_heatmap(int argc, char **argv);

@@ -263,6 +263,7 @@ static const struct {
 	{ "cpu-experts", cpu_experts, "CPU expert kernel vs read bandwidth and FMA peak" },
 	{ "gpu-experts", gpu_experts, "CUDA expert kernel vs copy bandwidth and SGEMM rate" },
 	{ "e2e", moet_cli_bench_e2e, "the whole model per placement: decode, prefill, overlap" },
+	{ "load", moet_cli_bench_load, "io_uring load of the CPU tier vs disk and h2d bandwidth" },
 	{ "serve", moet_cli_bench_serve, "server overhead vs the bare decode step at 16 streams" },
 };
 

@@ -1,0 +1,28 @@
+/*
+ * moet_bench_load.h: `moet-hybrid bench load` (runtime/bench_load.c): the time to make the
+ * CPU tier (every routed expert, without a placement) resident in RAM slots by io_uring
+ * reads (the NVMe tier's warm fill, runtime/moet_xtier.h), against the disk's sequential read
+ * bandwidth and, with a GPU, the host-to-device bandwidth, both measured in the same run.
+ */
+#ifndef MOET_BENCH_LOAD_H
+#define MOET_BENCH_LOAD_H
+
+#include "moet_bench.h"
+
+typedef struct moet_bench_load_opts {
+	const char *model_dir;
+	size_t ram_budget_bytes;  /* slots to fill; 0: the whole tier, at most 80% of MemAvailable */
+	unsigned queue_depth;     /* io_uring requests in flight; 0: 64 */
+	int direct;               /* MOET_URING_DIRECT_* (moet_uring.h); 0: auto */
+	size_t disk_bytes;        /* sequential read: at most this much of the shards; 0: 8 GiB */
+	int no_gpu;               /* skip the host-to-device measurement */
+	int no_register;          /* slots not registered with io_uring */
+	int progress;             /* progress bar on `log` (bytes, rate, ETA) */
+} moet_bench_load_opts;
+
+/* Runs the bench: ceilings disk_read_GBps (and h2d_GBps), rows disk-seq-read and load-tier,
+ * a "load" object into rec (moet_bench_record_new("load")); progress to log, the table to
+ * out. Returns 0 or the first error. */
+int moet_bench_load(const moet_bench_load_opts *o, json_t *rec, FILE *log, FILE *out);
+
+#endif

@@ -1,0 +1,71 @@
+/*
+ * test_bench_load.c: `moet-hybrid bench load` on a generated checkpoint: the table names the
+ * sequential read, the load of the whole tier and the h2d part; the JSON record has the disk
+ * ceiling, the two rows with their bytes (the load's = the experts' checkpoint bytes, counted
+ * here independently from the checkpoint), and the load object; buffered and unregistered
+ * variants run; bad options are one line.
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moet_ckpt.h"
+#include "moet_err.h"
+#include "moet_test.h"
+
+int main(void)
+{
+	char *dir = moet_test_mkdtemp("bench-load");
+	char ck[512], js[600], args[1400];
+	snprintf(ck, sizeof(ck), "%s/ck", dir);
+	snprintf(js, sizeof(js), "%s/load.json", dir);
+	char *out = NULL;
+	int rc = moet_test_cli(&out, "gen-checkpoint --out %s --layers 3 --quiet", ck);
+	CHECK(rc == 0, "gen: %s", out);
+	free(out);
+	rc = moet_test_cli(&out, "bench load --model %s --no-gpu --json %s", ck, js);
+	CHECK(rc == 0 && strstr(out, "disk-seq-read") && strstr(out, "load-tier") &&
+	      strstr(out, "h2d: not measured") && strstr(out, "ETA"), "bench load: %s", out);
+	free(out);
+	/* expert bytes counted from the checkpoint */
+	moet_ckpt *c = NULL;
+	double want = 0;
+	CHECK(moet_ckpt_open(ck, &c) == 0, "open: %s", moet_errmsg());
+	for (size_t i = 0; c && i < moet_ckpt_count(c); i++) {
+		const moet_tensor *t = moet_ckpt_at(c, i);
+		int64_t tl, te;
+		if (moet_tensor_part(t->name, 3, &tl, &te) == MOET_PART_EXPERT)
+			want += (double)t->n_bytes;
+	}
+	moet_ckpt_close(c);
+	json_error_t je;
+	json_t *rec = json_load_file(js, 0, &je);
+	CHECK(rec != NULL, "record: %s", je.text);
+	json_t *ceil = json_object_get(json_object_get(rec, "ceilings"), "disk_read_GBps");
+	CHECK(ceil && json_real_value(json_object_get(ceil, "value")) > 0, "disk ceiling");
+	json_t *rows = json_object_get(rec, "results");
+	CHECK(json_array_size(rows) == 2, "two rows");
+	json_t *r2 = json_array_get(rows, 1);
+	CHECK(r2 && !strcmp(json_string_value(json_object_get(r2, "name")), "load-tier") &&
+	      json_number_value(json_object_get(r2, "bytes")) == want,
+	      "load row bytes %.0f, checkpoint experts %.0f",
+	      json_number_value(json_object_get(r2, "bytes")), want);
+	json_t *ld = json_object_get(rec, "load");
+	CHECK(ld && json_integer_value(json_object_get(ld, "experts")) ==
+			    json_integer_value(json_object_get(ld, "tier_experts")) &&
+	      json_number_value(json_object_get(ld, "time_to_ready_s")) > 0, "load object");
+	CHECK(!strcmp(json_string_value(json_object_get(rec, "bench")), "load"), "bench name");
+	json_decref(rec);
+	rc = moet_test_cli(&out, "bench load --model %s --no-gpu --buffered --no-register --quiet "
+			   "--qd 4", ck);
+	CHECK(rc == 0 && strstr(out, "buffered (page cache)") && strstr(out, "unregistered") &&
+	      !strstr(out, "ETA"), "buffered: %s", out);
+	free(out);
+	snprintf(args, sizeof(args), "bench load --model %s --qd 0", ck);
+	moet_test_cli_expect(args, 1, "--qd '0'");
+	snprintf(args, sizeof(args), "bench load --model %s/nothing --no-gpu", dir);
+	moet_test_cli_expect(args, 1, "nothing");
+	free(dir);
+	return moet_test_done("test_bench_load");
+}
