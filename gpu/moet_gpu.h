@@ -198,6 +198,87 @@ int moet_gpu_argmax(const float *logits, int64_t n_rows, int64_t n_cols, int64_t
 		    int32_t *out_ids, void *stream);
 
 /*
+ * ---- Seeded sampling on the device (gpu/sample.cu) -------------------------------------------
+ * One draw: the parameters of moet_sample (runtime/moet_sample.h), the draw's position and the
+ * logits row it reads. Plain data, the same layout in C and CUDA.
+ */
+typedef struct moet_gpu_sample_row {
+	double temperature; /* 0: greedy (moet_argmax); else finite > 0 */
+	double top_p;       /* in (0, 1] */
+	int64_t top_k;      /* 0: no limit */
+	uint64_t seed;
+	int64_t pos;        /* the position the drawn token takes (moet_sample's pos) */
+	int64_t row;        /* logits row: logits + row * stride */
+} moet_gpu_sample_row;
+
+/* *out_bytes = device scratch moet_gpu_sample needs for n_rows draws over n_cols logits (the
+ * row table; with n_cols > 2048 also one sort of up to 8 rows). Returns 0, MOET_EINVAL,
+ * MOET_EDEVICE (cub's size query failed) or MOET_EUNSUP without CUDA. */
+int moet_gpu_sample_scratch_bytes(int64_t n_rows, int64_t n_cols, size_t *out_bytes);
+
+/*
+ * out_ids[r] (device int32) = the token moet_sample(logits + rows[r].row * stride, n_cols,
+ * params of rows[r], rows[r].pos) returns on the host, for every r < n_rows: the same
+ * candidate order, the same binary64 sums in the same order (with moet_exp64, the one exp of
+ * host and device) and the same splitmix64 uniform, so the ids are equal, not just close.
+ * logits: device binary32; rows: a HOST array (copied into the scratch before this returns);
+ * scratch: device memory of moet_gpu_sample_scratch_bytes(n_rows, n_cols) bytes, 256-byte
+ * aligned (borrowed). out_mass (optional, device double [n_rows]): the kept prefix's total
+ * (the number the uniform is scaled by; 0 for greedy rows), for tests.
+ * Queued on `stream`; no allocation, no host wait. Batch-invariant and deterministic.
+ * Returns 0, MOET_EINVAL (counts, pointers, alignment, stride < n_cols, scratch too small, a
+ * parameter moet_sample_check would refuse; the detail names the row), MOET_EDEVICE or
+ * MOET_EUNSUP without CUDA.
+ */
+int moet_gpu_sample(const float *logits, int64_t n_rows, int64_t n_cols, int64_t stride,
+		    const moet_gpu_sample_row *rows, void *scratch, size_t scratch_bytes,
+		    int32_t *out_ids, double *out_mass, void *stream);
+
+/*
+ * ---- Fast mode of the expert FFN (gpu/expert_fast.cu; docs/fast-mode.md) ---------------------
+ * NOT the exact-numerics contract: tensor-core GEMMs (cuBLAS, bf16 inputs, binary32
+ * accumulation) on weights dequantized to bf16 per expert. Outputs differ from
+ * moet_gpu_expert_ffn by bf16 rounding (tests/gpu/test_gpu_expert_fast.c bounds it), and
+ * depend on the token count of the expert (cuBLAS picks kernels by shape).
+ */
+typedef struct moet_gpu_fast moet_gpu_fast;
+
+/* A cuBLAS handle and its 32 MiB workspace on the current device. *out is the caller's
+ * (moet_gpu_fast_destroy). Returns 0, MOET_ENOMEM, MOET_EDEVICE (cuBLAS's status in the
+ * detail) or MOET_EUNSUP without CUDA. */
+int moet_gpu_fast_create(moet_gpu_fast **out);
+void moet_gpu_fast_destroy(moet_gpu_fast *f); /* accepts NULL */
+
+/* MOET_GPU_EXPERT_MODE: unset, empty or "exact" -> *out_fast 0; "fast" -> 1; other text
+ * MOET_EINVAL (a typo never changes numerics silently). Read at every call. */
+int moet_gpu_expert_mode(int *out_fast);
+
+/* MOET_GPU_FAST_MIN_TOK: the fewest tokens per expert that fast mode computes on tensor cores
+ * (experts with fewer take the exact kernel; dequantizing costs more than it saves there);
+ * unset or empty: 16. MOET_EINVAL for anything but an integer in [1, 2^31). */
+int moet_gpu_fast_min_tok(int64_t *out_min_tok);
+
+/* Device scratch bytes of moet_gpu_expert_ffn_fast for n_pairs pairs of experts of
+ * intermediate size inter and hidden size hidden. */
+size_t moet_gpu_expert_fast_scratch_bytes(int64_t n_pairs, int64_t inter, int64_t hidden);
+
+/*
+ * moet_gpu_expert_ffn's call (same experts, pairs, x, tok and y conventions) in fast mode:
+ * experts with n_tok >= min_tok by tensor cores, per expert:
+ *   xb = bf16(x[tok[p]]) (0 for a token outside [0, n_x));  W = bf16(dec(code) * scale)
+ *   (the product in binary32, then rounded; BF16 weights as they are);  g, u = xb . W^T
+ *   (cuBLAS, fp32 accumulation);  hb = bf16(silu_c(g) * u);  y = canon(hb . Wd^T)
+ * and experts with fewer tokens by the exact kernel (bit for bit moet_gpu_expert_ffn).
+ * min_tok <= 1: every expert on tensor cores. scratch: device memory of
+ * moet_gpu_expert_fast_scratch_bytes(n_pairs, I, H) bytes (borrowed). Queued on `stream`; no
+ * allocation, no host wait; deterministic for a given device and cuBLAS version. One call at a
+ * time per handle. Returns moet_gpu_expert_ffn's codes, and MOET_EDEVICE for a cuBLAS failure.
+ */
+int moet_gpu_expert_ffn_fast(moet_gpu_fast *f, const moet_gpu_expert *exps, int64_t n_exp,
+			     const float *x, int64_t n_x, const int32_t *tok, int64_t min_tok,
+			     void *scratch, size_t scratch_bytes, float *y, void *stream);
+
+/*
  * ---- Benchmark support (gpu/bench_ceil.cu): `moet-hybrid bench gpu-experts` --------------
  * The device's description, its ceilings measured in the calling process (device copy
  * bandwidth, cuBLAS binary32 GEMM rate with TF32 off), a CUDA-event timer and random fills.

@@ -257,3 +257,63 @@ int moet_gpu_attention_latent(const float *q, long long q_stride, long long n_ro
 	(void)out_stride, (void)stream;
 	return moet_err(MOET_EUNSUP, "attention_latent: this build has no CUDA");
 }
+
+/* ---- Device sampling and fast expert mode: MOET_EUNSUP. ---- */
+
+int moet_gpu_sample_scratch_bytes(int64_t n_rows, int64_t n_cols, size_t *out_bytes)
+{
+	(void)n_rows, (void)n_cols;
+	if (out_bytes)
+		*out_bytes = 0;
+	return no_cuda("moet_gpu_sample_scratch_bytes");
+}
+
+int moet_gpu_sample(const float *logits, int64_t n_rows, int64_t n_cols, int64_t stride,
+		    const moet_gpu_sample_row *rows, void *scratch, size_t scratch_bytes,
+		    int32_t *out_ids, double *out_mass, void *stream)
+{
+	(void)logits, (void)n_rows, (void)n_cols, (void)stride, (void)rows, (void)scratch;
+	(void)scratch_bytes, (void)out_ids, (void)out_mass, (void)stream;
+	return no_cuda("moet_gpu_sample");
+}
+
+int moet_gpu_fast_create(moet_gpu_fast **out)
+{
+	if (out)
+		*out = NULL;
+	return no_cuda("moet_gpu_fast_create");
+}
+
+void moet_gpu_fast_destroy(moet_gpu_fast *f)
+{
+	(void)f;
+}
+
+int moet_gpu_expert_mode(int *out_fast)
+{
+	if (out_fast)
+		*out_fast = 0;
+	return 0;
+}
+
+int moet_gpu_fast_min_tok(int64_t *out_min_tok)
+{
+	if (out_min_tok)
+		*out_min_tok = 16;
+	return 0;
+}
+
+size_t moet_gpu_expert_fast_scratch_bytes(int64_t n_pairs, int64_t inter, int64_t hidden)
+{
+	(void)n_pairs, (void)inter, (void)hidden;
+	return 0;
+}
+
+int moet_gpu_expert_ffn_fast(moet_gpu_fast *f, const moet_gpu_expert *exps, int64_t n_exp,
+			     const float *x, int64_t n_x, const int32_t *tok, int64_t min_tok,
+			     void *scratch, size_t scratch_bytes, float *y, void *stream)
+{
+	(void)f, (void)exps, (void)n_exp, (void)x, (void)n_x, (void)tok, (void)min_tok;
+	(void)scratch, (void)scratch_bytes, (void)y, (void)stream;
+	return no_cuda("moet_gpu_expert_ffn_fast");
+}

@@ -49,6 +49,14 @@ typedef struct cuda_be {
 	int32_t *pair_tok;   /* device [cap_pairs]: the token of each grouped pair */
 	int32_t *iota;       /* device [cap_pairs]: 0, 1, 2, ... (dense FFN pairs) */
 	int64_t cap_pairs;
+	/* issue 4: device sampling and the fast expert mode (grow-only, own scratch) */
+	void *smp_scratch;   /* gpu/sample.cu's scratch */
+	size_t smp_bytes;
+	int32_t *smp_ids;    /* device [smp_cap] */
+	int64_t smp_cap;
+	moet_gpu_fast *fast; /* created at the first fast call */
+	void *fast_scratch;
+	size_t fast_bytes;
 } cuda_be;
 
 static cuda_be *impl(moet_backend *be)
@@ -85,6 +93,10 @@ static void cu_destroy(moet_backend *be)
 	moet_gpu_free(c->scratch);
 	moet_gpu_free(c->pair_tok);
 	moet_gpu_free(c->iota);
+	moet_gpu_free(c->smp_scratch); /* issue 4 */
+	moet_gpu_free(c->smp_ids);
+	moet_gpu_fast_destroy(c->fast);
+	moet_gpu_free(c->fast_scratch);
 	free(c);
 }
 
@@ -371,6 +383,77 @@ static int ensure_pairs(cuda_be *c, int64_t pairs, int64_t inter)
 	return 0;
 }
 
+/* ---- issue 4: fast expert mode and device sampling ---------------------------------------- */
+
+/* Grow-only device buffer: *p holds at least `need` bytes afterwards. */
+static int grow(void **p, size_t *bytes, size_t need)
+{
+	if (need <= *bytes)
+		return 0;
+	moet_gpu_free(*p);
+	*p = NULL;
+	*bytes = 0;
+	int rc = moet_gpu_alloc(need, p);
+	if (!rc)
+		*bytes = need;
+	return rc;
+}
+
+/* The grouped call in the mode MOET_GPU_EXPERT_MODE asks for (read at every call): exact
+ * (moet_gpu_expert_ffn) or fast (tensor cores for experts of MOET_GPU_FAST_MIN_TOK+ tokens,
+ * docs/fast-mode.md). c->pair_tok holds the pairs' tokens. */
+static int grouped_call(cuda_be *c, const moet_gpu_expert *ge, int n_exp, const float *h,
+			int64_t n, float *y)
+{
+	int fast = 0, rc = moet_gpu_expert_mode(&fast);
+	int64_t min_tok = 0, pairs = 0;
+	if (rc)
+		return rc;
+	if (!fast)
+		return moet_gpu_expert_ffn(ge, n_exp, h, n, c->pair_tok, c->scratch, c->scratch_bytes,
+					   y, NULL);
+	for (int e = 0; e < n_exp; e++)
+		pairs += ge[e].n_tok;
+	if ((rc = moet_gpu_fast_min_tok(&min_tok)) || (!c->fast && (rc = moet_gpu_fast_create(
+								     &c->fast))) ||
+	    (rc = grow(&c->fast_scratch, &c->fast_bytes, moet_gpu_expert_fast_scratch_bytes(
+				pairs, ge[0].gate.rows, ge[0].gate.cols))))
+		return rc;
+	return moet_gpu_expert_ffn_fast(c->fast, ge, n_exp, h, n, c->pair_tok, min_tok,
+					c->fast_scratch, c->fast_bytes, y, NULL);
+}
+
+/* The backend's sample op (moet_backend_draw): gpu/sample.cu on the logits in place; only the
+ * ids come back. */
+static int cu_sample(moet_backend *be, const float *logits, int64_t V, const moet_draw *d,
+		     int64_t n)
+{
+	cuda_be *c = impl(be);
+	moet_gpu_sample_row *rows = malloc((size_t)n * sizeof(*rows));
+	int32_t *ids = malloc((size_t)n * sizeof(*ids));
+	size_t need = 0, ids_bytes = (size_t)c->smp_cap * sizeof(int32_t);
+	int rc = (!rows || !ids) ? moet_err(MOET_ENOMEM, "sampling %lld rows", (long long)n) : 0;
+	if (!rc && !(rc = moet_gpu_sample_scratch_bytes(n, V, &need)) &&
+	    !(rc = grow(&c->smp_scratch, &c->smp_bytes, need))) {
+		rc = grow((void **)&c->smp_ids, &ids_bytes, (size_t)n * sizeof(int32_t));
+		c->smp_cap = (int64_t)(ids_bytes / sizeof(int32_t)); /* 0 after a failed grow */
+	}
+	if (!rc) {
+		for (int64_t r = 0; r < n; r++)
+			rows[r] = (moet_gpu_sample_row){ .temperature = d[r].p->temperature,
+				.top_p = d[r].p->top_p, .top_k = d[r].p->top_k, .seed = d[r].p->seed,
+				.pos = d[r].pos, .row = d[r].row };
+		if (!(rc = moet_gpu_sample(logits, n, V, V, rows, c->smp_scratch, c->smp_bytes,
+					   c->smp_ids, NULL, NULL)) &&
+		    !(rc = moet_gpu_copy_d2h(ids, c->smp_ids, (size_t)n * sizeof(*ids))))
+			for (int64_t r = 0; r < n; r++)
+				*d[r].out_id = ids[r];
+	}
+	free(rows);
+	free(ids);
+	return rc;
+}
+
 static int cu_experts_grouped(moet_backend *be, const moet_ffn_w *table,
 			      const moet_expert_pair *pairs, int64_t n_pairs, int64_t top_k,
 			      const float *h, int64_t n, float *y)
@@ -396,8 +479,7 @@ static int cu_experts_grouped(moet_backend *be, const moet_ffn_w *table,
 	}
 	if ((rc = moet_gpu_copy_h2d(c->pair_tok, tok, (size_t)n_pairs * sizeof(*tok))))
 		goto out;
-	rc = moet_gpu_expert_ffn(ge, n_exp, h, n, c->pair_tok, c->scratch, c->scratch_bytes, y,
-				 NULL);
+	rc = grouped_call(c, ge, n_exp, h, n, y); /* exact, or fast (MOET_GPU_EXPERT_MODE) */
 out:
 	free(tok);
 	free(ge);
@@ -448,6 +530,7 @@ static const moet_backend_ops cuda_ops = {
 	.experts_grouped = cu_experts_grouped,
 	.ffn = cu_ffn,
 	.combine = cu_combine,
+	.sample = cu_sample, /* issue 4 */
 };
 
 int moet_backend_cuda_create(int device, moet_backend **out)

@@ -9,7 +9,11 @@
  *                    geometry, T tokens each (each pair its own token), for T in 1 .. 1024;
  *                    calls rotate over a pool of experts far larger than L2, each call timed
  *                    alone with CUDA events
- *   4. decode-step   with --model-dir: the whole model's decode step at batch 1, 16, 64
+ *   4. expert-fast   after each expert row: the same calls in fast mode (bf16 tensor cores,
+ *                    moet_gpu_expert_ffn_fast with min_tok 1, so every expert takes the
+ *                    tensor-core path; docs/fast-mode.md); its ceiling is "expert", the exact
+ *                    row just measured, and ratio = exact median / fast median
+ *   5. decode-step   with --model-dir: the whole model's decode step at batch 1, 16, 64
  *                    (bench_gpu_decode.c)
  *
  * Each expert row's ceiling is its roofline bound: bytes (weight codes + scales of the call's
@@ -42,6 +46,9 @@ typedef struct gbench {
 	int32_t *tok;                                /* device [G t_max]: 0, 1, 2, ... */
 	void *scratch;
 	size_t scratch_bytes;
+	moet_gpu_fast *fast;                         /* fast mode: cuBLAS handle */
+	void *fscratch;                              /* fast mode's scratch */
+	size_t fscratch_bytes;
 	moet_gpu_timer *timer;
 	double *samples;
 	int next_e;
@@ -102,8 +109,8 @@ static moet_mat mat_of(const gbench *b, int e, int which)
 			   .scale_inv = b->scales + (size_t)e * b->sc_floats + b->sc_off[which] };
 }
 
-/* One grouped call of G experts (next in the rotation), T tokens each. */
-static int run_call(gbench *b, int64_t T)
+/* One grouped call of G experts (next in the rotation), T tokens each; exact or fast mode. */
+static int run_call(gbench *b, int64_t T, int fast)
 {
 	moet_gpu_expert ex[64];
 	for (int j = 0; j < b->G; j++) {
@@ -113,27 +120,55 @@ static int run_call(gbench *b, int64_t T)
 					   .down = mat_of(b, e, 2), .n_tok = T };
 	}
 	const int64_t n = (int64_t)b->G * T;
+	if (fast)
+		return moet_gpu_expert_ffn_fast(b->fast, ex, b->G, b->x, n, b->tok, 1, b->fscratch,
+						b->fscratch_bytes, b->y, NULL);
 	return moet_gpu_expert_ffn(ex, b->G, b->x, n, b->tok, b->scratch, b->scratch_bytes, b->y,
 				   NULL);
+}
+
+/* Times reps calls (after warm-up ones), each alone with CUDA events. */
+static int time_calls(gbench *b, int64_t T, int fast, moet_bench_stats *st)
+{
+	int rc = 0;
+	for (int i = 0; i < b->warm && !rc; i++)
+		rc = run_call(b, T, fast);
+	if (!rc)
+		rc = moet_gpu_sync(NULL);
+	for (int i = 0; i < b->reps && !rc; i++) {
+		if (!(rc = moet_gpu_timer_start(b->timer, NULL)) && !(rc = run_call(b, T, fast)))
+			rc = moet_gpu_timer_stop(b->timer, NULL, &b->samples[i]);
+	}
+	if (!rc)
+		moet_bench_stats_of(b->samples, b->reps, st);
+	return rc;
+}
+
+/* The fast-mode row for T tokens, against the exact row `exact` of the same run. */
+static int fast_row(gbench *b, int64_t T, const moet_bench_row_out *exact, json_t *rec,
+		    FILE *log, moet_bench_row_out *out)
+{
+	moet_bench_stats st;
+	fprintf(log, "gpu-experts: expert-fast, %d experts x %lld token(s) ...\n", b->G,
+		(long long)T);
+	int rc = time_calls(b, T, 1, &st);
+	if (rc)
+		return rc;
+	snprintf(out->name, sizeof(out->name), "expert-fast");
+	out->r = (moet_bench_row){ .name = out->name, .tokens = T, .st = st,
+				   .bytes = exact->r.bytes, .flops = exact->r.flops,
+				   .ceiling = "expert", .ratio = exact->r.st.median_s / st.median_s };
+	return moet_bench_add_row(rec, &out->r);
 }
 
 static int expert_row(gbench *b, const moet_bench_ceil *c, int64_t T, json_t *rec, FILE *log,
 		      moet_bench_row_out *out)
 {
-	int rc = 0;
+	moet_bench_stats st;
 	fprintf(log, "gpu-experts: %d experts x %lld token(s) ...\n", b->G, (long long)T);
-	for (int i = 0; i < b->warm && !rc; i++)
-		rc = run_call(b, T);
-	if (!rc)
-		rc = moet_gpu_sync(NULL);
-	for (int i = 0; i < b->reps && !rc; i++) {
-		if (!(rc = moet_gpu_timer_start(b->timer, NULL)) && !(rc = run_call(b, T)))
-			rc = moet_gpu_timer_stop(b->timer, NULL, &b->samples[i]);
-	}
+	int rc = time_calls(b, T, 0, &st);
 	if (rc)
 		return rc;
-	moet_bench_stats st;
-	moet_bench_stats_of(b->samples, b->reps, &st);
 	const double bytes = (double)b->G * (double)b->expert_bytes;
 	const double flops = (double)b->G * 6.0 * (double)b->H * (double)b->I * (double)T;
 	const int bw = bytes / c->copy_Bps >= flops / c->sgemm_flops;
@@ -188,6 +223,7 @@ static int setup(gbench *b, const moet_bench_gpu_opts *o, int64_t t_max)
 	}
 	const size_t n_x = (size_t)b->G * (size_t)t_max;
 	b->scratch_bytes = moet_gpu_expert_scratch_bytes((int64_t)n_x, b->I);
+	b->fscratch_bytes = moet_gpu_expert_fast_scratch_bytes((int64_t)n_x, b->I, b->H);
 	int32_t *iota = malloc(n_x * sizeof(int32_t));
 	if (!iota)
 		return moet_err(MOET_ENOMEM, "token indices");
@@ -199,6 +235,8 @@ static int setup(gbench *b, const moet_bench_gpu_opts *o, int64_t t_max)
 	    (rc = moet_gpu_alloc(n_x * (size_t)b->H * 4, (void **)&b->y)) ||
 	    (rc = moet_gpu_alloc(n_x * 4, (void **)&b->tok)) ||
 	    (rc = moet_gpu_alloc(b->scratch_bytes, &b->scratch)) ||
+	    (rc = moet_gpu_alloc(b->fscratch_bytes, &b->fscratch)) ||
+	    (rc = moet_gpu_fast_create(&b->fast)) ||
 	    (rc = moet_gpu_bench_fill_bytes(b->codes, (size_t)b->E * b->codes_bytes, 11, 0xFE,
 					    NULL)) ||
 	    (rc = moet_gpu_bench_fill_f32(b->scales, (size_t)b->E * b->sc_floats, 12, 0x1p-12f,
@@ -220,6 +258,8 @@ static void teardown(gbench *b)
 	moet_gpu_free(b->y);
 	moet_gpu_free(b->tok);
 	moet_gpu_free(b->scratch);
+	moet_gpu_free(b->fscratch);
+	moet_gpu_fast_destroy(b->fast);
 	moet_gpu_timer_destroy(b->timer);
 	free(b->samples);
 }
@@ -238,6 +278,8 @@ static void print_table(const gbench *b, const moet_bench_ceil *c, const moet_be
 			"(n=%lld: %.0f, n=%lld: %.0f)\n", c->copy_Bps / 1e9, c->sgemm_flops / 1e9,
 			(long long)c->sgemm_n[0], c->sgemm_at[0] / 1e9, (long long)c->sgemm_n[1],
 			c->sgemm_at[1] / 1e9);
+		fprintf(f, "expert-fast: bf16 tensor cores (cuBLAS, fp32 accumulation; not "
+			"bit-identical), ratio = exact median / fast median\n");
 	}
 	moet_bench_gpu_print_rows(rows, n, f);
 }
@@ -266,13 +308,16 @@ int moet_bench_gpu_experts(const moet_bench_gpu_opts *o, json_t *rec, FILE *log,
 	memset(&c, 0, sizeof(c));
 	c.no_kernel = o->no_kernel;
 	const int n_dec = o->model_dir ? (o->batches ? o->n_batches : 3) : 0;
-	moet_bench_row_out *rows = calloc((size_t)(n_tok + n_dec) + 1, sizeof(*rows));
+	moet_bench_row_out *rows = calloc((size_t)(2 * n_tok + n_dec) + 1, sizeof(*rows));
 	int rc = rows ? 0 : moet_err(MOET_ENOMEM, "rows"), n_rows = 0;
 	if (!rc && !o->no_kernel && !(rc = setup(&b, o, t_max)))
 		rc = ceilings(&b, &c, rec, log);
-	for (int i = 0; !rc && i < n_tok; i++)
+	for (int i = 0; !rc && i < n_tok; i++) {
 		if (!(rc = expert_row(&b, &c, tok[i], rec, log, &rows[n_rows])))
 			n_rows++;
+		if (!rc && !(rc = fast_row(&b, tok[i], &rows[n_rows - 1], rec, log, &rows[n_rows])))
+			n_rows++;
+	}
 	if (!rc && !o->no_kernel) {
 		char cc[32];
 		snprintf(cc, sizeof(cc), "%d.%d", b.info.cc_major, b.info.cc_minor);
@@ -294,7 +339,8 @@ int moet_bench_gpu_experts(const moet_bench_gpu_opts *o, json_t *rec, FILE *log,
 	if (!rc && o->model_dir)
 		rc = moet_bench_gpu_decode(o, &c, rec, log, rows + n_rows, &n_rows);
 	if (!rc) {
-		json_object_set_new(rec, "numerics", json_string("exact"));
+		json_object_set_new(rec, "numerics", json_string(o->no_kernel ? "exact"
+									   : "exact, fast"));
 		json_object_set_new(rec, "quick", json_boolean(o->quick));
 		print_table(&b, &c, rows, n_rows, table);
 	}

@@ -243,8 +243,9 @@ static int logits_out(moet_model *m, int64_t n, const moet_seq_step *steps, int 
 	for (int s = 0, t = 0; s < n_steps; s++)
 		for (int64_t i = 0; i < steps[s].n_tok; i++, t++) {
 			const moet_seq_step *st = &steps[s];
-			if (!st->out_logits || (st->last_only && i != st->n_tok - 1))
-				continue;
+			const int last = i == st->n_tok - 1;
+			if (!(st->out_logits && (!st->last_only || last)) && !(st->out_token && last))
+				continue; /* out_token: the last row is sampled (issue 4) */
 			TRY(op->rmsnorm(be, b->x + t * H, H, m->final_norm, 1, H, c->rms_norm_eps,
 					b->h + n_sel * H, H));
 			n_sel++;
@@ -252,17 +253,29 @@ static int logits_out(moet_model *m, int64_t n, const moet_seq_step *steps, int 
 	if (n_sel == 0)
 		return 0;
 	TRY(op->linear(be, &m->lm_head, b->h, H, n_sel, b->logits, V));
-	int64_t sel = 0;
-	for (int s = 0; s < n_steps; s++) {
+	int64_t sel = 0, n_draw = 0;
+	moet_draw *draw = malloc((size_t)n_steps * sizeof(*draw)); /* issue 4: sampled rows */
+	if (!draw)
+		return moet_err(MOET_ENOMEM, "draws of %d entries", n_steps);
+	for (int s = 0; s < n_steps && !rc; s++) {
 		const moet_seq_step *st = &steps[s];
-		if (!st->out_logits)
+		if (!st->out_logits && !st->out_token)
 			continue;
-		int64_t rows = st->last_only ? (st->n_tok > 0) : st->n_tok;
-		TRY(op->download(be, st->out_logits, b->logits + sel * V,
-				 (size_t)(rows * V) * sizeof(float)));
+		int64_t rows = st->last_only || !st->out_logits ? (st->n_tok > 0) : st->n_tok;
+		if (st->out_logits)
+			rc = op->download(be, st->out_logits, b->logits + sel * V,
+					  (size_t)(rows * V) * sizeof(float));
 		sel += rows;
+		if (!rc && st->out_token && rows > 0) /* the next token from the last row */
+			draw[n_draw++] = (moet_draw){ st->sample, sel - 1, st->kv->len + st->n_tok,
+						      st->out_token };
+		if (!rc && st->out_token && !st->sample)
+			rc = moet_err(MOET_EINVAL, "batch entry %d: out_token without sample", s);
 	}
-	return 0;
+	if (!rc)
+		rc = moet_backend_draw(be, b->logits, V, draw, n_draw);
+	free(draw);
+	return rc;
 }
 
 /* One micro-batch of a pass: its entries, rows, row table, buffers and dispatch slot. */
@@ -423,29 +436,19 @@ int moet_model_generate_sampled(moet_model *m, const int64_t *prompt, int64_t n_
 				int64_t *out_ids, int64_t *out_n)
 {
 	const moet_config *c = &m->cfg;
-	const int64_t V = c->vocab_size;
 	moet_kv *kv = NULL;
-	float *logits = NULL;
-	int64_t *scratch = NULL;
+	int64_t next = 0;
 	int rc;
 	*out_n = 0;
 	if (n_prompt <= 0)
 		return moet_err(MOET_EINVAL, "generate: empty prompt");
-	if ((rc = moet_kv_create(m, n_prompt + max_new, &kv)))
+	if ((rc = moet_sample_check(sp)) || (rc = moet_kv_create(m, n_prompt + max_new, &kv)))
 		return rc;
-	logits = malloc((size_t)V * sizeof(float));
-	scratch = malloc((size_t)V * sizeof(int64_t));
-	if (!logits || !scratch) {
-		rc = moet_err(MOET_ENOMEM, "logits");
-		goto out;
-	}
-	moet_seq_step st = { .kv = kv, .tokens = prompt, .n_tok = n_prompt, .out_logits = logits,
-			     .last_only = 1 };
+	/* the token is drawn where the logits are (moet_backend_draw): only ids cross PCIe */
+	moet_seq_step st = { .kv = kv, .tokens = prompt, .n_tok = n_prompt, .sample = sp,
+			     .out_token = &next };
 	for (int64_t i = 0; i < max_new; i++) {
 		if ((rc = moet_model_forward_batch(m, &st, 1)))
-			goto out;
-		int64_t next;
-		if ((rc = moet_sample(logits, V, sp, moet_kv_len(kv), scratch, &next)))
 			goto out;
 		out_ids[(*out_n)++] = next;
 		if ((stop_at_eos && next == c->eos_token_id) || i + 1 == max_new)
@@ -454,8 +457,6 @@ int moet_model_generate_sampled(moet_model *m, const int64_t *prompt, int64_t n_
 		st.n_tok = 1;
 	}
 out:
-	free(scratch);
-	free(logits);
 	moet_kv_destroy(kv);
 	return rc;
 }

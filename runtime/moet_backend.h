@@ -27,6 +27,7 @@
 
 #include "moet_config.h"
 #include "moet_mat.h"
+#include "moet_sample.h"
 
 typedef struct moet_backend moet_backend;
 typedef struct moet_rows moet_rows; /* a batch's row table in the backend's form */
@@ -59,6 +60,14 @@ typedef struct moet_attn_dims {
 	int rope_interleave;
 	float softmax_scale;
 } moet_attn_dims;
+
+/* One token to draw from a row of logits: moet_sample's arguments and where the id goes. */
+typedef struct moet_draw {
+	const moet_sample_params *p; /* borrowed */
+	int64_t row;                 /* the logits row: logits + row * V */
+	int64_t pos;                 /* the draw's position (moet_sample's pos) */
+	int64_t *out_id;             /* host */
+} moet_draw;
 
 typedef struct moet_backend_ops {
 	const char *name;
@@ -141,7 +150,20 @@ typedef struct moet_backend_ops {
 	 * shared[t][j] : 0)), i in canonical order: the contract's combine. out may alias shared. */
 	int (*combine)(moet_backend *be, const float *y, const int32_t *slot, const float *weights,
 		       int64_t top_k, const float *shared, int64_t n, int64_t dim, float *out);
+	/* Optional (NULL: moet_backend_draw downloads the rows and samples on the host): the
+	 * draws of moet_backend_draw on the backend, the same tokens, only ids coming back. */
+	int (*sample)(moet_backend *be, const float *logits, int64_t V, const moet_draw *d,
+		      int64_t n);
 } moet_backend_ops;
+
+/*
+ * *d[r].out_id = moet_sample(logits + d[r].row * V, V, d[r].p, d[r].pos) for r < n, logits in
+ * backend memory: through the backend's sample op when it has one (CUDA: gpu/sample.cu, the
+ * same tokens; only ids cross PCIe), unless MOET_SAMPLE_DEVICE=0; otherwise each row is
+ * downloaded and sampled on the host (runtime/draw.c). Returns 0 or a MOET_E* code.
+ */
+int moet_backend_draw(moet_backend *be, const float *logits, int64_t V, const moet_draw *d,
+		      int64_t n);
 
 struct moet_backend {
 	const moet_backend_ops *ops;

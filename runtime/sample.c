@@ -5,6 +5,9 @@
  * thread-local pointer to the values (qsort has no context argument). The full sort costs
  * ~10 ms at a 160K vocabulary on one core: fine for the reference; a partial selection for
  * small top_k is the obvious next step.
+ *
+ * NOTE: the softmax terms use moet_exp64 (common/moet_exp64.h), not libm's exp, so that the
+ * device sampler (gpu/sample.cu) computes the same binary64 sums bit for bit.
  */
 #include "moet_sample.h"
 
@@ -12,6 +15,7 @@
 #include <stdlib.h>
 
 #include "moet_err.h"
+#include "moet_exp64.h"
 
 int64_t moet_argmax(const float *logits, int64_t n)
 {
@@ -86,12 +90,12 @@ int moet_sample(const float *logits, int64_t n, const moet_sample_params *p, int
 	const double inv_t = 1.0 / p->temperature, top = (double)logits[scratch[0]];
 	double total = 0.0;
 	for (int64_t i = 0; i < keep; i++)
-		total += exp(((double)logits[scratch[i]] - top) * inv_t);
+		total += moet_exp64(((double)logits[scratch[i]] - top) * inv_t);
 	/* top-p: the shortest prefix reaching top_p of the kept mass */
 	double mass = 0.0;
 	int64_t cut = keep;
 	for (int64_t i = 0; i < keep; i++) {
-		mass += exp(((double)logits[scratch[i]] - top) * inv_t);
+		mass += moet_exp64(((double)logits[scratch[i]] - top) * inv_t);
 		if (mass >= p->top_p * total) {
 			cut = i + 1;
 			break;
@@ -99,10 +103,10 @@ int moet_sample(const float *logits, int64_t n, const moet_sample_params *p, int
 	}
 	double prefix = 0.0;
 	for (int64_t i = 0; i < cut; i++)
-		prefix += exp(((double)logits[scratch[i]] - top) * inv_t);
+		prefix += moet_exp64(((double)logits[scratch[i]] - top) * inv_t);
 	double u = moet_sample_uniform(p->seed, pos) * prefix, run = 0.0;
 	for (int64_t i = 0; i < cut; i++) {
-		run += exp(((double)logits[scratch[i]] - top) * inv_t);
+		run += moet_exp64(((double)logits[scratch[i]] - top) * inv_t);
 		if (run > u) {
 			*out_id = scratch[i];
 			return 0;
