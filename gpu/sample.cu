@@ -141,8 +141,22 @@ static __device__ void finish(const uint64_t *keys, double *s, int keep, int idb
 		s[i] = moet_exp64(((double)l[keys[i] & idmask] - top) * inv_t);
 	__syncthreads();
 	if (tid == 0) {
+		/* NOTE: the serial sum in candidate order; loads are issued 16 at a time so that
+		 * global-memory latency is not paid per term (same adds, same order) */
 		double run = 0.0;
-		for (int i = 0; i < keep; i++) {
+		int i = 0;
+		for (; i + 16 <= keep; i += 16) {
+			double v[16];
+#pragma unroll
+			for (int q = 0; q < 16; q++)
+				v[q] = s[i + q];
+#pragma unroll
+			for (int q = 0; q < 16; q++) {
+				run += v[q];
+				s[i + q] = run;
+			}
+		}
+		for (; i < keep; i++) {
 			run += s[i];
 			s[i] = run;
 		}
