@@ -91,6 +91,7 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 	free(m->sim);
 	free(m->owner);
 	free(m->tier_pairs);
+	memset(m->mb_tune, 0, sizeof(m->mb_tune)); /* timings of another placement */
 	m->sim = NULL;
 	m->owner = NULL;
 	m->tier_pairs = NULL;

@@ -19,6 +19,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "model_int.h"
 #include "moet_err.h"
@@ -351,18 +352,61 @@ static int mb_stage2(moet_model *m, const mb_pass *p, int64_t l)
 	return 0;
 }
 
-/* Two micro-batches when a placement leaves experts to the CPU tier and the batch has at least
- * two entries (MOET_MICROBATCH=0 turns it off): split by entries at half the rows. */
+/* Where a batch would split into two micro-batches (by entries, at half the rows), or n_steps
+ * when it cannot: no placement with a CPU tier, GPUs beyond the first, or one entry. */
 static int split_point(const moet_model *m, const moet_seq_step *steps, int n_steps, int64_t n)
 {
-	const char *env = getenv("MOET_MICROBATCH");
-	if (!m->hy || m->remote || n_steps < 2 || (env && !strcmp(env, "0")))
+	if (!m->hy || m->remote || n_steps < 2)
 		return n_steps;
 	int64_t rows = 0;
 	int k = 0;
 	while (k < n_steps - 1 && 2 * (rows + steps[k].n_tok) <= n)
 		rows += steps[k++].n_tok;
 	return k == 0 ? 1 : k;
+}
+
+#define MB_TRIALS 3   /* passes of each form before choosing */
+#define MB_RETRY 512  /* then the other form once every this many passes */
+
+/*
+ * One pass (0) or two micro-batches (1)? MOET_MICROBATCH=0 or 1 forces it; otherwise (auto)
+ * per batch size (rows, in powers of two) the faster as measured: each form MB_TRIALS times,
+ * then the one with the lower running mean, the other tried again now and then. The
+ * micro-batches hide GPU work behind the CPU tier, but a cold expert both halves route to is
+ * read twice, which costs more than it hides while the CPU tier is bandwidth-bound (bench e2e
+ * records). Both forms give the same bits.
+ */
+static int mb_choose(moet_model *m, int64_t n)
+{
+	const char *env = getenv("MOET_MICROBATCH");
+	if (env && (!strcmp(env, "0") || !strcmp(env, "1")))
+		return env[0] == '1';
+	int b = 0;
+	while (b < 31 && ((int64_t)1 << (b + 1)) <= n)
+		b++;
+	moet_mb_tune *t = &m->mb_tune[b];
+	t->passes++;
+	if (t->cnt[0] < MB_TRIALS || t->cnt[1] < MB_TRIALS)
+		return t->cnt[1] < t->cnt[0];
+	int best = t->mean[1] < t->mean[0];
+	return (t->passes % MB_RETRY == 0) ? !best : best;
+}
+
+static void mb_record(moet_model *m, int64_t n, int form, double seconds)
+{
+	int b = 0;
+	while (b < 31 && ((int64_t)1 << (b + 1)) <= n)
+		b++;
+	moet_mb_tune *t = &m->mb_tune[b];
+	t->mean[form] = t->cnt[form] ? 0.75 * t->mean[form] + 0.25 * seconds : seconds;
+	t->cnt[form]++;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /*
@@ -382,7 +426,11 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 		return rc;
 	if (m->experts_unbound && !m->owner)
 		TRY(moet_model_bind_experts(m, NULL));
-	const int k = split_point(m, steps, n_steps, n);
+	int k = split_point(m, steps, n_steps, n);
+	const int can_split = k < n_steps, form = can_split ? mb_choose(m, n) : 0;
+	const double t0 = now_s();
+	if (!form)
+		k = n_steps;
 	mb_pass p[2] = { { .steps = steps, .n_steps = k, .seq_base = 0, .slot = 0,
 			   .b = &m->bufs[0] },
 			 { .steps = steps + k, .n_steps = n_steps - k, .seq_base = k, .slot = 1,
@@ -420,6 +468,8 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 		return rc;
 	for (int s = 0; s < n_steps; s++)
 		steps[s].kv->len += steps[s].n_tok;
+	if (can_split)
+		mb_record(m, n, form, now_s() - t0);
 	return 0;
 }
 

@@ -78,6 +78,14 @@ int moet_remote_finish(moet_remote *r);
 /* Adds this tier's upload bytes and seconds. */
 void moet_remote_upload_stats(const moet_remote *r, double *bytes, double *seconds);
 
+/* forward.c: measured step times of the two forms of a pass (one pass, two micro-batches)
+ * for one batch-size bucket. */
+typedef struct moet_mb_tune {
+	double mean[2];
+	int cnt[2];
+	uint32_t passes;
+} moet_mb_tune;
+
 /* Activation buffers of the forward pass (backend memory), grown to the largest batch. */
 typedef struct moet_fwd_bufs {
 	int64_t cap_rows;         /* rows the buffers hold */
@@ -109,6 +117,7 @@ struct moet_model {
 	moet_remote **remote;     /* [n_devices]: GPUs 1.. of a GPU backend ([0] unused) */
 	int mb_slot;              /* the micro-batch being dispatched (forward.c) */
 	uint64_t split_passes;    /* passes run as two micro-batches (moet_hybrid_stats) */
+	moet_mb_tune mb_tune[32]; /* per batch size, rows in powers of two (forward.c) */
 	int experts_unbound;      /* some routed experts are not bound yet (GPU backends bind
 				     them at the placement or the first pass) */
 	uint64_t upload_bytes;    /* routed experts' bytes bound by moet_model_bind_experts */

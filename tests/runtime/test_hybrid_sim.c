@@ -107,8 +107,10 @@ int main(void)
 		unsetenv("MOET_HYBRID_OVERLAP");
 		unsetenv("MOET_CPU_THREADS");
 		memset(got, 0xAB, n_logits * sizeof(float));
-		if (pl == 7) /* batched calls without the two micro-batches (forward.c) */
-			setenv("MOET_MICROBATCH", "0", 1);
+		/* two micro-batches forced, except: pl 3 the automatic choice (forward.c tries
+		 * both forms), pl 7 batched calls in one pass */
+		if (pl != 3)
+			setenv("MOET_MICROBATCH", pl == 7 ? "0" : "1", 1);
 		run(m, pl != 4, got);
 		unsetenv("MOET_MICROBATCH");
 		CHECK(memcmp(ref, got, n_logits * sizeof(float)) == 0,
@@ -132,6 +134,10 @@ int main(void)
 		      "%s: output bytes copied back", names[pl]);
 		if (pl == 4 || pl == 7)
 			CHECK(hs.split_passes == 0, "%s: no pass in two micro-batches", names[pl]);
+		else if (pl == 3)
+			CHECK(hs.split_passes >= 1 && hs.split_passes <= STEPS, "%s: auto: %llu of %d "
+			      "batched passes split (both forms tried)", names[pl],
+			      (unsigned long long)hs.split_passes, STEPS + 1);
 		else
 			CHECK(hs.split_passes == STEPS + 1, "%s: %llu of %d batched passes in two "
 			      "micro-batches", names[pl], (unsigned long long)hs.split_passes,
