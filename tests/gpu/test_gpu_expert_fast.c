@@ -459,7 +459,7 @@ static void switches(void)
 	CHECK(moet_gpu_expert_mode(&f) == MOET_EINVAL, "a typo is refused");
 	unsetenv("MOET_GPU_EXPERT_MODE");
 	unsetenv("MOET_GPU_FAST_MIN_TOK");
-	CHECK(moet_gpu_fast_min_tok(&mt) == 0 && mt == 16, "min_tok default 16");
+	CHECK(moet_gpu_fast_min_tok(&mt) == 0 && mt == 32, "min_tok default 32");
 	setenv("MOET_GPU_FAST_MIN_TOK", "64", 1);
 	CHECK(moet_gpu_fast_min_tok(&mt) == 0 && mt == 64, "min_tok 64");
 	setenv("MOET_GPU_FAST_MIN_TOK", "0", 1);
