@@ -20,7 +20,9 @@
  *   prefill P    one sequence of P random tokens in one call, last logits to the host
  *
  * Rows: decode-<mode> (tokens = B, median step), prefill-<mode> (tokens = P); the split and
- * the overlap figures go to a "steps" array of the record.
+ * the overlap figures go to a "steps" array of the record. --op-times (MOET_OP_TIMES) adds a
+ * table per decode batch of where the step's time goes op by op; every op is then waited for,
+ * so that run's step times are not the engine's (run it on its own).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +72,7 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int steps, double *samp
 		if (it == 0) {
 			moet_hybrid_stats z;
 			moet_model_hybrid_stats(m, &z, 1);
+			moet_model_op_times(m, 1, NULL, 1); /* MOET_EINVAL when not timed: fine */
 		}
 		for (int64_t b = 0; b < B; b++) {
 			tok[b * ctx] = (int64_t)(xs(&s) % (uint64_t)V);
@@ -129,7 +132,11 @@ static int open_mode(const moet_bench_e2e_opts *o, int mode, moet_model **out, d
 {
 	double t0 = moet_bench_now_s();
 	moet_model *m = NULL;
+	if (o->op_times)
+		setenv("MOET_OP_TIMES", "1", 1);
 	int rc = moet_model_open_on(o->model_dir, o->device, &m);
+	if (o->op_times)
+		unsetenv("MOET_OP_TIMES");
 	if (rc)
 		return rc;
 	const moet_config *c = moet_model_config(m);
@@ -292,6 +299,11 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			step_split sp = { 0 };
 			if ((rc = decode_run(m, B, o->ctx, o->steps, samples, &sp)))
 				break;
+			if (o->op_times) {
+				fprintf(out, "op times, %s decode at batch %lld, per step (each op waited "
+					"for: serialized):\n", mode_name[mode], (long long)B);
+				moet_model_op_times(m, o->steps, out, 1);
+			}
 			moet_bench_row r = { .tokens = B, .ceiling = "" };
 			char name[32];
 			snprintf(name, sizeof(name), "decode-%s", mode_name[mode]);

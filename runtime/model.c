@@ -248,6 +248,11 @@ out:
 	return rc;
 }
 
+int moet_model_op_times(moet_model *m, double per, FILE *f, int reset)
+{
+	return moet_backend_timed_report(m->be, per, f, reset);
+}
+
 void moet_model_upload_stats(const moet_model *m, double *out_bytes, double *out_seconds)
 {
 	*out_bytes = (double)m->upload_bytes;
@@ -404,6 +409,13 @@ int moet_model_open_on(const char *dir, const char *device, moet_model **out)
 		goto fail;
 	if ((rc = moet_backend_create(device, &m->cfg, &m->be)))
 		goto fail;
+	const char *ot = getenv("MOET_OP_TIMES");
+	if (ot && !strcmp(ot, "1")) {
+		moet_backend *timed = NULL;
+		if ((rc = moet_backend_timed_create(m->be, &timed)))
+			goto fail;
+		m->be = timed;
+	}
 	/* NOTE: the expanded form (K and V per head cached) is the reference; the absorbed form
 	 * caches the 576-float latent of a Kimi-K2 position instead of 20480 floats.
 	 * MOET_MLA=absorbed selects it where the backend has it. */

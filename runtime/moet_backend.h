@@ -23,6 +23,7 @@
 #define MOET_BACKEND_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "moet_config.h"
@@ -181,6 +182,13 @@ int moet_backend_cuda_create(int device, moet_backend **out);
 /* out[0..n) = the pairs of ids[0..n) sorted by expert, then by pair index: consecutive runs
  * of one expert, in the same order on every backend. Returns 0 or MOET_EINVAL (negative id). */
 int moet_expert_pairs_sort(const int32_t *ids, int64_t n, moet_expert_pair *out);
+
+/* A backend that forwards every op to `inner` (which it then owns) and times each one, waiting
+ * for inner after it (runtime/backend_timed.c; MOET_OP_TIMES=1 at model open). report prints
+ * the ops by time, per step (the times divided by `per`) to f (NULL: prints nothing), and may
+ * reset them; MOET_EINVAL if be is not a timed backend. */
+int moet_backend_timed_create(moet_backend *inner, moet_backend **out);
+int moet_backend_timed_report(moet_backend *be, double per, FILE *f, int reset);
 
 /* By name: "cpu" or "cuda" (device 0), sized for the model of config c. */
 int moet_backend_create(const char *name, const moet_config *c, moet_backend **out);

@@ -14,6 +14,7 @@
 #define MOET_MODEL_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "moet_ckpt.h"
 #include "moet_config.h"
@@ -112,6 +113,11 @@ void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset);
 /* The routed experts' upload to a GPU backend so far (at the placement, or at the first pass
  * without one): bytes (codes and scales) and wall seconds. */
 void moet_model_upload_stats(const moet_model *m, double *out_bytes, double *out_seconds);
+
+/* With MOET_OP_TIMES=1 at open, every backend op is timed (waited for after it: figures that
+ * attribute time, not step times): prints the ops by time per step (divided by per) to f (NULL:
+ * nothing) and resets them if asked. MOET_EINVAL when the model was opened without it. */
+int moet_model_op_times(moet_model *m, double per, FILE *f, int reset);
 
 /* Overlap of the CPU tier with the device's work on (1, the default) or off (0: the CPU tier
  * runs alone, the reference path; MOET_HYBRID_OVERLAP=0 at set_placement does the same).

@@ -17,7 +17,7 @@ static void usage(FILE *f)
 	fprintf(f, "usage: moet-hybrid bench e2e --model DIR [--placement FILE] [--device cuda|cpu]\n"
 		   "                             [--modes gpu,hybrid,cpu] [--batches 1,4,16,64]\n"
 		   "                             [--prefill 1024,8192] [--ctx N] [--steps N]\n"
-		   "                             [--no-overlap-check] [--json FILE]\n\n"
+		   "                             [--no-overlap-check] [--op-times] [--json FILE]\n\n"
 		   "The whole model per placement mode: gpu (every routed expert on the GPU), hybrid\n"
 		   "(the placement file's GPUs and the CPU tier), cpu (every routed expert on the\n"
 		   "CPU tier, the dense part on the GPU). Per mode: the time to ready (open and\n"
@@ -26,7 +26,9 @@ static void usage(FILE *f)
 		   "copies), for hybrid and cpu also the serial run (overlap off: Tc and Tg alone)\n"
 		   "and the bound max(Tc, Tg) + 0.15 min(Tc, Tg), and one prefill per length.\n"
 		   "Defaults: --device cuda, --modes gpu,hybrid,cpu (hybrid needs --placement),\n"
-		   "--batches 1,4,16,64, --prefill 1024,8192, --ctx 64, --steps 8.\n");
+		   "--batches 1,4,16,64, --prefill 1024,8192, --ctx 64, --steps 8.\n"
+		   "--op-times: per decode batch, the time of every backend op per step (each op\n"
+		   "waited for, so that run's step times are not the engine's: run it alone).\n");
 }
 
 static int parse_list(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t **out,
@@ -104,6 +106,7 @@ int moet_cli_bench_e2e(int argc, char **argv)
 		{ "ctx", required_argument, NULL, 'c' },
 		{ "steps", required_argument, NULL, 's' },
 		{ "no-overlap-check", no_argument, NULL, 'n' },
+		{ "op-times", no_argument, NULL, 'o' },
 		{ "json", required_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -143,6 +146,7 @@ int moet_cli_bench_e2e(int argc, char **argv)
 				rc = moet_err(MOET_EINVAL, "--steps: '%s' (1 .. 100000)", optarg);
 			break;
 		case 'n': o.overlap_check = 0; break;
+		case 'o': o.op_times = 1; break;
 		case 'j': json_path = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;

@@ -103,6 +103,13 @@ int main(void)
 		}
 		json_decref(r);
 	}
+	/* --op-times: a table per decode batch with the model's ops and their sum */
+	rc = moet_test_cli(&out, "bench e2e --model %s --device cpu --modes cpu --batches 2 "
+			   "--prefill 4 --ctx 4 --steps 2 --no-overlap-check --op-times", model);
+	CHECK(rc == 0 && out && strstr(out, "op times, cpu decode at batch 2") &&
+	      strstr(out, "attend") && strstr(out, "linear ") && strstr(out, "experts_grouped") == NULL
+	      && strstr(out, "sum"), "op times table: exit %d\n%s", rc, out ? out : "");
+	free(out);
 	moet_test_cli_expect("bench e2e --model /nonexistent --device cpu --modes cpu --batches 1 "
 			     "--prefill 4", 1, "/nonexistent");
 	char args[1024];
