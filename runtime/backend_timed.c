@@ -264,6 +264,12 @@ int moet_backend_timed_create(moet_backend *inner, moet_backend **out)
 	return 0;
 }
 
+static void reset_times(timed_be *t)
+{
+	memset(t->t, 0, sizeof(t->t));
+	t->n = 0;
+}
+
 static int by_time(const void *a, const void *b)
 {
 	double x = ((const op_time *)a)->s, y = ((const op_time *)b)->s;
@@ -277,7 +283,8 @@ int moet_backend_timed_report(moet_backend *be, double per, FILE *f, int reset)
 				"at open)");
 	timed_be *t = tb(be);
 	if (!f) {
-		t->n = reset ? 0 : t->n;
+		if (reset)
+			reset_times(t);
 		return 0;
 	}
 	op_time sorted[MAX_KEYS];
@@ -292,6 +299,6 @@ int moet_backend_timed_report(moet_backend *be, double per, FILE *f, int reset)
 			(double)sorted[i].calls / per, total > 0 ? 100 * sorted[i].s / total : 0);
 	fprintf(f, "  %-28s %10.3f\n", "sum", 1e3 * total / per);
 	if (reset)
-		t->n = 0;
+		reset_times(t);
 	return 0;
 }

@@ -103,12 +103,19 @@ int main(void)
 		}
 		json_decref(r);
 	}
-	/* --op-times: a table per decode batch with the model's ops and their sum */
+	/* --op-times: a table per decode batch with the model's ops and their sum; embed runs
+	 * once per pass, so after the reset its calls per step are exactly 1 */
+	setenv("MOET_MICROBATCH", "0", 1); /* one pass per step: embed runs once */
 	rc = moet_test_cli(&out, "bench e2e --model %s --device cpu --modes cpu --batches 2 "
 			   "--prefill 4 --ctx 4 --steps 2 --no-overlap-check --op-times", model);
 	CHECK(rc == 0 && out && strstr(out, "op times, cpu decode at batch 2") &&
 	      strstr(out, "attend") && strstr(out, "linear ") && strstr(out, "experts_grouped") == NULL
 	      && strstr(out, "sum"), "op times table: exit %d\n%s", rc, out ? out : "");
+	const char *em = out ? strstr(out, "  embed ") : NULL;
+	double ms = 0, calls = 0;
+	CHECK(em && sscanf(em, " embed %lf %lf", &ms, &calls) == 2 && calls == 1.0,
+	      "embed once per timed step (prefill and warm-up not counted): %g", calls);
+	unsetenv("MOET_MICROBATCH");
 	free(out);
 	moet_test_cli_expect("bench e2e --model /nonexistent --device cpu --modes cpu --batches 1 "
 			     "--prefill 4", 1, "/nonexistent");
