@@ -8,7 +8,8 @@
  *                the model is opened afresh and the placement set: that time is the time to
  *                ready (the hot experts' upload included), with the bytes uploaded
  *   decode B     B sequences prefilled with `ctx` random tokens in one call, one warm-up
- *                step, then `steps` timed steps of B x 1 token (last logits to the host);
+ *                step, then `steps` timed steps of B x 1 token, each sequence's next token
+ *                drawn greedily where the logits are (on CUDA only the ids come back);
  *                the CPU tier's counters over the timed steps give the split: CPU busy
  *                (submit to done), driver blocked on the CPU, PCIe copies (staging down and
  *                up, wall time of the synchronous copies), the rest (GPU and host work)
@@ -56,16 +57,19 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int steps, double *samp
 	moet_kv **kv = calloc((size_t)B, sizeof(*kv));
 	moet_seq_step *st = calloc((size_t)B, sizeof(*st));
 	int64_t *tok = malloc((size_t)(B * ctx) * sizeof(*tok));
-	float *logits = malloc((size_t)(B * V) * sizeof(float));
-	int rc = (!kv || !st || !tok || !logits) ? moet_err(MOET_ENOMEM, "decode buffers") : 0;
+	int64_t *next = calloc((size_t)B, sizeof(*next));
+	int rc = (!kv || !st || !tok || !next) ? moet_err(MOET_ENOMEM, "decode buffers") : 0;
 	uint64_t s = 0x9E3779B97F4A7C15ull ^ (uint64_t)B;
 	for (int64_t i = 0; !rc && i < B * ctx; i++)
 		tok[i] = (int64_t)(xs(&s) % (uint64_t)V);
 	for (int64_t b = 0; !rc && b < B; b++)
 		rc = moet_kv_create(m, ctx + steps + 2, &kv[b]);
+	/* each step's next tokens drawn where the logits are (greedy; on CUDA only the ids
+	 * cross PCIe, as in serving), fed back as the next step's tokens */
+	static const moet_sample_params greedy = { .temperature = 0, .top_k = 0, .top_p = 1 };
 	for (int64_t b = 0; !rc && b < B; b++)
 		st[b] = (moet_seq_step){ .kv = kv[b], .tokens = tok + b * ctx, .n_tok = ctx,
-					 .out_logits = logits + b * V, .last_only = 1 };
+					 .sample = &greedy, .out_token = &next[b] };
 	if (!rc)
 		rc = moet_model_forward_batch(m, st, (int)B);
 	for (int it = -1; !rc && it < steps; it++) {
@@ -75,7 +79,7 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int steps, double *samp
 			moet_model_op_times(m, 1, NULL, 1); /* MOET_EINVAL when not timed: fine */
 		}
 		for (int64_t b = 0; b < B; b++) {
-			tok[b * ctx] = (int64_t)(xs(&s) % (uint64_t)V);
+			tok[b * ctx] = next[b];
 			st[b].tokens = tok + b * ctx;
 			st[b].n_tok = 1;
 		}
@@ -98,7 +102,7 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int steps, double *samp
 	free(kv);
 	free(st);
 	free(tok);
-	free(logits);
+	free(next);
 	return rc;
 }
 

@@ -237,19 +237,29 @@ static int logits_out(moet_model *m, int64_t n, const moet_seq_step *steps, int 
 	moet_backend *be = m->be;
 	moet_fwd_bufs *b = m->cur;
 	const int64_t H = c->hidden_size, V = c->vocab_size;
-	int64_t n_sel = 0;
+	int64_t n_sel = 0, run_from = -1, run_len = 0;
 	int rc;
 	(void)n;
-	/* gather the wanted rows of x into h, in batch order */
-	for (int s = 0, t = 0; s < n_steps; s++)
-		for (int64_t i = 0; i < steps[s].n_tok; i++, t++) {
-			const moet_seq_step *st = &steps[s];
+	/* the final norm of the wanted rows of x into h, in batch order: one call per run of
+	 * consecutive wanted rows (a decode batch is one run) */
+	for (int s = 0, t = 0; s <= n_steps; s++)
+		for (int64_t i = 0; i < (s < n_steps ? steps[s].n_tok : 1); i++, t++) {
+			const moet_seq_step *st = &steps[s < n_steps ? s : 0];
 			const int last = i == st->n_tok - 1;
-			if (!(st->out_logits && (!st->last_only || last)) && !(st->out_token && last))
-				continue; /* out_token: the last row is sampled (issue 4) */
-			TRY(op->rmsnorm(be, b->x + t * H, H, m->final_norm, 1, H, c->rms_norm_eps,
-					b->h + n_sel * H, H));
-			n_sel++;
+			/* out_token: the last row is sampled (issue 4) */
+			int want = s < n_steps && ((st->out_logits && (!st->last_only || last)) ||
+						   (st->out_token && last));
+			if (want && run_len && run_from + run_len == t) {
+				run_len++;
+				continue;
+			}
+			if (run_len) {
+				TRY(op->rmsnorm(be, b->x + run_from * H, H, m->final_norm, run_len, H,
+						c->rms_norm_eps, b->h + n_sel * H, H));
+				n_sel += run_len;
+			}
+			run_from = t;
+			run_len = want;
 		}
 	if (n_sel == 0)
 		return 0;
