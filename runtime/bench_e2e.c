@@ -164,32 +164,6 @@ static int open_mode(const moet_bench_e2e_opts *o, int mode, moet_model **out, d
 	return 0;
 }
 
-/* Host-to-device copies of 256 MiB from pinned memory, median of 5: the link's ceiling. */
-static int h2d_ceiling(double *out_GBps)
-{
-	const size_t bytes = (size_t)256 << 20;
-	void *h = NULL, *d = NULL;
-	double t[5];
-	int rc = moet_gpu_host_alloc(bytes, &h);
-	if (!rc)
-		rc = moet_gpu_alloc(bytes, &d);
-	if (!rc)
-		memset(h, 1, bytes);
-	for (int i = 0; i < 5 && !rc; i++) {
-		double t0 = moet_bench_now_s();
-		rc = moet_gpu_copy_h2d(d, h, bytes);
-		t[i] = moet_bench_now_s() - t0;
-	}
-	moet_gpu_free(d);
-	moet_gpu_host_free(h);
-	if (!rc) {
-		moet_bench_stats st;
-		moet_bench_stats_of(t, 5, &st);
-		*out_GBps = (double)bytes / st.median_s / 1e9;
-	}
-	return rc;
-}
-
 typedef struct read_job {
 	const moet_ckpt *ck;
 	size_t first, step, limit; /* tensors first, first + step, ... */
@@ -270,7 +244,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 		 * reader finds the pages in the page cache either way (a RAM-backed checkpoint) */
 		double h2d = 0, src = 0;
 		int threads = moet_upload_default_threads();
-		if (!(rc = h2d_ceiling(&h2d)) &&
+		if (!(rc = moet_bench_h2d_GBps(&h2d)) &&
 		    !(rc = source_ceiling(o->model_dir, threads, (size_t)16 << 30, &src))) {
 			moet_bench_add_ceiling(rec, "h2d_GBps", h2d, "GB/s");
 			moet_bench_add_ceiling(rec, "source_read_GBps", src, "GB/s");

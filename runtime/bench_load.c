@@ -151,31 +151,6 @@ static int disk_ceiling(const moet_ckpt *ck, const moet_bench_load_opts *o, bar 
 	return rc;
 }
 
-static int h2d_ceiling(double *out_GBps)
-{
-	const size_t bytes = (size_t)256 << 20;
-	void *h = NULL, *d = NULL;
-	double t[5];
-	int rc = moet_gpu_host_alloc(bytes, &h);
-	if (!rc)
-		rc = moet_gpu_alloc(bytes, &d);
-	if (!rc)
-		memset(h, 1, bytes);
-	for (int i = 0; i < 5 && !rc; i++) {
-		double t0 = moet_bench_now_s();
-		rc = moet_gpu_copy_h2d(d, h, bytes);
-		t[i] = moet_bench_now_s() - t0;
-	}
-	moet_gpu_free(d);
-	moet_gpu_host_free(h);
-	if (!rc) {
-		moet_bench_stats st;
-		moet_bench_stats_of(t, 5, &st);
-		*out_GBps = (double)bytes / st.median_s / 1e9;
-	}
-	return rc;
-}
-
 static size_t mem_available(void)
 {
 	FILE *f = fopen("/proc/meminfo", "r");
@@ -212,7 +187,7 @@ int moet_bench_load(const moet_bench_load_opts *o, json_t *rec, FILE *log, FILE 
 	const double disk_GBps = disk_s > 0 ? (double)disk_b / disk_s / 1e9 : 0;
 	const char *why = "";
 	if (!rc && !o->no_gpu && moet_gpu_count(&why) > 0) {
-		if ((rc = h2d_ceiling(&h2d)))
+		if ((rc = moet_bench_h2d_GBps(&h2d)))
 			return moet_err_prefix(rc, "bench load: host-to-device ceiling");
 	}
 	moet_xtier_stats plan = { 0 }, st = { 0 };

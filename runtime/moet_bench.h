@@ -77,6 +77,10 @@ double moet_bench_fma(int64_t iters);
 /* "avx512", "avx2" or "scalar": what moet_bench_read / moet_bench_fma use here. */
 const char *moet_bench_ceil_isa(void);
 
+/* The host-to-device ceiling: copies of 256 MiB from pinned memory to the current GPU, median
+ * of 5, in GB/s (bench_h2d.c). MOET_EUNSUP without CUDA, MOET_EDEVICE, MOET_ENOMEM. */
+int moet_bench_h2d_GBps(double *out_GBps);
+
 /* ---- `bench cpu-experts` (bench_cpu.c) --------------------------------------------------- */
 
 typedef struct moet_bench_cpu_opts {

@@ -4,10 +4,15 @@
 #include "moet_test.h"
 
 #include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "moet_err.h"
+#include "moet_model.h"
 
 int moet_test_failures;
 
@@ -111,4 +116,40 @@ void moet_test_cli_expect(const char *args, int want_rc, const char *want_text)
 	CHECK(out && strstr(out, want_text), "'%s': output lacks '%s': %s", args, want_text,
 	      out ? out : "");
 	free(out);
+}
+
+int moet_test_ragged_run(moet_model *m, int seqs, int steps, int batched, float *out)
+{
+	const int64_t V = moet_model_config(m)->vocab_size;
+	const int64_t max_prompt = 2 * (int64_t)seqs + 1, width = max_prompt + steps;
+	moet_kv **kv = calloc((size_t)seqs, sizeof(*kv));
+	int64_t *tok = malloc((size_t)(seqs * width) * sizeof(*tok));
+	moet_seq_step *st = malloc((size_t)seqs * sizeof(*st));
+	int rc = (!kv || !tok || !st) ? MOET_ENOMEM : 0;
+	for (int s = 0; !rc && s < seqs; s++)
+		for (int64_t i = 0; i < width; i++)
+			tok[s * width + i] = (int64_t)((uint64_t)(s * 131 + i * 17 + 3) % (uint64_t)V);
+	for (int s = 0; s < seqs && !rc; s++)
+		rc = moet_kv_create(m, width + 1, &kv[s]);
+	size_t at = 0;
+	for (int step = 0; step <= steps && !rc; step++) {
+		for (int s = 0; s < seqs; s++) {
+			int64_t plen = 2 * (int64_t)(seqs - s) + 1;
+			st[s] = (moet_seq_step){ .kv = kv[s],
+						 .tokens = tok + s * width + (step ? plen + step - 1 : 0),
+						 .n_tok = step ? 1 : plen, .out_logits = out + at,
+						 .last_only = 1 };
+			at += (size_t)V;
+		}
+		if (batched)
+			rc = moet_model_forward_batch(m, st, seqs);
+		for (int s = 0; s < seqs && !batched && !rc; s++)
+			rc = moet_model_forward_batch(m, &st[s], 1);
+	}
+	for (int s = 0; kv && s < seqs; s++)
+		moet_kv_destroy(kv[s]);
+	free(kv);
+	free(tok);
+	free(st);
+	return rc;
 }

@@ -52,4 +52,11 @@ void moet_test_cli_expect(const char *args, int want_rc, const char *want_text);
 /* Writes n bytes to path. 0 or -1. */
 int moet_test_write_file(const char *path, const void *data, size_t n);
 
+typedef struct moet_model moet_model;
+
+/* Sequences 0..seqs-1 with prompts of 2 (seqs - s) + 1 tokens (fixed ids), prefilled together
+ * (batched) or one per call, then `steps` decode steps; out gets the last row's logits of
+ * every sequence and call, [steps + 1][seqs][vocab]. Returns 0 or the first error. */
+int moet_test_ragged_run(moet_model *m, int seqs, int steps, int batched, float *out);
+
 #endif

@@ -28,6 +28,11 @@ int moet_cli_fail(const char *cmd, int code);
 /* Parses "1,2,3" into a malloc'd array of *out_n token ids. Returns 0 or MOET_EINVAL. */
 int moet_cli_parse_tokens(const char *s, int64_t **out, int64_t *out_n);
 
+/* The option `opt`'s list "1,2,3" into *out (malloc'd; a previous *out is freed), each value
+ * in [lo, hi]; one-line MOET_EINVAL naming the option otherwise. */
+int moet_cli_parse_list(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t **out,
+			int *out_n);
+
 typedef struct moet_model moet_model;
 
 /* Loads placement FILE against the model (sizes from its checkpoint) and sets it, with the

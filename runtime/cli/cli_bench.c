@@ -160,25 +160,6 @@ static void gpu_usage(FILE *f)
 }
 
 /* A comma list of integers in [lo, hi] into *out (malloc'd; replaces a previous list). */
-static int parse_list(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t **out,
-		      int *out_n)
-{
-	int64_t n = 0;
-	free(*out);
-	*out = NULL;
-	*out_n = 0;
-	int rc = moet_cli_parse_tokens(s, out, &n);
-	if (rc)
-		return rc == MOET_EINVAL ? moet_err(MOET_EINVAL, "%s: '%s' is not a list of "
-							  "integers", opt, s) : rc;
-	for (int64_t i = 0; i < n; i++)
-		if ((*out)[i] < lo || (*out)[i] > hi)
-			return moet_err(MOET_EINVAL, "%s: %lld is not in [%lld, %lld]", opt,
-					(long long)(*out)[i], (long long)lo, (long long)hi);
-	*out_n = (int)n;
-	return 0;
-}
-
 static int gpu_experts(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -207,10 +188,12 @@ static int gpu_experts(int argc, char **argv)
 	optind = 1;
 	while (!rc && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
-		case 'k': rc = parse_list("--tokens", optarg, 1, 1 << 20, &tokens, &o.n_tokens);
+		case 'k': rc = moet_cli_parse_list("--tokens", optarg, 1,
+							 1 << 20, &tokens, &o.n_tokens);
 			o.tokens = tokens;
 			break;
-		case 'b': rc = parse_list("--batches", optarg, 1, 4096, &batches, &o.n_batches);
+		case 'b': rc = moet_cli_parse_list("--batches", optarg, 1,
+							 4096, &batches, &o.n_batches);
 			o.batches = batches;
 			break;
 		case 'g': rc = parse_int("--group", optarg, 1, 64, &v); o.group = (int)v; break;

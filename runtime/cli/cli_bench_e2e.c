@@ -31,23 +31,6 @@ static void usage(FILE *f)
 		   "waited for, so that run's step times are not the engine's: run it alone).\n");
 }
 
-static int parse_list(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t **out,
-		      int *out_n)
-{
-	int64_t n = 0;
-	free(*out);
-	*out = NULL;
-	int rc = moet_cli_parse_tokens(s, out, &n);
-	if (rc)
-		return moet_err(MOET_EINVAL, "%s: '%s' is not a list of integers", opt, s);
-	for (int64_t i = 0; i < n; i++)
-		if ((*out)[i] < lo || (*out)[i] > hi)
-			return moet_err(MOET_EINVAL, "%s: %lld is not in [%lld, %lld]", opt,
-					(long long)(*out)[i], (long long)lo, (long long)hi);
-	*out_n = (int)n;
-	return 0;
-}
-
 static int parse_modes(const char *s, int *out)
 {
 	char buf[64];
@@ -131,10 +114,12 @@ int moet_cli_bench_e2e(int argc, char **argv)
 			o.device = optarg;
 			break;
 		case 'M': rc = parse_modes(optarg, &o.modes); modes_given = 1; break;
-		case 'b': rc = parse_list("--batches", optarg, 1, 4096, &batches, &o.n_batches);
+		case 'b': rc = moet_cli_parse_list("--batches", optarg, 1,
+							 4096, &batches, &o.n_batches);
 			o.batches = batches;
 			break;
-		case 'P': rc = parse_list("--prefill", optarg, 1, 1 << 17, &prefills, &o.n_prefills);
+		case 'P': rc = moet_cli_parse_list("--prefill", optarg, 1,
+							 1 << 17, &prefills, &o.n_prefills);
 			o.prefills = prefills;
 			break;
 		case 'c': o.ctx = (int)strtol(optarg, &end, 10);

@@ -122,3 +122,22 @@ void moet_cli_ram_report(const moet_model *m, FILE *f)
 		(double)st.bytes_read * 1e-6, (double)st.wait_ns * 1e-9,
 		(unsigned long long)st.read_errors);
 }
+
+int moet_cli_parse_list(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t **out,
+			int *out_n)
+{
+	int64_t n = 0;
+	free(*out);
+	*out = NULL;
+	*out_n = 0;
+	int rc = moet_cli_parse_tokens(s, out, &n);
+	if (rc)
+		return rc == MOET_EINVAL ? moet_err(MOET_EINVAL, "%s: '%s' is not a list of "
+							  "integers", opt, s) : rc;
+	for (int64_t i = 0; i < n; i++)
+		if ((*out)[i] < lo || (*out)[i] > hi)
+			return moet_err(MOET_EINVAL, "%s: %lld is not in [%lld, %lld]", opt,
+					(long long)(*out)[i], (long long)lo, (long long)hi);
+	*out_n = (int)n;
+	return 0;
+}

@@ -31,33 +31,7 @@ static uint64_t next(void)
 
 static int run(moet_model *m, int batched, float *out)
 {
-	const int64_t V = moet_model_config(m)->vocab_size;
-	moet_kv *kv[SEQS] = { 0 };
-	int64_t tok[SEQS][16];
-	moet_seq_step st[SEQS];
-	int rc = 0;
-	for (int s = 0; s < SEQS; s++)
-		for (int i = 0; i < 16; i++)
-			tok[s][i] = (int64_t)((uint64_t)(s * 97 + i * 31 + 5) % (uint64_t)V);
-	for (int s = 0; s < SEQS && !rc; s++)
-		rc = moet_kv_create(m, 32, &kv[s]);
-	size_t at = 0;
-	for (int step = 0; step <= STEPS && !rc; step++) {
-		for (int s = 0; s < SEQS; s++) {
-			int64_t plen = 7 - 2 * s;
-			st[s] = (moet_seq_step){ .kv = kv[s], .tokens = tok[s] + (step ? plen + step - 1 : 0),
-						 .n_tok = step ? 1 : plen, .out_logits = out + at,
-						 .last_only = 1 };
-			at += (size_t)V;
-		}
-		if (batched)
-			rc = moet_model_forward_batch(m, st, SEQS);
-		for (int s = 0; s < SEQS && !batched && !rc; s++)
-			rc = moet_model_forward_batch(m, &st[s], 1);
-	}
-	for (int s = 0; s < SEQS; s++)
-		moet_kv_destroy(kv[s]);
-	return rc;
+	return moet_test_ragged_run(m, SEQS, STEPS, batched, out);
 }
 
 int main(void)
