@@ -148,9 +148,103 @@ static double now_s(void)
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* ---- MOET_UPLOAD=registered: the mapped pages themselves page-locked, DMA'd, unlocked ---- */
+
+#define SPAN_MAX ((size_t)1 << 30) /* bytes page-locked at once */
+#define SPAN_GAP ((size_t)2 << 20) /* items this close join one span */
+
+static const moet_upload_item *sort_base;
+
+static int by_src(const void *a, const void *b)
+{
+	uintptr_t x = (uintptr_t)sort_base[*(const int64_t *)a].src;
+	uintptr_t y = (uintptr_t)sort_base[*(const int64_t *)b].src;
+	return (x > y) - (x < y);
+}
+
+/*
+ * NOTE: items sorted by source address and grouped into spans of nearby pages; span k is
+ * page-locked while span k-1's copies run (the copies are asynchronous), and unlocked once
+ * its event has passed. One pass over DRAM (the DMA) instead of three (read, write to the
+ * staging, DMA), at the price of locking the pages.
+ */
+static int upload_registered(const moet_upload_item *items, int64_t n)
+{
+	const uintptr_t page = 4096;
+	int64_t *ord = malloc((size_t)n * sizeof(*ord));
+	void *ev[2] = { 0 }, *stream = NULL, *locked[2] = { 0 };
+	int rc = ord ? 0 : moet_err(MOET_ENOMEM, "upload order");
+	for (int i = 0; i < 2 && !rc; i++)
+		rc = moet_gpu_event_create(&ev[i]);
+	if (!rc)
+		rc = moet_gpu_stream_create(&stream);
+	for (int64_t i = 0; !rc && i < n; i++)
+		ord[i] = i;
+	if (!rc) {
+		sort_base = items;
+		qsort(ord, (size_t)n, sizeof(*ord), by_src); /* single caller: the model's open */
+	}
+	int k = 0;
+	for (int64_t i = 0; !rc && i < n; k++) {
+		uintptr_t lo = (uintptr_t)items[ord[i]].src & ~(page - 1), hi = lo;
+		int64_t j = i;
+		while (j < n) {
+			uintptr_t a = (uintptr_t)items[ord[j]].src;
+			uintptr_t b = (a + items[ord[j]].bytes + page - 1) & ~(page - 1);
+			/* a new span only where no page is shared with this one */
+			if (j > i && a >= hi && (a > hi + SPAN_GAP || b - lo > SPAN_MAX))
+				break;
+			hi = b > hi ? b : hi;
+			j++;
+		}
+		int slot = k % 2;
+		if (locked[slot]) { /* the span before last: its copies must be done */
+			if (!(rc = moet_gpu_event_sync(ev[slot])))
+				rc = moet_gpu_host_unregister(locked[slot]);
+			locked[slot] = NULL;
+			if (rc)
+				break;
+		}
+		if ((rc = moet_gpu_host_register((void *)lo, hi - lo, 1)))
+			break;
+		locked[slot] = (void *)lo;
+		for (int64_t q = i; q < j && !rc; q++)
+			rc = moet_gpu_copy_h2d_async(items[ord[q]].dst, items[ord[q]].src,
+						     items[ord[q]].bytes, stream);
+		if (!rc)
+			rc = moet_gpu_event_record(ev[slot], stream);
+		i = j;
+	}
+	if (stream) {
+		int r = moet_gpu_sync(stream);
+		rc = rc ? rc : r;
+	}
+	for (int i = 0; i < 2; i++) {
+		if (locked[i])
+			moet_gpu_host_unregister(locked[i]);
+		moet_gpu_event_destroy(ev[i]);
+	}
+	moet_gpu_stream_destroy(stream);
+	free(ord);
+	return rc;
+}
+
 int moet_upload_many(const moet_upload_item *items, int64_t n, int n_threads,
 		     moet_upload_stats *stats)
 {
+	const char *mode = getenv("MOET_UPLOAD");
+	if (mode && !strcmp(mode, "registered")) {
+		double r0 = now_s();
+		size_t sum = 0;
+		for (int64_t i = 0; i < n; i++)
+			sum += items[i].bytes;
+		int r = upload_registered(items, n);
+		if (stats) {
+			stats->bytes = sum;
+			stats->seconds = now_s() - r0;
+		}
+		return r;
+	}
 	char *buf[NBUF] = { 0 };
 	void *ev[NBUF] = { 0 }, *stream = NULL;
 	int used[NBUF] = { 0 };
