@@ -51,16 +51,24 @@
  *     checkpoint's bytes into registers (8 zmm of weights per block), x held in L1, with a
  *     software prefetch of the stream PF_FAR ahead into L2 and PF_NEAR ahead into L1 (the
  *     hardware prefetcher alone left a core at ~40% of its read bandwidth, 3 KB ahead into
- *     L1 at ~75%; the two levels add ~5% more). The only serial chain per row is acc (one
- *     fma per block). Full blocks go in pairs (block2): the two blocks' 8-fma chains of P
- *     are independent, so their fmas are written interleaved and two chains are in flight
- *     without relying on the out-of-order window (16 zmm of weights); acc then takes the
- *     two blocks' scale fmas in block order. Measured on an L2-resident matrix, one core:
- *     ~13.5 GB/s with dec64_e4m3 (24 port-5 cycles per block: the bound), ~18 GB/s with
- *     dec64_e4m3_wt (~20 cycles per block against an issue bound of ~18.5: 14 port-5 uops,
- *     4 port-0, 19 for either, per block); from DRAM one core then streams at ~85% of its
- *     read bandwidth (was ~75%), two cores at ~80% of theirs (bench cpu-experts, decode-8x1:
- *     was ~67%).
+ *     L1 at ~75%; the two levels add ~5% more), plus one line per call (every 256 bytes)
+ *     PF_HINT ahead. NOTE: that one line is worth ~8%. Without a PMU in the VM, measured: a core
+ *     streams ~16.6 GB/s alone, this loop computes ~17.8 GB/s per core from L2, and any
+ *     vector work between the loads costs stream rate well before the compute bound (a read
+ *     loop with the same prefetches and 18 dummy vector ops per 64 bytes, the kernel's count,
+ *     streamed 13.7 GB/s, exactly the kernel's 13.7; 8 ops: 15.8); prefetch distances
+ *     (4-24 KB, 0.5-3 KB) and NTA changed nothing; the sparse far line took one core from
+ *     13.8 to 14.9 GB/s and two from ~26-27 to ~29.5 (16-64 KB alike). The read ceiling was
+ *     unchanged by it (runtime/bench_ceil.c carries the same line). The only serial chain
+ *     per row is acc (one fma per block). Full blocks go in pairs (block2): the two blocks'
+ *     8-fma chains of P are independent, so their fmas are written interleaved and two
+ *     chains are in flight without relying on the out-of-order window (16 zmm of weights);
+ *     acc then takes the two blocks' scale fmas in block order. Measured on an L2-resident
+ *     matrix, one core: ~13.5 GB/s with dec64_e4m3 (24 port-5 cycles per block: the bound),
+ *     ~18 GB/s with dec64_e4m3_wt (~20 cycles per block against an issue bound of ~18.5: 14
+ *     port-5 uops, 4 port-0, 19 for either, per block); from DRAM one core then streams at
+ *     ~85% of its read bandwidth (was ~75%), two cores at ~80% of theirs (bench cpu-experts,
+ *     decode-8x1: was ~67%), ~88% with the far line.
  *   n tokens: tokens in chunks of TCH, rows in panels of RP. For each 128-column block the
  *     chunk's activations of the block are packed into an L1 buffer (TCH x 128 floats,
  *     masked loads past K) and the panel's rows decoded once into another (RP x 128 floats);
@@ -106,6 +114,9 @@ enum {
 #endif
 #ifndef PF_NEAR
 #define PF_NEAR 1536 /* ... and to L1 this far ahead */
+#endif
+#ifndef PF_HINT
+#define PF_HINT 16384 /* ... and one line per call this far ahead (see the NOTE above) */
 #endif
 _Static_assert(RP % TR == 0, "panel of whole tiles");
 _Static_assert(TR * TT + TR + 1 <= 28, "register tile fits the 32 zmm with room");
@@ -326,7 +337,8 @@ AI void block2(moet_dtype dt, const void *row, int64_t k0, const float *v, __m51
 }
 
 /* Software prefetch of the n bytes PF_FAR ahead of p into L2 and of those PF_NEAR ahead into
- * L1 (rows are contiguous, so past a row's end this fetches the next row's start). */
+ * L1, and of the one line PF_HINT ahead (rows are contiguous, so past a row's end this fetches
+ * the next row's start; past a matrix's end, bytes that a prefetch never faults on). */
 AI void prefetch_ahead(const char *p, size_t n)
 {
 #pragma GCC unroll 16
@@ -334,6 +346,7 @@ AI void prefetch_ahead(const char *p, size_t n)
 		_mm_prefetch(p + PF_FAR + o, _MM_HINT_T1);
 		_mm_prefetch(p + PF_NEAR + o, _MM_HINT_T0);
 	}
+	_mm_prefetch(p + PF_HINT, _MM_HINT_T2);
 }
 
 /* One row's D(W, r, v), streamed block by block from the row's bytes. */
