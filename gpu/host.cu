@@ -26,19 +26,6 @@ extern "C" void moet_gpu_host_free(void *p)
 		cudaFreeHost(p);
 }
 
-extern "C" int moet_gpu_host_register(void *p, size_t bytes, int read_only)
-{
-	unsigned flags = cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0u);
-	MOET_CUDA_TRY(cudaHostRegister(p, bytes, flags));
-	return 0;
-}
-
-extern "C" int moet_gpu_host_unregister(void *p)
-{
-	MOET_CUDA_TRY(cudaHostUnregister(p));
-	return 0;
-}
-
 extern "C" int moet_gpu_set_device(int device)
 {
 	MOET_CUDA_TRY(cudaSetDevice(device));

@@ -21,12 +21,6 @@ int moet_gpu_host_alloc(size_t bytes, void **out);
 /* Frees memory of moet_gpu_host_alloc; NULL is accepted. */
 void moet_gpu_host_free(void *p);
 
-/* Page-locks existing host memory for DMA (cudaHostRegister, portable; read_only: the
- * memory may be a read-only mapping, e.g. of a file); p and bytes page-aligned. unregister
- * undoes it. */
-int moet_gpu_host_register(void *p, size_t bytes, int read_only);
-int moet_gpu_host_unregister(void *p);
-
 /* Makes device `device` current for the calling thread (cudaSetDevice). */
 int moet_gpu_set_device(int device);
 

@@ -24,18 +24,6 @@ void moet_gpu_host_free(void *p)
 	(void)p;
 }
 
-int moet_gpu_host_register(void *p, size_t bytes, int read_only)
-{
-	(void)p, (void)bytes, (void)read_only;
-	return no_cuda("moet_gpu_host_register");
-}
-
-int moet_gpu_host_unregister(void *p)
-{
-	(void)p;
-	return no_cuda("moet_gpu_host_unregister");
-}
-
 int moet_gpu_set_device(int device)
 {
 	(void)device;

@@ -216,12 +216,10 @@ int moet_model_bind_experts(moet_model *m, const int16_t *owner)
 	}
 	double t0 = now_s();
 	/* MOET_UPLOAD=plain: one bind_mat per matrix (the driver's pageable path), the
-	 * reference of the staged upload; registered: the mapped pages page-locked and DMA'd
-	 * (runtime/upload.c) */
+	 * reference of the staged upload */
 	const char *up = getenv("MOET_UPLOAD");
-	if (up && strcmp(up, "plain") && strcmp(up, "staged") && strcmp(up, "registered")) {
-		rc = moet_err(MOET_EINVAL, "MOET_UPLOAD='%s': expected staged, registered or plain",
-			      up);
+	if (up && strcmp(up, "plain") && strcmp(up, "staged")) {
+		rc = moet_err(MOET_EINVAL, "MOET_UPLOAD='%s': expected staged or plain", up);
 		goto out;
 	}
 	if (op->bind_mats && !(up && !strcmp(up, "plain"))) {
