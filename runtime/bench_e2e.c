@@ -36,12 +36,27 @@
 #include "moet_gpu.h"
 #include "moet_gpu_host.h"
 #include "moet_model.h"
+#include "moet_profile.h"
 #include "moet_upload.h"
 
 static uint64_t xs(uint64_t *s)
 {
 	*s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
 	return *s;
+}
+
+/* Routing decisions of the timed decode steps into a profile (--profile-out). */
+typedef struct route_rec {
+	moet_profile *p;
+	int rc;
+} route_rec;
+
+static void on_route(void *ctx, const moet_route_event *ev)
+{
+	route_rec *r = ctx;
+	if (!r->rc)
+		r->rc = moet_profile_record(r->p, MOET_PROFILE_DECODE, ev->layer, ev->ids,
+					    ev->weights, ev->top_k);
 }
 
 typedef struct step_split {
@@ -51,7 +66,7 @@ typedef struct step_split {
 
 /* B sequences: prefill ctx tokens, one warm-up step, `steps` timed steps. */
 static int decode_run(moet_model *m, int64_t B, int ctx, int steps, double *samples,
-		      step_split *split)
+		      step_split *split, route_rec *rr)
 {
 	const int64_t V = moet_model_config(m)->vocab_size;
 	moet_kv **kv = calloc((size_t)B, sizeof(*kv));
@@ -77,6 +92,8 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int steps, double *samp
 			moet_hybrid_stats z;
 			moet_model_hybrid_stats(m, &z, 1);
 			moet_model_op_times(m, 1, NULL, 1); /* MOET_EINVAL when not timed: fine */
+			if (rr)
+				moet_model_set_route_observer(m, on_route, rr);
 		}
 		for (int64_t b = 0; b < B; b++) {
 			tok[b * ctx] = next[b];
@@ -87,6 +104,10 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int steps, double *samp
 		rc = moet_model_forward_batch(m, st, (int)B);
 		if (it >= 0)
 			samples[it] = moet_bench_now_s() - t0;
+	}
+	if (rr) {
+		moet_model_set_route_observer(m, NULL, NULL);
+		rc = rc ? rc : rr->rc;
 	}
 	if (!rc) {
 		moet_hybrid_stats hs;
@@ -254,6 +275,8 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 	}
 	fprintf(out, "%-7s %-9s %6s %11s %10s %10s %10s %10s %10s\n", "mode", "what", "tokens",
 		"median_ms", "tok/s", "cpu_ms", "wait_ms", "pcie_ms", "bound_ms");
+	route_rec rrec = { 0 };
+	int profiled = 0; /* routing does not depend on the placement: the first mode's steps */
 	for (int mode = 0; !rc && mode < 3; mode++) {
 		if (!(o->modes & (1 << mode)))
 			continue;
@@ -265,6 +288,14 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			break;
 		double up_b = 0, up_s = 0;
 		moet_model_upload_stats(m, &up_b, &up_s);
+		route_rec *rr = NULL;
+		if (o->profile_out && !profiled) {
+			if ((rc = moet_profile_create(moet_model_config(m), &rrec.p))) {
+				moet_model_close(m);
+				break;
+			}
+			rr = &rrec;
+		}
 		json_object_set_new(ready, mode_name[mode],
 				    json_pack("{s:f, s:f, s:f, s:f}", "ready_s", ready_s,
 					      "upload_bytes", up_b, "upload_s", up_s, "upload_GBps",
@@ -275,7 +306,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 		for (int bi = 0; !rc && bi < o->n_batches; bi++) {
 			const int64_t B = o->batches[bi];
 			step_split sp = { 0 };
-			if ((rc = decode_run(m, B, o->ctx, o->steps, samples, &sp)))
+			if ((rc = decode_run(m, B, o->ctx, o->steps, samples, &sp, rr)))
 				break;
 			if (o->op_times) {
 				fprintf(out, "op times, %s decode at batch %lld, per step (each op waited "
@@ -297,7 +328,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 				double *ser = malloc((size_t)o->steps * sizeof(double));
 				step_split ss = { 0 }, s1 = { 0 };
 				setenv("MOET_MICROBATCH", "0", 1);
-				rc = ser ? decode_run(m, B, o->ctx, o->steps, ser, &s1)
+				rc = ser ? decode_run(m, B, o->ctx, o->steps, ser, &s1, NULL)
 					 : moet_err(MOET_ENOMEM, "samples");
 				if (!rc) {
 					moet_bench_stats one;
@@ -306,7 +337,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 					rc = moet_model_set_hybrid_overlap(m, 0);
 				}
 				if (!rc)
-					rc = decode_run(m, B, o->ctx, o->steps, ser, &ss);
+					rc = decode_run(m, B, o->ctx, o->steps, ser, &ss, NULL);
 				unsetenv("MOET_MICROBATCH");
 				int r2 = moet_model_set_hybrid_overlap(m, 1);
 				if (!rc)
@@ -358,8 +389,17 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 				(double)(hs.ns_d2h + hs.ns_h2d) / 1e6);
 			fflush(out);
 		}
+		if (rr && !rc) {
+			char line[160];
+			snprintf(line, sizeof(line), "bench e2e decode steps (%s mode): %d per batch, "
+				 "ctx %d", mode_name[mode], o->steps, o->ctx);
+			if (!(rc = moet_profile_add_run(rrec.p, line)))
+				rc = moet_profile_save(rrec.p, o->profile_out);
+			profiled = 1;
+		}
 		moet_model_close(m);
 	}
+	moet_profile_free(rrec.p);
 	free(samples);
 	return rc;
 }

@@ -25,6 +25,8 @@ typedef struct moet_bench_e2e_opts {
 	int steps;                /* timed decode steps per batch */
 	int overlap_check;        /* also run the serial reference for the hybrid and cpu modes */
 	int op_times;             /* time every backend op (MOET_OP_TIMES): a table per batch */
+	const char *profile_out;  /* the routing of the first mode's timed decode steps, as a
+				     profile (placement/moet_profile.h), or NULL */
 } moet_bench_e2e_opts;
 
 /* Runs the bench, rows into rec (moet_bench_record_new("e2e")), progress to log, the table

@@ -17,7 +17,8 @@ static void usage(FILE *f)
 	fprintf(f, "usage: moet-hybrid bench e2e --model DIR [--placement FILE] [--device cuda|cpu]\n"
 		   "                             [--modes gpu,hybrid,cpu] [--batches 1,4,16,64]\n"
 		   "                             [--prefill 1024,8192] [--ctx N] [--steps N]\n"
-		   "                             [--no-overlap-check] [--op-times] [--json FILE]\n\n"
+		   "                             [--no-overlap-check] [--op-times] [--profile-out FILE]\n"
+		   "                             [--json FILE]\n\n"
 		   "The whole model per placement mode: gpu (every routed expert on the GPU), hybrid\n"
 		   "(the placement file's GPUs and the CPU tier), cpu (every routed expert on the\n"
 		   "CPU tier, the dense part on the GPU). Per mode: the time to ready (open and\n"
@@ -28,7 +29,9 @@ static void usage(FILE *f)
 		   "Defaults: --device cuda, --modes gpu,hybrid,cpu (hybrid needs --placement),\n"
 		   "--batches 1,4,16,64, --prefill 1024,8192, --ctx 64, --steps 8.\n"
 		   "--op-times: per decode batch, the time of every backend op per step (each op\n"
-		   "waited for, so that run's step times are not the engine's: run it alone).\n");
+		   "waited for, so that run's step times are not the engine's: run it alone).\n"
+		   "--profile-out FILE: the routing of the first mode's timed decode steps as a\n"
+		   "profile (for `plan --predict` on the same workload).\n");
 }
 
 static int parse_modes(const char *s, int *out)
@@ -90,6 +93,7 @@ int moet_cli_bench_e2e(int argc, char **argv)
 		{ "steps", required_argument, NULL, 's' },
 		{ "no-overlap-check", no_argument, NULL, 'n' },
 		{ "op-times", no_argument, NULL, 'o' },
+		{ "profile-out", required_argument, NULL, 'R' },
 		{ "json", required_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -132,6 +136,7 @@ int moet_cli_bench_e2e(int argc, char **argv)
 			break;
 		case 'n': o.overlap_check = 0; break;
 		case 'o': o.op_times = 1; break;
+		case 'R': o.profile_out = optarg; break;
 		case 'j': json_path = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;

@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "moet_err.h"
+#include "moet_profile.h"
 #include "moet_test.h"
 
 
@@ -117,6 +119,25 @@ int main(void)
 	      "embed once per timed step (prefill and warm-up not counted): %g", calls);
 	unsetenv("MOET_MICROBATCH");
 	free(out);
+	/* --profile-out: the routing of the timed decode steps, every MoE layer top_k per token */
+	char prof[600];
+	snprintf(prof, sizeof(prof), "%s/steps-profile.json", dir);
+	rc = moet_test_cli(NULL, "bench e2e --model %s --device cpu --modes cpu --batches 2,3 "
+			   "--prefill 4 --ctx 4 --steps 2 --no-overlap-check --profile-out %s", model,
+			   prof);
+	moet_profile *pf = NULL;
+	CHECK(rc == 0 && moet_profile_load(prof, &pf) == 0, "profile-out: exit %d, %s", rc,
+	      moet_errmsg());
+	for (int64_t l = 0; pf && l < pf->n_layers; l++) {
+		uint64_t sum = 0;
+		for (int64_t e = 0; e < pf->n_experts; e++)
+			sum += pf->counts[moet_profile_at(pf, MOET_PROFILE_DECODE, l) + e];
+		uint64_t want = pf->is_moe[l] ? (uint64_t)(TOPK * (2 + 3) * 2) : 0;
+		CHECK(sum == want, "layer %lld: %llu decode routings, want %llu (top_k x tokens of "
+		      "the timed steps)", (long long)l, (unsigned long long)sum,
+		      (unsigned long long)want);
+	}
+	moet_profile_free(pf);
 	moet_test_cli_expect("bench e2e --model /nonexistent --device cpu --modes cpu --batches 1 "
 			     "--prefill 4", 1, "/nonexistent");
 	char args[1024];
