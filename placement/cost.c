@@ -83,16 +83,18 @@ static const hw_key hw_keys[] = {
 static const struct {
 	const char *name;
 	size_t off;        /* offset of the moet_cost_curve in moet_cost_hw */
+	int ms;            /* 0: tokens: fraction of a peak; 1: batch: milliseconds */
 } hw_curves[] = {
-	{ "cpu_fma_frac", offsetof(moet_cost_hw, cpu_fma_frac) },
-	{ "gpu_sgemm_frac", offsetof(moet_cost_hw, gpu_sgemm_frac) },
+	{ "cpu_fma_frac", offsetof(moet_cost_hw, cpu_fma_frac), 0 },
+	{ "gpu_sgemm_frac", offsetof(moet_cost_hw, gpu_sgemm_frac), 0 },
+	{ "gpu_dense_ms", offsetof(moet_cost_hw, gpu_dense_ms), 1 },
 };
-#define N_HW_CURVES 2
+#define N_HW_CURVES 3
 #define HW_NAME_IDX (N_HW_KEYS + N_HW_CURVES)
 
 #define HW_KEY_LIST "name, cpu_read_gbps, gpu_read_gbps, pcie_gbps, pcie_latency_us, " \
 	"cpu_overhead_us, gpu_overhead_us, act_bytes, cpu_fma_gflops, gpu_sgemm_gflops, " \
-	"cpu_fma_frac, gpu_sgemm_frac"
+	"cpu_fma_frac, gpu_sgemm_frac, gpu_dense_ms"
 
 static int hw_yaml_fail(const char *label, const yaml_parser_t *ps)
 {
@@ -109,15 +111,17 @@ static int hw_line(const yaml_node_t *n)
 	return (int)n->start_mark.line + 1;
 }
 
-/* A curve: a mapping of tokens: fraction, checked whole (moet_cost_curve). */
+/* A curve, checked whole (moet_cost_curve): tokens: fraction of a peak, or (ms) batch:
+ * milliseconds of the dense part, never falling as the batch grows. */
 static int hw_curve(const char *label, yaml_document_t *doc, const char *key,
-		    const yaml_node_t *v, moet_cost_curve *out)
+		    const yaml_node_t *v, int ms, moet_cost_curve *out)
 {
 	moet_cost_curve c = { 0 };
 	if (v->type != YAML_MAPPING_NODE)
-		return moet_err(MOET_EFORMAT, "%s:%d: %s: expected a mapping of tokens per "
-				"expert: fraction of the peak (e.g. {8: 0.39, 64: 0.5}; {} for "
-				"none)", label, hw_line(v), key);
+		return moet_err(MOET_EFORMAT, "%s:%d: %s: expected a mapping of %s (e.g. %s; {} "
+				"for none)", label, hw_line(v), key,
+				ms ? "batch: milliseconds" : "tokens per expert: fraction of the peak",
+				ms ? "{1: 2.6, 64: 20.5}" : "{8: 0.39, 64: 0.5}");
 	for (yaml_node_pair_t *pr = v->data.mapping.pairs.start; pr < v->data.mapping.pairs.top;
 	     pr++) {
 		const yaml_node_t *tk = yaml_document_get_node(doc, pr->key);
@@ -136,7 +140,10 @@ static int hw_curve(const char *label, yaml_document_t *doc, const char *key,
 		if (end == fs || *end || !isfinite(f))
 			return moet_err(MOET_EFORMAT, "%s:%d: %s: %g tokens: fraction '%.64s' "
 					"is not a number", label, hw_line(fv), key, t, fs);
-		if (!(f > 0 && f <= 1))
+		if (ms && !(f > 0 && f <= 1e6))
+			return moet_err(MOET_ERANGE, "%s:%d: %s: batch %g: %g ms out of range "
+					"(above 0 .. 1e6)", label, hw_line(fv), key, t, f);
+		if (!ms && !(f > 0 && f <= 1))
 			return moet_err(MOET_ERANGE, "%s:%d: %s: %g tokens: fraction %g out of "
 					"range (above 0 .. 1)", label, hw_line(fv), key, t, f);
 		if (c.n == MOET_COST_MAX_POINTS)
@@ -145,8 +152,12 @@ static int hw_curve(const char *label, yaml_document_t *doc, const char *key,
 		if (c.n && t <= c.tokens[c.n - 1])
 			return moet_err(MOET_ERANGE, "%s:%d: %s: %g tokens after %g: tokens must "
 					"increase", label, hw_line(tk), key, t, c.tokens[c.n - 1]);
+		if (ms && c.n && f < c.frac[c.n - 1])
+			return moet_err(MOET_ERANGE, "%s:%d: %s: batch %g at %g ms after %g ms: a "
+					"larger batch must not take less time", label, hw_line(fv),
+					key, t, f, c.frac[c.n - 1]);
 		/* NOTE: compared as t x f' < t' x f (no division) so that equal times pass. */
-		if (c.n && t * c.frac[c.n - 1] < c.tokens[c.n - 1] * f)
+		if (!ms && c.n && t * c.frac[c.n - 1] < c.tokens[c.n - 1] * f)
 			return moet_err(MOET_ERANGE, "%s:%d: %s: %g tokens at %g would take less "
 					"time than %g at %g (tokens / fraction must not fall)",
 					label, hw_line(fv), key, t, f, c.tokens[c.n - 1],
@@ -189,7 +200,7 @@ static int hw_entry(const char *label, yaml_document_t *doc, const yaml_node_pai
 		return moet_err(MOET_EFORMAT, "%s:%d: %s: no value", label, hw_line(k), key);
 	if (idx >= N_HW_KEYS && idx < HW_NAME_IDX) {
 		const int c = idx - N_HW_KEYS;
-		return hw_curve(label, doc, key, v,
+		return hw_curve(label, doc, key, v, hw_curves[c].ms,
 				(moet_cost_curve *)((char *)hw + hw_curves[c].off));
 	}
 	if (v->type != YAML_SCALAR_NODE)

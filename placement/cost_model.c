@@ -59,6 +59,19 @@ void moet_cost_touch(const double *s, int64_t n, int64_t top_k, int64_t batch, d
 
 /* r / frac(r): rows over the fraction of the peak, interpolated linearly in r between the
  * curve's points (the fraction of the nearest point outside them). */
+/* The measured dense part at batch b: linear between the curve's points, the first point's
+ * value below it, the line through the last two above it (one point: that value). */
+static double dense_curve_ms(const moet_cost_curve *c, double b)
+{
+	if (c->n == 1 || b <= c->tokens[0])
+		return c->frac[0];
+	int i = 1;
+	while (i < c->n - 1 && b > c->tokens[i])
+		i++;
+	double x0 = c->tokens[i - 1], x1 = c->tokens[i], y0 = c->frac[i - 1], y1 = c->frac[i];
+	return y0 + (y1 - y0) * (b - x0) / (x1 - x0);
+}
+
 static double curve_rows(const moet_cost_curve *c, double r)
 {
 	const int n = c->n;
@@ -305,9 +318,14 @@ int moet_cost_predict(const moet_cost_in *in, const double *scores, int64_t n_la
 			predict_layer(in, a, out);
 		/* else: a dense layer or one without routings */
 	}
-	/* The dense part on the GPUs (on the CPU when there are none). */
-	out->dense_ms = (double)in->dense_bytes /
-			((n ? in->hw.gpu_read_gbps : in->hw.cpu_read_gbps) * 1e6);
+	/* The dense part on the GPUs (on the CPU when there are none): measured where the
+	 * hardware gives the curve, else its bytes at the read bandwidth. */
+	const moet_cost_curve *dc = &in->hw.gpu_dense_ms;
+	if (n && dc->n)
+		out->dense_ms = dense_curve_ms(dc, (double)in->batch);
+	else
+		out->dense_ms = (double)in->dense_bytes /
+				((n ? in->hw.gpu_read_gbps : in->hw.cpu_read_gbps) * 1e6);
 	out->step_ms = out->experts_ms + out->dense_ms;
 done:
 	free(P);

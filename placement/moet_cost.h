@@ -84,6 +84,11 @@ typedef struct moet_cost_hw {
 	double gpu_sgemm_gflops;     /* one GPU's SGEMM, no TF32 (bench gpu-experts sgemm_GFLOPs) */
 	moet_cost_curve cpu_fma_frac;    /* the exact CPU expert kernel's share of the FMA peak */
 	moet_cost_curve gpu_sgemm_frac;  /* the GPU expert kernel's share of the SGEMM peak */
+	/* The dense part of a decode step on the GPU (attention, dense MLPs, norms, router,
+	 * lm_head, sampling, launches and copies), measured: batch -> ms (bench e2e: the gpu
+	 * mode's step minus its routed experts); empty: dense bytes / gpu_read_gbps. Linear
+	 * between points, the first point's below it, the last two points' line above. */
+	moet_cost_curve gpu_dense_ms;
 } moet_cost_hw;
 
 /* The built-in defaults: the H200 machine of docs/benchmarks (as in

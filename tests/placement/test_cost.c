@@ -145,6 +145,19 @@ static void test_predict(void)
 	}
 	CHECK(fabs(pr.dense_ms - 1e9 / 2700e6) < 1e-12, "dense %.12g ms", pr.dense_ms);
 	CHECK(fabs(pr.step_ms - pr.experts_ms - pr.dense_ms) < 1e-12, "step");
+	/* a measured dense curve replaces the bytes: linear between points, the first point's
+	 * value below, the last two points' line above; the experts' part is unchanged */
+	const char *dc = "gpu_dense_ms: {1: 2.0, 16: 5.0, 64: 17.0}\n";
+	CHECK(moet_cost_hw_parse("h.yaml", dc, strlen(dc), &in.hw) == 0, "%s", moet_errmsg());
+	const double bs[] = { 1, 10, 16, 40, 64, 100 }, want_d[] = { 2, 3.8, 5, 11, 17, 26 };
+	for (int i = 0; i < 6; i++) {
+		in.batch = (int64_t)bs[i];
+		CHECK(moet_cost_predict(&in, sc, L, E, own, &pr) == 0, "%s", moet_errmsg());
+		CHECK(fabs(pr.dense_ms - want_d[i]) < 1e-12 && fabs(pr.step_ms - pr.experts_ms -
+		      pr.dense_ms) < 1e-12, "batch %g: dense %.12g ms, want %g", bs[i], pr.dense_ms,
+		      want_d[i]);
+	}
+	moet_cost_hw_defaults(&in.hw);
 	int16_t bad[L * E];
 	memcpy(bad, own, sizeof(bad));
 	bad[7] = 2;
@@ -224,6 +237,12 @@ static void test_hw(void)
 	CHECK(moet_cost_hw_parse("h.yaml", part, strlen(part), &hw) == 0 &&
 	      hw.gpu_sgemm_frac.n == 2, "equal times: %s", moet_errmsg());
 	hw_fault("cpu_fma_frac: 0.5\n", MOET_EFORMAT, "h.yaml:1: cpu_fma_frac: expected a mapping");
+	hw_fault("gpu_dense_ms:\n  1: 2.0\n  16: 1.5\n", MOET_ERANGE, "h.yaml:3: gpu_dense_ms: "
+		 "batch 16 at 1.5 ms after 2 ms");
+	hw_fault("gpu_dense_ms:\n  4: 0\n", MOET_ERANGE, "h.yaml:2: gpu_dense_ms: batch 4: 0 ms "
+		 "out of range");
+	hw_fault("gpu_dense_ms: 3\n", MOET_EFORMAT, "h.yaml:1: gpu_dense_ms: expected a mapping "
+		 "of batch: milliseconds");
 	hw_fault("cpu_fma_frac: [1, 2]\n", MOET_EFORMAT, "h.yaml:1: cpu_fma_frac: expected a "
 		 "mapping");
 	hw_fault("name: x\ncpu_fma_frac:\n", MOET_EFORMAT, "h.yaml:2: cpu_fma_frac: expected a "
