@@ -332,6 +332,9 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 		if (rc)
 			return rc;
 		m->tier_pairs[0] += (uint64_t)cpu_cnt;
+		if (m->shadow)
+			moet_shadow_pick(m->shadow, m->mb_slot, l, m->tier_list, cpu_cnt, cpu_row, h,
+					 n, y);
 	}
 	/* NOTE: the device tiers reuse tier_list from its start; the CPU tier's copy of its
 	 * pairs was taken at begin (its jobs). */
@@ -355,5 +358,7 @@ int moet_moe_dispatch_finish(moet_model *m)
 			rc = r;
 	}
 	int r = m->hy ? moet_hybrid_cpu_finish(m->hy, m->mb_slot, m->be) : 0;
+	if (!rc && !r && m->shadow)
+		r = moet_shadow_check(m, m->mb_slot);
 	return rc ? rc : r;
 }

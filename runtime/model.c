@@ -490,6 +490,7 @@ void moet_model_close(moet_model *m)
 	}
 	moet_model_free_bufs(m);
 	moet_model_set_placement(m, NULL, 0);
+	moet_model_set_shadow(m, 0);
 	moet_model_free_dispatch(m);
 	for (int i = 0; i < m->n_host_vecs; i++)
 		free(m->host_vecs[i]);

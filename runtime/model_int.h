@@ -86,6 +86,17 @@ typedef struct moet_mb_tune {
 	uint32_t passes;
 } moet_mb_tune;
 
+/* shadow.c: the CPU tier checked against the backend on a sample of calls. */
+typedef struct moet_shadow moet_shadow;
+void moet_shadow_destroy(moet_shadow *s, moet_backend *be);
+/* At dispatch: maybe picks one CPU-tier expert of layer l (cpu: the tier's pairs in sorted
+ * order, their rows from cpu_row of y) for the check at finish. */
+void moet_shadow_pick(moet_shadow *s, int slot, int64_t l, const moet_expert_pair *cpu,
+		      int64_t cnt, int64_t cpu_row, const float *h, int64_t n, float *y);
+/* At finish, once the CPU tier's rows are in y: the pick recomputed by the backend and
+ * compared. */
+int moet_shadow_check(struct moet_model *m, int slot);
+
 /* Activation buffers of the forward pass (backend memory), grown to the largest batch. */
 typedef struct moet_fwd_bufs {
 	int64_t cap_rows;         /* rows the buffers hold */
@@ -116,6 +127,7 @@ struct moet_model {
 	moet_hybrid *hy;          /* the CPU tier's engine (with a placement) */
 	moet_remote **remote;     /* [n_devices]: GPUs 1.. of a GPU backend ([0] unused) */
 	int mb_slot;              /* the micro-batch being dispatched (forward.c) */
+	moet_shadow *shadow;      /* online check of the CPU tier (moet_model_set_shadow) */
 	uint64_t split_passes;    /* passes run as two micro-batches (moet_hybrid_stats) */
 	moet_mb_tune mb_tune[32]; /* per batch size, rows in powers of two (forward.c) */
 	int experts_unbound;      /* some routed experts are not bound yet (GPU backends bind

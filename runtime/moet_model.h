@@ -119,6 +119,25 @@ void moet_model_upload_stats(const moet_model *m, double *out_bytes, double *out
  * nothing) and resets them if asked. MOET_EINVAL when the model was opened without it. */
 int moet_model_op_times(moet_model *m, double per, FILE *f, int reset);
 
+/* The shadow check (runtime/shadow.c): with probability `rate` per MoE layer call that has
+ * CPU-tier work, one of the CPU tier's experts of that call is computed again by the
+ * backend's own kernel (its bytes copied to a staging slot there) and the two results are
+ * compared bit for bit. For placements whose experts do not all fit on the GPUs, where
+ * `verify` has no all-resident reference. rate 0 turns it off. MOET_EINVAL (rate outside
+ * 0 .. 1), MOET_ENOMEM. */
+int moet_model_set_shadow(moet_model *m, double rate);
+
+typedef struct moet_shadow_stats {
+	uint64_t checks;      /* expert calls checked */
+	uint64_t pairs;       /* routing pairs compared */
+	uint64_t mismatches;  /* checks whose bits differed */
+	uint64_t errors;      /* checks that could not run (memory, copies) */
+	int64_t last_layer, last_expert; /* of the last mismatch */
+} moet_shadow_stats;
+
+/* The shadow check's counters so far (zeros when off). */
+void moet_model_shadow_stats(const moet_model *m, moet_shadow_stats *out);
+
 /* Overlap of the CPU tier with the device's work on (1, the default) or off (0: the CPU tier
  * runs alone, the reference path; MOET_HYBRID_OVERLAP=0 at set_placement does the same).
  * Same bits either way. MOET_EINVAL without a placement. */

@@ -29,7 +29,7 @@ static void usage(FILE *f)
 	fprintf(f, "usage: moet-hybrid verify --model DIR --placement FILE [--device cpu|cuda] "
 		   "[--sim-devices N]\n"
 		   "                          [--prompts N] [--len N] [--steps N] [--seed S]\n"
-		   "                          [--ram-budget-gb G [--ram-profile FILE]]\n\n"
+		   "                          [--ram-budget-gb G [--ram-profile FILE]] [--shadow RATE]\n\n"
 		   "Runs N synthetic prompts (token ids from the seed) through prefill and decode\n"
 		   "steps with the placement and without it, at batch size 1 (one call per\n"
 		   "sequence) and N (all sequences in one call), and compares every logit bit for\n"
@@ -42,6 +42,10 @@ static void usage(FILE *f)
 		   "                    must be at least that)\n"
 		   "  --prompts N       sequences (default 4)   --len N  prompt length (default 12)\n"
 		   "  --steps N         decode steps (default 4) --seed S  token seed (default 1)\n"
+		   "  --shadow RATE     no reference run: with probability RATE per MoE layer call,\n"
+		   "                    one CPU-tier expert is computed again by the backend (its\n"
+		   "                    bytes staged there) and compared bit for bit; for models\n"
+		   "                    whose experts do not all fit; exit 1 on a mismatch\n"
 		   "  --ram-budget-gb G the run under test keeps the CPU tier on disk behind G GiB\n"
 		   "                    of RAM slots (or G%% of the tier; docs/io-uring.md); with\n"
 		   "                    it --placement is optional\n"
@@ -92,6 +96,50 @@ static int run_all(moet_model *m, const vopts *o, int batched, float *out)
 	return rc;
 }
 
+/* --shadow RATE: no reference run (the experts need not fit anywhere but where the placement
+ * puts them); the placement's CPU-tier calls checked against the backend online. */
+static int shadow_verify(const char *dir, const char *place, const char *device, int sim,
+			 double rate, const vopts *o)
+{
+	moet_model *m = NULL;
+	float *got = NULL;
+	int n_dev = 0;
+	int rc = place ? moet_model_open_on(dir, device, &m)
+		       : moet_err(MOET_EINVAL, "--shadow needs --placement FILE");
+	if (!rc)
+		rc = moet_cli_apply_placement(m, place, sim, &n_dev);
+	if (!rc)
+		rc = moet_model_set_shadow(m, rate);
+	const int64_t V = rc ? 0 : moet_model_config(m)->vocab_size;
+	const size_t n_log = (size_t)(o->prompts * (o->steps + 1)) * (size_t)V;
+	if (!rc && !(got = malloc(n_log * sizeof(float))))
+		rc = moet_err(MOET_ENOMEM, "logits");
+	for (int batched = 0; !rc && batched < 2; batched++)
+		rc = run_all(m, o, batched, got);
+	moet_shadow_stats st;
+	if (!rc) {
+		moet_model_shadow_stats(m, &st);
+		uint64_t cnt[65] = { 0 }, total = 0;
+		moet_model_tier_counts(m, cnt, 1 + n_dev);
+		for (int t = 0; t <= n_dev; t++)
+			total += cnt[t];
+		printf("shadow %g: %llu CPU-tier expert calls recomputed on the %s backend (%llu "
+		       "routing pairs), %llu mismatches, %llu errors; routings: CPU %.1f%% of %llu\n",
+		       rate, (unsigned long long)st.checks, device, (unsigned long long)st.pairs,
+		       (unsigned long long)st.mismatches, (unsigned long long)st.errors,
+		       total ? 100.0 * (double)cnt[0] / (double)total : 0,
+		       (unsigned long long)total);
+		if (st.mismatches)
+			printf("MISMATCH: last at layer %lld expert %lld\n", (long long)st.last_layer,
+			       (long long)st.last_expert);
+	}
+	free(got);
+	moet_model_close(m);
+	if (rc)
+		return moet_cli_fail("verify", rc);
+	return st.mismatches || st.errors ? 1 : 0;
+}
+
 int moet_cli_verify(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -105,12 +153,14 @@ int moet_cli_verify(int argc, char **argv)
 		{ "seed", required_argument, NULL, 's' },
 		{ "ram-budget-gb", required_argument, NULL, 'B' },
 		{ "ram-profile", required_argument, NULL, 'Q' },
+		{ "shadow", required_argument, NULL, 'W' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *model_dir = NULL, *place = NULL, *device = "cpu", *ram = NULL, *ram_prof = NULL;
 	vopts o = { 4, 12, 4, 1 };
 	int sim = -1, c, bad = 0;
+	double shadow = -1;
 	char *end;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -125,6 +175,9 @@ int moet_cli_verify(int argc, char **argv)
 		case 's': o.seed = strtoull(optarg, &end, 10); bad |= *end != 0; break;
 		case 'B': ram = optarg; break;
 		case 'Q': ram_prof = optarg; break;
+		case 'W': shadow = strtod(optarg, &end);
+			bad |= *end || !(shadow > 0 && shadow <= 1);
+			break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -137,7 +190,10 @@ int moet_cli_verify(int argc, char **argv)
 	    o.steps > 4096)
 		return moet_cli_fail("verify", moet_err(MOET_EINVAL, "--prompts (1..256), --len "
 							"(1..4096), --steps (0..4096), --sim-devices "
-							"(>= 0) take integers in range"));
+							"(>= 0) take integers in range, --shadow a "
+							"rate in (0, 1]"));
+	if (shadow > 0)
+		return shadow_verify(model_dir, place, device, sim, shadow, &o);
 	moet_model *m = NULL;
 	moet_placement_sizes *sz = NULL;
 	moet_placement *pl = NULL;

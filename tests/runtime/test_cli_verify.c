@@ -55,6 +55,28 @@ int main(void)
 	      out ? out : "");
 	free(out);
 
+	/* --shadow: no reference run, CPU-tier calls recomputed by the backend and compared; a
+	 * planted corruption (MOET_SHADOW_FAULT=1) must fail it */
+	snprintf(cmd, sizeof(cmd), "%s verify --model %s --placement %s --shadow 1",
+		 moet_test_bin(), model, place);
+	rc = moet_test_run(cmd, &out);
+	CHECK(rc == 0 && out && strstr(out, "shadow 1: ") && strstr(out, " 0 mismatches") &&
+	      !strstr(out, " 0 CPU-tier expert calls"), "shadow: rc %d, '%s'", rc,
+	      out ? out : "");
+	free(out);
+	snprintf(cmd, sizeof(cmd), "MOET_SHADOW_FAULT=1 %s verify --model %s --placement %s "
+		 "--shadow 1", moet_test_bin(), model, place);
+	rc = moet_test_run(cmd, &out);
+	CHECK(rc == 1 && out && strstr(out, "MISMATCH: last at layer"), "planted shadow fault: rc "
+	      "%d, '%s'", rc, out ? out : "");
+	free(out);
+	snprintf(cmd, sizeof(cmd), "%s verify --model %s --placement %s --shadow 0",
+		 moet_test_bin(), model, place);
+	rc = moet_test_run(cmd, &out);
+	CHECK(rc == 1 && out && strstr(out, "--shadow a rate in (0, 1]"), "shadow 0: rc %d, '%s'",
+	      rc, out ? out : "");
+	free(out);
+
 	/* generate / logits with and without the placement */
 	char *a = NULL, *b = NULL;
 	snprintf(cmd, sizeof(cmd), "%s generate --model %s --tokens 1,2,3,4 --max-new 8",

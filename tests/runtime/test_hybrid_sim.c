@@ -155,6 +155,30 @@ int main(void)
 		       (unsigned long long)cnt[2], (unsigned long long)cnt[3],
 		       (unsigned long long)total);
 	}
+	/* the shadow check: every CPU-tier call recomputed by the backend, bits compared */
+	CHECK(moet_model_set_shadow(m, 1.0) == 0, "shadow on: %s", moet_errmsg());
+	CHECK(moet_model_set_shadow(m, 1.5) == MOET_EINVAL, "rate 1.5 refused");
+	CHECK(moet_model_set_shadow(m, 1.0) == 0, "shadow on again");
+	run(m, 1, got);
+	CHECK(memcmp(ref, got, n_logits * sizeof(float)) == 0, "logits with the shadow check");
+	moet_shadow_stats ss;
+	moet_model_shadow_stats(m, &ss);
+	CHECK(ss.checks > 0 && ss.pairs >= ss.checks && ss.mismatches == 0 && ss.errors == 0,
+	      "shadow: %llu checks, %llu pairs, %llu mismatches, %llu errors",
+	      (unsigned long long)ss.checks, (unsigned long long)ss.pairs,
+	      (unsigned long long)ss.mismatches, (unsigned long long)ss.errors);
+	setenv("MOET_SHADOW_FAULT", "1", 1); /* a corrupted CPU row must be seen */
+	run(m, 1, got);
+	unsetenv("MOET_SHADOW_FAULT");
+	moet_shadow_stats s2;
+	moet_model_shadow_stats(m, &s2);
+	CHECK(s2.checks > ss.checks && s2.mismatches == s2.checks - ss.checks,
+	      "planted fault: %llu of %llu new checks mismatched",
+	      (unsigned long long)s2.mismatches, (unsigned long long)(s2.checks - ss.checks));
+	printf("shadow: %llu checks of %llu pairs, equal; with a planted fault %llu mismatches\n",
+	       (unsigned long long)ss.checks, (unsigned long long)ss.pairs,
+	       (unsigned long long)s2.mismatches);
+	moet_model_set_shadow(m, 0);
 	own[3] = 7;
 	CHECK(moet_model_set_placement(m, own, 3) == MOET_EINVAL, "owner out of range refused");
 	CHECK(moet_model_set_placement(m, NULL, 0) == 0, "placement removed");
