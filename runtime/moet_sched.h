@@ -102,6 +102,7 @@ typedef struct moet_sched_stats {
 	int n_tiers;               /* 1 + devices */
 	uint64_t tier_pairs[MOET_SCHED_MAX_TIERS]; /* routing pairs: [0] CPU, [1 + g] device g */
 	moet_hybrid_stats hybrid;  /* the hybrid engine's CPU-tier counters (moet_model.h) */
+	moet_shadow_stats shadow;  /* the shadow check's counters (moet_model_set_shadow) */
 } moet_sched_stats;
 
 /*

@@ -362,6 +362,7 @@ static void *engine(void *arg)
 		moet_model_hybrid_stats(s->m, &hs, 0);
 		pthread_mutex_lock(&s->mu);
 		s->st.hybrid = hs;
+		moet_model_shadow_stats(s->m, &s->st.shadow);
 		if (rc)
 			fail_batch(s, n, rc);
 		else

@@ -132,6 +132,12 @@ char *serve_metrics_text(const moet_sched_stats *st, uint64_t http_requests,
 	    (unsigned long long)st->hybrid.bytes_d2h);
 	put(&o, "moet_pcie_bytes_total{direction=\"h2d\"} %llu\n",
 	    (unsigned long long)st->hybrid.bytes_h2d);
+	metric(&o, "moet_shadow_checks_total", "counter",
+	       "CPU-tier expert calls recomputed by the backend and compared (serve --shadow).");
+	put(&o, "moet_shadow_checks_total %llu\n", (unsigned long long)st->shadow.checks);
+	metric(&o, "moet_shadow_mismatches_total", "counter",
+	       "Shadow checks whose bits differed from the CPU tier's (0 under the contract).");
+	put(&o, "moet_shadow_mismatches_total %llu\n", (unsigned long long)st->shadow.mismatches);
 	if (o.bad) {
 		free(o.buf);
 		return NULL;

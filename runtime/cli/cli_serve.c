@@ -42,6 +42,8 @@ static void usage(FILE *f)
 		"  --device D             cpu (default) or cuda\n"
 		"  --placement F          expert placement file (docs/placement.md)\n"
 		"  --sim-devices N        simulated devices on --device cpu\n"
+		"  --shadow RATE          recompute a share of the CPU tier's expert calls on the\n"
+		"                         backend and compare bits (metrics moet_shadow_*)\n"
 		"  --host ADDR            address to bind (default 127.0.0.1)\n"
 		"  --port N               port (default 8000; 0: any free port, printed)\n"
 		"  --api-key KEY          require 'Authorization: Bearer KEY' on /v1/ (else 401)\n"
@@ -81,6 +83,7 @@ int moet_cli_serve(int argc, char **argv)
 		{ "device", required_argument, NULL, 'd' },
 		{ "placement", required_argument, NULL, 'P' },
 		{ "sim-devices", required_argument, NULL, 'N' },
+		{ "shadow", required_argument, NULL, 'W' },
 		{ "host", required_argument, NULL, 'H' },
 		{ "port", required_argument, NULL, 'p' },
 		{ "api-key", required_argument, NULL, 'k' },
@@ -95,6 +98,7 @@ int moet_cli_serve(int argc, char **argv)
 	const char *model_dir = NULL, *tok_path = NULL, *device = "cpu", *place = NULL;
 	moet_serve_opts so = { .port = 8000 };
 	long long v = 0, sim = -1;
+	double shadow = 0;
 	int c, rc = 0;
 	optind = 1;
 	while (!rc && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -105,6 +109,13 @@ int moet_cli_serve(int argc, char **argv)
 		case 'd': device = optarg; break;
 		case 'P': place = optarg; break;
 		case 'N': rc = parse_num("--sim-devices", optarg, 0, 16, &sim); break;
+		case 'W': {
+			char *end;
+			shadow = strtod(optarg, &end);
+			if (*end || !(shadow > 0 && shadow <= 1))
+				rc = moet_err(MOET_EINVAL, "--shadow '%s': a rate in (0, 1]", optarg);
+			break;
+		}
 		case 'H': so.host = optarg; break;
 		case 'p': rc = parse_num("--port", optarg, 0, 65535, &v); so.port = (int)v; break;
 		case 'k': so.api_key = optarg; break;
@@ -180,6 +191,8 @@ int moet_cli_serve(int argc, char **argv)
 	if ((rc = moet_model_open_on(model_dir, device, &m)))
 		goto out;
 	if (place && (rc = moet_cli_apply_placement(m, place, (int)sim, &n_dev)))
+		goto out;
+	if (shadow > 0 && (rc = moet_model_set_shadow(m, shadow)))
 		goto out;
 	so.sched.n_devices = n_dev;
 	if (tok_path && (rc = moet_tokenizer_load(tok_path, &tok)))

@@ -15,7 +15,7 @@
  *   - a client that hangs up mid-stream: its slot is freed (/metrics), the server serves on;
  *   - SIGTERM stops the server with exit 0 (under ASan: no leak);
  *   - --placement over 3 simulated devices: the same greedy ids, pairs per tier and the GPU
- *     hit rate in /metrics add up.
+ *     hit rate in /metrics add up; --shadow 1 checks CPU-tier calls with no mismatch.
  */
 #include <jansson.h>
 #include <math.h>
@@ -440,7 +440,8 @@ static void test_placement(const answer *want, const char *want_body)
 	const char *yaml = "gpus:\n  - {name: gpu0, budget: 1GB}\n  - {name: gpu1, budget: 1GB}\n"
 			   "default:\n  gpu0: \"0-9\"\n  gpu1: \"20-25\"\n";
 	CHECK(moet_test_write_file(place, yaml, strlen(yaml)) == 0, "write placement");
-	snprintf(args, sizeof(args), "--placement '%s' --sim-devices 3 --device cpu", place);
+	snprintf(args, sizeof(args), "--placement '%s' --sim-devices 3 --device cpu --shadow 1",
+		 place);
 	st_server sv;
 	CHECK(st_start(&sv, XDG, args) == 0, "server with a placement (log %s)", sv.log);
 	if (!sv.pid)
@@ -461,6 +462,10 @@ static void test_placement(const answer *want, const char *want_body)
 	      "gpu2 %g", cpu, g0, g1, g2);
 	CHECK(hit > 0 && hit < 1 && fabs(hit - (g0 + g1) / (cpu + g0 + g1)) < 1e-5,
 	      "hit rate %g", hit);
+	/* --shadow 1: every CPU-tier call also computed by the backend, bits equal */
+	double sc = st_metric(r.body, "moet_shadow_checks_total");
+	double sm = st_metric(r.body, "moet_shadow_mismatches_total");
+	CHECK(sc > 0 && sm == 0, "shadow: %g checks, %g mismatches", sc, sm);
 	st_resp_free(&r);
 	CHECK(st_stop(&sv) == 0, "placement server exit");
 }
