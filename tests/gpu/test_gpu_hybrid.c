@@ -108,6 +108,24 @@ int main(void)
 		       (unsigned long long)cnt[0], (unsigned long long)cnt[1], hs.ns_cpu / 1e6,
 		       hs.ns_wait / 1e6, hs.bytes_d2h / 1e3, hs.bytes_h2d / 1e3);
 	}
+	/* the shadow check on the GPU: CPU-tier experts staged into a device slot, recomputed by
+	 * the GPU kernel and compared bit for bit */
+	for (int64_t i = 0; i < L * E; i++)
+		own[i] = (int16_t)((next() % 2) ? 0 : -1);
+	CHECK(moet_model_set_placement(gpu, own, 1) == 0 && moet_model_set_shadow(gpu, 1.0) == 0,
+	      "shadow: %s", moet_errmsg());
+	CHECK(run(gpu, 1, got) == 0 && memcmp(ref, got, n_log * sizeof(float)) == 0,
+	      "logits with the shadow check");
+	moet_shadow_stats ss;
+	moet_model_shadow_stats(gpu, &ss);
+	CHECK(ss.checks > 0 && ss.mismatches == 0 && ss.errors == 0, "shadow on the GPU: %llu "
+	      "checks, %llu mismatches, %llu errors", (unsigned long long)ss.checks,
+	      (unsigned long long)ss.mismatches, (unsigned long long)ss.errors);
+	printf("shadow: %llu CPU-tier calls (%llu pairs) recomputed on the GPU, %llu mismatches\n",
+	       (unsigned long long)ss.checks, (unsigned long long)ss.pairs,
+	       (unsigned long long)ss.mismatches);
+	moet_model_set_shadow(gpu, 0);
+
 	/* the upload's reference path: every matrix through the driver's pageable copy */
 	setenv("MOET_UPLOAD", "plain", 1);
 	moet_model *plain = NULL;
