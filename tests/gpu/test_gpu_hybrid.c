@@ -116,14 +116,14 @@ int main(void)
 	      "shadow: %s", moet_errmsg());
 	CHECK(run(gpu, 1, got) == 0 && memcmp(ref, got, n_log * sizeof(float)) == 0,
 	      "logits with the shadow check");
-	moet_shadow_stats ss;
-	moet_model_shadow_stats(gpu, &ss);
-	CHECK(ss.checks > 0 && ss.mismatches == 0 && ss.errors == 0, "shadow on the GPU: %llu "
-	      "checks, %llu mismatches, %llu errors", (unsigned long long)ss.checks,
-	      (unsigned long long)ss.mismatches, (unsigned long long)ss.errors);
+	moet_shadow_stats shs;
+	moet_model_shadow_stats(gpu, &shs);
+	CHECK(shs.checks > 0 && shs.mismatches == 0 && shs.errors == 0, "shadow on the GPU: %llu "
+	      "checks, %llu mismatches, %llu errors", (unsigned long long)shs.checks,
+	      (unsigned long long)shs.mismatches, (unsigned long long)shs.errors);
 	printf("shadow: %llu CPU-tier calls (%llu pairs) recomputed on the GPU, %llu mismatches\n",
-	       (unsigned long long)ss.checks, (unsigned long long)ss.pairs,
-	       (unsigned long long)ss.mismatches);
+	       (unsigned long long)shs.checks, (unsigned long long)shs.pairs,
+	       (unsigned long long)shs.mismatches);
 	moet_model_set_shadow(gpu, 0);
 
 	/* the upload's reference path: every matrix through the driver's pageable copy */
