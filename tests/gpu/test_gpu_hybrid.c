@@ -44,6 +44,9 @@ int main(void)
 		printf("test_gpu_hybrid: skipped (%s)\n", why ? why : "no CUDA device");
 		return MOET_TEST_SKIP;
 	}
+	/* the staged upload even for this small model (by default it takes the plain path
+	 * below 256 MiB); MOET_UPLOAD=plain is compared with it below */
+	setenv("MOET_UPLOAD", "staged", 1);
 	char *dir = moet_test_mkdtemp("gpu-hybrid");
 	moet_gen_params gp;
 	moet_gen_params_init(&gp);
@@ -145,7 +148,7 @@ int main(void)
 		CHECK(pb > 0, "plain upload counted");
 	}
 	moet_model_close(plain);
-	unsetenv("MOET_UPLOAD");
+	setenv("MOET_UPLOAD", "staged", 1);
 	CHECK(moet_model_set_placement(gpu, own, moet_gpu_count(NULL) + 1) == MOET_EDEVICE,
 	      "more devices than the machine has");
 	CHECK(moet_model_set_placement(gpu, NULL, 0) == 0, "placement removed: %s", moet_errmsg());
