@@ -369,6 +369,31 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			fputc('\n', out);
 			fflush(out);
 		}
+		/* the NVMe tier under RAM budgets (CPU-tier experts read from disk into slots) */
+		for (int ri = 0; mode != MOET_E2E_GPU && !rc && ri < o->n_ram; ri++) {
+			if ((rc = o->apply_ram(m, o->ram_budgets[ri])))
+				break;
+			for (int bi = 0; !rc && bi < o->n_batches; bi++) {
+				const int64_t B = o->batches[bi];
+				step_split sp = { 0 };
+				if ((rc = decode_run(m, B, o->ctx, o->steps, samples, &sp, NULL)))
+					break;
+				char name[48];
+				snprintf(name, sizeof(name), "decode-%s-ram%s", mode_name[mode],
+					 o->ram_budgets[ri]);
+				moet_bench_row r = { .name = name, .tokens = B, .ceiling = "" };
+				moet_bench_stats_of(samples, o->steps, &r.st);
+				rc = moet_bench_add_row(rec, &r);
+				fprintf(out, "%-7s %-9s %6lld %11.3f %10.1f   RAM budget %s\n",
+					mode_name[mode], "decode", (long long)B, 1e3 * r.st.median_s,
+					(double)B / r.st.median_s, o->ram_budgets[ri]);
+				if (o->report_ram)
+					o->report_ram(m, out);
+			}
+			int r0 = moet_model_set_ram_budget(m, 0, NULL);
+			if (!rc)
+				rc = r0;
+		}
 		for (int pi = 0; !rc && pi < o->n_prefills; pi++) {
 			const int64_t P = o->prefills[pi];
 			double t = 0;

@@ -8,6 +8,7 @@
 #define MOET_BENCH_E2E_H
 
 #include "moet_bench.h"
+#include "moet_model.h"
 
 enum { MOET_E2E_GPU = 0, MOET_E2E_HYBRID = 1, MOET_E2E_CPU = 2 };
 
@@ -27,6 +28,13 @@ typedef struct moet_bench_e2e_opts {
 	int op_times;             /* time every backend op (MOET_OP_TIMES): a table per batch */
 	const char *profile_out;  /* the routing of the first mode's timed decode steps, as a
 				     profile (placement/moet_profile.h), or NULL */
+	/* RAM budgets of the NVMe tier (docs/io-uring.md) to decode under as well, for the
+	 * hybrid and cpu modes: labels such as "50%" applied by apply_ram (the CLI's parser);
+	 * each adds decode-<mode>-ram<label> rows at every batch size */
+	const char *const *ram_budgets;
+	int n_ram;
+	int (*apply_ram)(moet_model *m, const char *label);
+	void (*report_ram)(const moet_model *m, FILE *f);
 } moet_bench_e2e_opts;
 
 /* Runs the bench, rows into rec (moet_bench_record_new("e2e")), progress to log, the table

@@ -18,7 +18,7 @@ static void usage(FILE *f)
 		   "                             [--modes gpu,hybrid,cpu] [--batches 1,4,16,64]\n"
 		   "                             [--prefill 1024,8192] [--ctx N] [--steps N]\n"
 		   "                             [--no-overlap-check] [--op-times] [--profile-out FILE]\n"
-		   "                             [--json FILE]\n\n"
+		   "                             [--ram-budgets 100%%,50%%,25%%] [--json FILE]\n\n"
 		   "The whole model per placement mode: gpu (every routed expert on the GPU), hybrid\n"
 		   "(the placement file's GPUs and the CPU tier), cpu (every routed expert on the\n"
 		   "CPU tier, the dense part on the GPU). Per mode: the time to ready (open and\n"
@@ -31,7 +31,10 @@ static void usage(FILE *f)
 		   "--op-times: per decode batch, the time of every backend op per step (each op\n"
 		   "waited for, so that run's step times are not the engine's: run it alone).\n"
 		   "--profile-out FILE: the routing of the first mode's timed decode steps as a\n"
-		   "profile (for `plan --predict` on the same workload).\n");
+		   "profile (for `plan --predict` on the same workload).\n"
+		   "--ram-budgets LIST: for the hybrid and cpu modes, decode again with the CPU\n"
+		   "tier behind the NVMe tier at each RAM budget (GiB or a share of the tier;\n"
+		   "docs/io-uring.md): rows decode-<mode>-ram<budget>, hit rate and recall.\n");
 }
 
 static int parse_modes(const char *s, int *out)
@@ -50,6 +53,27 @@ static int parse_modes(const char *s, int *out)
 			return moet_err(MOET_EINVAL, "--modes: '%s' (want gpu, hybrid, cpu)", t);
 	}
 	return *out ? 0 : moet_err(MOET_EINVAL, "--modes: empty");
+}
+
+/* "100%,50%,25%" into at most 8 labels of up to 15 characters. */
+static int split_budgets(const char *s, char out[8][16], int *n)
+{
+	*n = 0;
+	for (const char *p = s; *p;) {
+		size_t len = strcspn(p, ",");
+		if (*n == 8 || len == 0 || len > 15)
+			return moet_err(MOET_EINVAL, "--ram-budgets '%s': at most 8 budgets such as "
+					"50%% or 4.5 (GiB), comma-separated", s);
+		memcpy(out[*n], p, len);
+		out[(*n)++][len] = 0;
+		p += len + (p[len] == ',');
+	}
+	return *n ? 0 : moet_err(MOET_EINVAL, "--ram-budgets: empty");
+}
+
+static int apply_ram(moet_model *m, const char *label)
+{
+	return moet_cli_apply_ram_budget(m, label, NULL);
 }
 
 /* The placement file's owner table, checked against the model (opened on the CPU: no
@@ -94,6 +118,7 @@ int moet_cli_bench_e2e(int argc, char **argv)
 		{ "no-overlap-check", no_argument, NULL, 'n' },
 		{ "op-times", no_argument, NULL, 'o' },
 		{ "profile-out", required_argument, NULL, 'R' },
+		{ "ram-budgets", required_argument, NULL, 'G' },
 		{ "json", required_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -105,6 +130,8 @@ int moet_cli_bench_e2e(int argc, char **argv)
 	const char *place = NULL, *json_path = NULL;
 	int64_t *batches = NULL, *prefills = NULL;
 	int16_t *owner = NULL;
+	char ram[8][16];
+	const char *ram_p[8];
 	int c, rc = 0, modes_given = 0;
 	char *end;
 	optind = 1;
@@ -137,6 +164,7 @@ int moet_cli_bench_e2e(int argc, char **argv)
 		case 'n': o.overlap_check = 0; break;
 		case 'o': o.op_times = 1; break;
 		case 'R': o.profile_out = optarg; break;
+		case 'G': rc = split_budgets(optarg, ram, &o.n_ram); break;
 		case 'j': json_path = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
@@ -155,6 +183,11 @@ int moet_cli_bench_e2e(int argc, char **argv)
 	if (!rc && place)
 		rc = load_owner(o.model_dir, place, &owner, &o.n_devices);
 	o.owner = owner;
+	for (int i = 0; i < o.n_ram; i++)
+		ram_p[i] = ram[i];
+	o.ram_budgets = ram_p;
+	o.apply_ram = apply_ram;
+	o.report_ram = moet_cli_ram_report;
 	json_t *rec = NULL;
 	if (!rc)
 		rc = moet_bench_record_new("e2e", &rec);

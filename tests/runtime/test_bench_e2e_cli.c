@@ -138,6 +138,28 @@ int main(void)
 		      (unsigned long long)want);
 	}
 	moet_profile_free(pf);
+	/* --ram-budgets: decode again behind the NVMe tier, a row per budget and batch */
+	char js2[600];
+	snprintf(js2, sizeof(js2), "%s/e2e-ram.json", dir);
+	rc = moet_test_cli(&out, "bench e2e --model %s --device cpu --placement %s --modes hybrid "
+			   "--batches 2 --prefill 4 --ctx 4 --steps 2 --no-overlap-check "
+			   "--ram-budgets 100%%,25%% --json %s", model, place, js2);
+	CHECK(rc == 0 && out && strstr(out, "RAM budget 25%") && strstr(out, "NVMe tier: hit rate"),
+	      "ram budgets: exit %d\n%s", rc, out ? out : "");
+	free(out);
+	json_t *r2 = json_load_file(js2, 0, NULL);
+	int found = 0;
+	size_t ri;
+	const json_t *rw;
+	json_array_foreach(json_object_get(r2, "results"), ri, rw) {
+		const char *nm = json_string_value(json_object_get(rw, "name"));
+		found += nm && (!strcmp(nm, "decode-hybrid-ram100%") ||
+				!strcmp(nm, "decode-hybrid-ram25%")) && num(rw, "median_s") > 0;
+	}
+	CHECK(found == 2, "rows of both budgets: %d", found);
+	json_decref(r2);
+	moet_test_cli_expect("bench e2e --model /tmp --ram-budgets 1,2,3,4,5,6,7,8,9", 1,
+			     "at most 8 budgets");
 	moet_test_cli_expect("bench e2e --model /nonexistent --device cpu --modes cpu --batches 1 "
 			     "--prefill 4", 1, "/nonexistent");
 	char args[1024];
