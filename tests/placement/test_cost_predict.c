@@ -384,10 +384,27 @@ done:
 
 /* The formula on an owner table: the layers' max(CPU, GPUs) + copies, + dense; calls from
  * moet_cost_call_ms (checked above), the expectation a full binomial sum. */
+/* The measured dense curve at batch b (moet_cost.h): the segment holding b, the first
+ * point's value below the curve, the last segment's line beyond it. */
+static double ref_dense(const moet_cost_curve *c, double b)
+{
+	if (c->n == 1 || b <= c->tokens[0])
+		return c->frac[0];
+	int i = c->n - 1; /* the segment [i-1, i] */
+	for (int j = 1; j < c->n; j++)
+		if (b <= c->tokens[j]) {
+			i = j;
+			break;
+		}
+	return c->frac[i - 1] + (b - c->tokens[i - 1]) / (c->tokens[i] - c->tokens[i - 1]) *
+				       (c->frac[i] - c->frac[i - 1]);
+}
+
 static double ref_step(const moet_cost_in *in, const double *sc, int64_t nl, int64_t ne,
 		       const int16_t *own)
 {
-	double step = (double)in->dense_bytes / (in->hw.gpu_read_gbps * 1e6);
+	double step = in->hw.gpu_dense_ms.n ? ref_dense(&in->hw.gpu_dense_ms, (double)in->batch)
+					    : (double)in->dense_bytes / (in->hw.gpu_read_gbps * 1e6);
 	for (int64_t l = 0; l < nl; l++) {
 		double tot = 0, x[65] = { 0 }, none[65];
 		for (int g = 0; g < 65; g++)
@@ -558,7 +575,8 @@ static void test_cli(tiny *t)
 	for (size_t i = 0; json_is_array(a) && i < json_array_size(a); i++) {
 		json_t *r = json_array_get(a, i);
 		const int64_t B = (int64_t)jnum(r, "batch");
-		const moet_cost_in in = tiny_in(t, B);
+		moet_cost_in in = tiny_in(t, B);
+		CHECK(moet_cost_hw_load(hwf, &in.hw) == 0, "%s", moet_errmsg()); /* the CLI's */
 		const double want = ref_step(&in, t->sc, t->cf.num_hidden_layers,
 					     t->cf.n_routed_experts, moet_placement_owners(t->pl));
 		const double step = jnum(r, "step_ms");
