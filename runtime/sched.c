@@ -7,9 +7,12 @@
  *   lock: finish released requests (their KV back to the pool)
  *         admit queued requests in order while reserved + need <= kv_tokens
  *         plan: every decoding request 1 token, then prefill chunks in admission order
- *               within max_batch_tokens (a chunk that ends its prompt asks for logits)
+ *               within max_batch_tokens (a chunk that ends its prompt asks for its next
+ *               token: drawn by the backend where the logits are, or the logits row to
+ *               the host when the request wants logprobs)
  *   unlock: moet_model_forward_batch(all of it)
- *   lock: sample each row (seeded by position), logprobs, text, stop, EOS, max_tokens;
+ *   lock: the drawn token, or a host draw (seeded by position) with logprobs; text, stop,
+ *         EOS, max_tokens;
  *         broadcast to the pollers
  *
  * KV pool: a finished request's cache goes to the pool; admission takes a pooled cache whose
@@ -224,6 +227,18 @@ static void admit(moet_sched *s)
 	s->st.running = s->n_run;
 }
 
+/* The entry's next token: drawn where the logits are (moet_backend_draw: on CUDA only the id
+ * comes back), or, when the request wants logprobs, its logits row to the host. */
+static void want_token(moet_sched *s, moet_sched_req *r, moet_seq_step *st, int n)
+{
+	if (r->top_logprobs >= 0) {
+		st->out_logits = s->logits + (size_t)n * s->vocab;
+	} else {
+		st->sample = &r->sp;
+		st->out_token = &r->drawn;
+	}
+}
+
 /* One forward call's entries (lock held). Returns the number of entries. */
 static int plan(moet_sched *s, int64_t *out_tokens)
 {
@@ -234,8 +249,8 @@ static int plan(moet_sched *s, int64_t *out_tokens)
 		if (r->state != REQ_DECODE)
 			continue;
 		s->steps[n] = (moet_seq_step){ .kv = r->kv, .tokens = &r->last_tok, .n_tok = 1,
-					       .out_logits = s->logits + (size_t)n * s->vocab,
 					       .last_only = 1 };
+		want_token(s, r, &s->steps[n], n);
 		s->step_req[n++] = r;
 		used++;
 	}
@@ -252,9 +267,9 @@ static int plan(moet_sched *s, int64_t *out_tokens)
 		chunk = chunk < budget ? chunk : budget;
 		int last = r->n_fed + chunk == r->n_prompt;
 		s->steps[n] = (moet_seq_step){ .kv = r->kv, .tokens = r->prompt + r->n_fed,
-					       .n_tok = chunk, .last_only = 1,
-					       .out_logits = last ? s->logits +
-							(size_t)n * s->vocab : NULL };
+					       .n_tok = chunk, .last_only = 1 };
+		if (last)
+			want_token(s, r, &s->steps[n], n);
 		s->step_req[n++] = r;
 		budget -= chunk;
 		used += chunk;
@@ -286,13 +301,13 @@ static void consume(moet_sched *s, int n)
 		if (r->state == REQ_PREFILL) {
 			r->n_fed += st->n_tok;
 			s->st.tokens_prefilled += (uint64_t)st->n_tok;
-			if (!st->out_logits)
+			if (!st->out_logits && !st->out_token)
 				continue;
 			r->state = REQ_DECODE;
 		}
-		int64_t id;
-		int rc = moet_sample(st->out_logits, s->vocab, &r->sp, moet_kv_len(r->kv),
-				     s->scratch, &id);
+		int64_t id = r->drawn;
+		int rc = st->out_token ? 0 : moet_sample(st->out_logits, s->vocab, &r->sp,
+							 moet_kv_len(r->kv), s->scratch, &id);
 		if (!rc)
 			rc = grow_toks(r);
 		if (rc) {

@@ -27,6 +27,7 @@ struct moet_sched_req {
 	moet_kv *kv;               /* while running */
 	int64_t kv_cap;            /* its capacity: reserved against the budget */
 	int64_t last_tok;          /* the token to feed at the next decode step */
+	int64_t drawn;             /* the token the backend drew (requests without logprobs) */
 	int64_t n_generated;
 	/* output, appended by the engine and taken by poll */
 	moet_sched_token *toks;
