@@ -569,3 +569,8 @@ int64_t moet_kv_len(const moet_kv *kv)
 {
 	return kv->len;
 }
+
+void moet_kv_reset(moet_kv *kv)
+{
+	kv->len = 0;
+}

@@ -45,6 +45,8 @@ const moet_ckpt *moet_model_ckpt(const moet_model *m);
 int moet_kv_create(const moet_model *m, int64_t max_tokens, moet_kv **out);
 void moet_kv_destroy(moet_kv *kv);
 int64_t moet_kv_len(const moet_kv *kv);
+/* Empties the cache for another sequence (its positions are overwritten as they come). */
+void moet_kv_reset(moet_kv *kv);
 
 /*
  * Runs n_tok tokens of one sequence at positions moet_kv_len(kv) ... + n_tok - 1, appends

@@ -19,9 +19,7 @@
  * capacity fits (need <= cap <= 2 x need) before creating one, and frees pooled caches when
  * reserved + pooled + need would pass the budget. So the caches never hold more positions
  * than the budget, and no cache is ever lost: stats.kv_in_use always equals the running count.
- *
- * NOTE: a pooled cache is reset by setting its length to 0 through model_int.h: the model's
- * public API has no reset yet (moet_kv_reset would be the clean way; model.c is not ours).
+ * A pooled cache is emptied with moet_kv_reset.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -29,7 +27,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "model_int.h"
 #include "moet_err.h"
 #include "sched_int.h"
 
@@ -144,7 +141,7 @@ static int kv_acquire(moet_sched *s, moet_sched_req *r, int64_t need)
 	if (best >= 0) {
 		r->kv = s->pool[best];
 		r->kv_cap = s->pool_cap[best];
-		r->kv->len = 0;
+		moet_kv_reset(r->kv);
 		s->st.kv_pooled -= r->kv_cap;
 		s->pool[best] = s->pool[--s->n_pool];
 		s->pool_cap[best] = s->pool_cap[s->n_pool];
