@@ -342,6 +342,20 @@ int moet_cost_predict_step(const moet_config *cf, const moet_placement_sizes *sz
 			   const moet_cost_hw *hw, int64_t batch, moet_cost_pred *out)
 {
 	const int64_t L = cf->num_hidden_layers, E = cf->n_routed_experts;
+	if (moet_placement_n_layers(pl) != L || moet_placement_n_experts(pl) != E)
+		return moet_err(MOET_EINVAL, "predict: placement %s is for %" PRId64 " layers x %"
+				PRId64 " experts, the model %" PRId64 " x %" PRId64,
+				moet_placement_label(pl), moet_placement_n_layers(pl),
+				moet_placement_n_experts(pl), L, E);
+	return moet_cost_predict_owners(cf, sz, moet_placement_owners(pl),
+					moet_placement_n_gpus(pl), prof, phase, hw, batch, out);
+}
+
+int moet_cost_predict_owners(const moet_config *cf, const moet_placement_sizes *sz,
+			     const int16_t *owner, int n_gpus, const moet_profile *prof,
+			     int phase, const moet_cost_hw *hw, int64_t batch, moet_cost_pred *out)
+{
+	const int64_t L = cf->num_hidden_layers, E = cf->n_routed_experts;
 	moet_placement_sizes *own_sz = NULL;
 	double *scores = NULL;
 	int rc = 0;
@@ -349,11 +363,6 @@ int moet_cost_predict_step(const moet_config *cf, const moet_placement_sizes *sz
 		return moet_err(MOET_EINVAL, "predict: decode batch %" PRId64 " (>= 1)", batch);
 	if (phase < 0 || phase > MOET_COST_PHASE_BOTH)
 		return moet_err(MOET_EINVAL, "predict: phase %d", phase);
-	if (moet_placement_n_layers(pl) != L || moet_placement_n_experts(pl) != E)
-		return moet_err(MOET_EINVAL, "predict: placement %s is for %" PRId64 " layers x %"
-				PRId64 " experts, the model %" PRId64 " x %" PRId64,
-				moet_placement_label(pl), moet_placement_n_layers(pl),
-				moet_placement_n_experts(pl), L, E);
 	if (prof->n_layers != L || prof->n_experts != E || prof->top_k != cf->num_experts_per_tok)
 		return moet_err(MOET_EINVAL, "predict: profile for %" PRId64 " layers x %" PRId64
 				" experts, top-k %" PRId64 "; the model %" PRId64 " x %" PRId64
@@ -395,9 +404,9 @@ int moet_cost_predict_step(const moet_config *cf, const moet_placement_sizes *sz
 	const moet_cost_in in = { .hw = *hw, .batch = batch, .top_k = cf->num_experts_per_tok,
 				  .d_model = cf->hidden_size, .expert_bytes = eb,
 				  .dense_bytes = sz->dense_bytes - sz->embed_bytes,
-				  .n_gpus = moet_placement_n_gpus(pl),
+				  .n_gpus = n_gpus,
 				  .moe_inter = cf->moe_intermediate_size };
-	rc = moet_cost_predict(&in, scores, L, E, moet_placement_owners(pl), out);
+	rc = moet_cost_predict(&in, scores, L, E, owner, out);
 done:
 	free(scores);
 	moet_placement_sizes_free(own_sz);

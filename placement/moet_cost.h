@@ -197,4 +197,10 @@ int moet_cost_predict_step(const moet_config *cf, const moet_placement_sizes *sz
 			   const moet_placement *pl, const moet_profile *prof, int phase,
 			   const moet_cost_hw *hw, int64_t batch, moet_cost_pred *out);
 
+/* The same for an owner table [layers x experts] (-1 CPU, g GPU g) of n_gpus GPUs instead of
+ * a placement file (bench e2e's gpu and cpu modes). */
+int moet_cost_predict_owners(const moet_config *cf, const moet_placement_sizes *sz,
+			     const int16_t *owner, int n_gpus, const moet_profile *prof,
+			     int phase, const moet_cost_hw *hw, int64_t batch, moet_cost_pred *out);
+
 #endif

@@ -10,7 +10,9 @@
 #include "moet_bench_e2e.h"
 #include "moet_err.h"
 #include "moet_model.h"
+#include "moet_cost.h"
 #include "moet_placement.h"
+#include "moet_profile.h"
 
 static void usage(FILE *f)
 {
@@ -18,7 +20,8 @@ static void usage(FILE *f)
 		   "                             [--modes gpu,hybrid,cpu] [--batches 1,4,16,64]\n"
 		   "                             [--prefill 1024,8192] [--ctx N] [--steps N]\n"
 		   "                             [--no-overlap-check] [--op-times] [--profile-out FILE]\n"
-		   "                             [--ram-budgets 100%%,50%%,25%%] [--json FILE]\n\n"
+		   "                             [--ram-budgets 100%%,50%%,25%%]\n"
+		   "                             [--predict-profile P [--hardware FILE]] [--json FILE]\n\n"
 		   "The whole model per placement mode: gpu (every routed expert on the GPU), hybrid\n"
 		   "(the placement file's GPUs and the CPU tier), cpu (every routed expert on the\n"
 		   "CPU tier, the dense part on the GPU). Per mode: the time to ready (open and\n"
@@ -32,6 +35,9 @@ static void usage(FILE *f)
 		   "waited for, so that run's step times are not the engine's: run it alone).\n"
 		   "--profile-out FILE: the routing of the first mode's timed decode steps as a\n"
 		   "profile (for `plan --predict` on the same workload).\n"
+		   "--predict-profile P [--hardware FILE]: the cost model's prediction of each\n"
+		   "measured decode step (plan --predict) from profile P (e.g. --profile-out of an\n"
+		   "earlier run: the same workload) beside the measurement, and its error.\n"
 		   "--ram-budgets LIST: for the hybrid and cpu modes, decode again with the CPU\n"
 		   "tier behind the NVMe tier at each RAM budget (GiB or a share of the tier;\n"
 		   "docs/io-uring.md): rows decode-<mode>-ram<budget>, hit rate and recall.\n");
@@ -104,6 +110,68 @@ static int load_owner(const char *dir, const char *path, int16_t **out, int *out
 	return rc;
 }
 
+/* The cost model's step for every measured decode step of the record: table and "predictions". */
+static int predict(const moet_bench_e2e_opts *o, const char *prof_path, const char *hw_path,
+		   json_t *rec, FILE *out)
+{
+	moet_model *m = NULL;
+	moet_placement_sizes *sz = NULL;
+	moet_profile *prof = NULL;
+	moet_cost_hw hw;
+	int16_t *own = NULL;
+	json_t *preds = json_array();
+	int rc = preds ? moet_model_open(o->model_dir, &m) : moet_err(MOET_ENOMEM, "predictions");
+	if (!rc)
+		rc = moet_placement_sizes_from_ckpt(moet_model_config(m), moet_model_ckpt(m), &sz);
+	if (!rc)
+		rc = moet_profile_load(prof_path, &prof);
+	if (!rc && hw_path)
+		rc = moet_cost_hw_load(hw_path, &hw);
+	else if (!rc)
+		moet_cost_hw_defaults(&hw);
+	const moet_config *c = rc ? NULL : moet_model_config(m);
+	const int64_t LE = c ? c->num_hidden_layers * c->n_routed_experts : 0;
+	if (!rc && !(own = malloc((size_t)(LE ? LE : 1) * sizeof(*own))))
+		rc = moet_err(MOET_ENOMEM, "owner table");
+	if (!rc)
+		fprintf(out, "%-7s %6s %12s %12s %8s   (cost model: %s)\n", "mode", "batch",
+			"measured_ms", "predicted_ms", "error", hw_path ? hw_path : "built-in");
+	size_t i;
+	json_t *st;
+	json_array_foreach(rc ? NULL : json_object_get(rec, "steps"), i, st) {
+		const char *mode = json_string_value(json_object_get(st, "mode"));
+		const int64_t B = json_integer_value(json_object_get(st, "batch"));
+		const double meas = json_number_value(json_object_get(st, "step_s"));
+		int n_gpus = 1;
+		for (int64_t k = 0; k < LE; k++)
+			own[k] = !strcmp(mode, "gpu") ? 0 : !strcmp(mode, "cpu") ? -1 : o->owner[k];
+		if (!strcmp(mode, "hybrid") && o->n_devices > 1)
+			n_gpus = o->n_devices;
+		moet_cost_pred pr;
+		if ((rc = moet_cost_predict_owners(c, sz, own, n_gpus, prof, MOET_PROFILE_DECODE,
+						   &hw, B, &pr)))
+			break;
+		const double err = (pr.step_ms / 1e3 - meas) / meas;
+		fprintf(out, "%-7s %6lld %12.3f %12.3f %+7.1f%%\n", mode, (long long)B, 1e3 * meas,
+			pr.step_ms, 100 * err);
+		json_array_append_new(preds, json_pack("{s:s, s:I, s:f, s:f, s:f}", "mode", mode,
+						       "batch", (json_int_t)B, "measured_step_s",
+						       meas, "predicted_step_s", pr.step_ms / 1e3,
+						       "error", err));
+	}
+	if (!rc) {
+		json_object_set_new(rec, "predictions", preds);
+		json_object_set_new(rec, "predict_profile", json_string(prof_path));
+		preds = NULL;
+	}
+	json_decref(preds);
+	free(own);
+	moet_profile_free(prof);
+	moet_placement_sizes_free(sz);
+	moet_model_close(m);
+	return rc;
+}
+
 int moet_cli_bench_e2e(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -119,6 +187,8 @@ int moet_cli_bench_e2e(int argc, char **argv)
 		{ "op-times", no_argument, NULL, 'o' },
 		{ "profile-out", required_argument, NULL, 'R' },
 		{ "ram-budgets", required_argument, NULL, 'G' },
+		{ "predict-profile", required_argument, NULL, 'F' },
+		{ "hardware", required_argument, NULL, 'W' },
 		{ "json", required_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -127,7 +197,7 @@ int moet_cli_bench_e2e(int argc, char **argv)
 	moet_bench_e2e_opts o = { .device = "cuda", .batches = def_b, .n_batches = 4,
 				  .prefills = def_p, .n_prefills = 2, .ctx = 64, .steps = 8,
 				  .overlap_check = 1, .modes = 7 };
-	const char *place = NULL, *json_path = NULL;
+	const char *place = NULL, *json_path = NULL, *pred_prof = NULL, *hw_path = NULL;
 	int64_t *batches = NULL, *prefills = NULL;
 	int16_t *owner = NULL;
 	char ram[8][16];
@@ -165,6 +235,8 @@ int moet_cli_bench_e2e(int argc, char **argv)
 		case 'o': o.op_times = 1; break;
 		case 'R': o.profile_out = optarg; break;
 		case 'G': rc = split_budgets(optarg, ram, &o.n_ram); break;
+		case 'F': pred_prof = optarg; break;
+		case 'W': hw_path = optarg; break;
 		case 'j': json_path = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
@@ -197,6 +269,8 @@ int moet_cli_bench_e2e(int argc, char **argv)
 		json_object_set_new(rec, "device", json_string(o.device));
 		rc = moet_bench_e2e(&o, rec, stderr, stdout);
 	}
+	if (!rc && pred_prof)
+		rc = predict(&o, pred_prof, hw_path, rec, stdout);
 	if (!rc && json_path)
 		rc = moet_bench_write(rec, json_path);
 	json_decref(rec);

@@ -138,6 +138,39 @@ int main(void)
 		      (unsigned long long)want);
 	}
 	moet_profile_free(pf);
+
+	/* --predict-profile: each measured decode step beside the cost model's, the hybrid's
+	 * equal to `plan --predict` of the same placement, profile and batch */
+	char js3[600];
+	snprintf(js3, sizeof(js3), "%s/e2e-pred.json", dir);
+	rc = moet_test_cli(NULL, "bench e2e --model %s --device cpu --placement %s --batches 2,3 "
+			   "--prefill 4 --ctx 4 --steps 2 --no-overlap-check --predict-profile %s "
+			   "--json %s", model, place, prof, js3);
+	char *pj = NULL;
+	int rc2 = moet_test_cli(&pj, "plan --predict --model %s --placement %s --profile %s "
+				"--batch 2,3 --json", model, place, prof);
+	json_t *r3 = json_load_file(js3, 0, NULL), *p3 = pj ? json_loads(pj, 0, NULL) : NULL;
+	CHECK(rc == 0 && rc2 == 0 && r3 && p3, "predict runs: %d %d", rc, rc2);
+	int matched = 0;
+	size_t qi;
+	const json_t *qw;
+	json_array_foreach(json_object_get(r3, "predictions"), qi, qw) {
+		const char *md = json_string_value(json_object_get(qw, "mode"));
+		int64_t B = json_integer_value(json_object_get(qw, "batch"));
+		double pred = num(qw, "predicted_step_s"), meas = num(qw, "measured_step_s");
+		CHECK(pred > 0 && meas > 0 && fabs(num(qw, "error") - (pred - meas) / meas) < 1e-9,
+		      "prediction row %s %lld", md ? md : "-", (long long)B);
+		size_t pi;
+		const json_t *pr;
+		json_array_foreach(json_object_get(p3, "predictions"), pi, pr)
+			if (md && !strcmp(md, "hybrid") &&
+			    json_integer_value(json_object_get(pr, "batch")) == B)
+				matched += fabs(num(pr, "step_ms") / 1e3 - pred) <= 1e-6 * pred; /* printed digits */
+	}
+	CHECK(matched == 2, "hybrid predictions equal plan --predict at both batches: %d", matched);
+	json_decref(r3);
+	json_decref(p3);
+	free(pj);
 	/* --ram-budgets: decode again behind the NVMe tier, a row per budget and batch */
 	char js2[600];
 	snprintf(js2, sizeof(js2), "%s/e2e-ram.json", dir);
