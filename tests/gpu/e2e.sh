@@ -74,7 +74,7 @@ if [[ " $skip " != *" bench "* ]]; then
 	step "bench e2e, hybrid = $hot of 384 per layer on the GPU"
 	"$bin" bench e2e --model "$ckpt" --placement "$out/place-$hot.yaml" --batches "$batches" \
 		--prefill "$prefill" --steps "$steps" --modes "${MOET_E2E_MODES:-gpu,hybrid,cpu}" \
-		--json "$out/e2e-hot$hot.json" 2>&1 |
+		--profile-out "$out/bench-profile.json" --json "$out/e2e-hot$hot.json" 2>&1 |
 		tee -a "$out/e2e.log"
 fi
 if [[ " $skip " != *" bench120 "* ]]; then
@@ -82,5 +82,13 @@ if [[ " $skip " != *" bench120 "* ]]; then
 	"$bin" bench e2e --model "$ckpt" --modes hybrid --placement "$out/place-120.yaml" \
 		--batches "$batches" --prefill 1024 --steps "$steps" --json "$out/e2e-hot120.json" \
 		2>&1 | tee -a "$out/e2e.log"
+fi
+if [ -f "$out/bench-profile.json" ]; then
+	step "cost model on the bench's own routing (compare with the measured steps above)"
+	for k in "$hot" 120; do
+		"$bin" plan --predict --model "$ckpt" --placement "$out/place-$k.yaml" \
+			--profile "$out/bench-profile.json" --batch "$batches" \
+			--hardware configs/hardware-h200-host.yaml 2>&1 | tail -6 | tee -a "$out/e2e.log"
+	done
 fi
 step "done"
