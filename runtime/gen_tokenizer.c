@@ -185,6 +185,10 @@ static int best_pair(const trainer *t, pair_slot *tab, int32_t *out_a, int32_t *
 			best = tab[h].count;
 			best_key = tab[h].key;
 		}
+	if (!best_key) { /* no pair left */
+		*out_a = *out_b = 0;
+		return 0;
+	}
 	*out_a = (int32_t)((best_key - 1) >> 21);
 	*out_b = (int32_t)((best_key - 1) & ((1 << 21) - 1));
 	return best;

@@ -133,7 +133,7 @@ void sched_logprobs(const float *logits, int64_t n, int32_t chosen, int n_top,
 	for (int64_t i = 0; i < n; i++)
 		if (logits[i] == logits[i])
 			sum += exp((double)logits[i] - mx);
-	double lse = mx + log(sum);
+	double lse = sum > 0 ? mx + log(sum) : mx; /* no finite logit: no log(0) */
 	t->logprob = (double)logits[chosen] - lse;
 	t->n_top = 0;
 	/* top n_top by value, ties to the lower id; NaN never enters */

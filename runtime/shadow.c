@@ -207,8 +207,12 @@ int moet_shadow_check(moet_model *m, int slot)
 				       (long long)e);
 	}
 	const char *fault = getenv("MOET_SHADOW_FAULT"); /* tests: a corrupted CPU row */
-	if (fault && !strcmp(fault, "1"))
-		((uint32_t *)s->y_c)[0] ^= 1u;
+	if (fault && !strcmp(fault, "1")) {
+		uint32_t bits;
+		memcpy(&bits, s->y_c, sizeof(bits));
+		bits ^= 1u;
+		memcpy(s->y_c, &bits, sizeof(bits));
+	}
 	s->st.checks++;
 	s->st.pairs += (uint64_t)cnt;
 	if (memcmp(s->y_h, s->y_c, bytes)) {
