@@ -394,6 +394,8 @@ static void plan_assign(moet_plan *pl, const double *scores, const int32_t *rank
 				    (lload[g] == lload[best] && pl->load[g] < pl->load[best]))
 					best = g;
 			}
+			if (best < 0) /* the quotas add up to per_layer[l]: cannot happen */
+				break;
 			quota[best]--;
 			lload[best] += s;
 			pl->load[best] += s;

@@ -226,10 +226,13 @@ int moet_profile_save(const moet_profile *p, const char *path)
 		return rc;
 	FILE *f = fopen(path, "w");
 	size_t n = strlen(text);
-	if (!f || fwrite(text, 1, n, f) != n || fclose(f)) {
-		int e = errno;
-		if (f)
-			fclose(f);
+	int bad = !f || fwrite(text, 1, n, f) != n;
+	int e = errno;
+	if (f && fclose(f) && !bad) { /* closed once, whatever happened before */
+		bad = 1;
+		e = errno;
+	}
+	if (bad) {
 		free(text);
 		return moet_err(MOET_EIO, "%s: cannot write: %s", path, strerror(e));
 	}
