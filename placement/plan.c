@@ -299,7 +299,7 @@ static int auto_counts(moet_plan *pl, const moet_config *cf, const double *score
 	auto_ctx c = { .in = pl->cost, .L = L, .E = E };
 	int64_t *n = calloc((size_t)L, sizeof(*n));
 	double *gain = malloc((size_t)L * sizeof(*gain));
-	double *P = malloc((size_t)E * 3 * sizeof(*P)), *tc = P + E, *tg = P + 2 * E;
+	double *P = malloc((size_t)E * 3 * sizeof(*P)), *tc = NULL, *tg = NULL;
 	c.Xc = calloc((size_t)(L * (E + 1)), sizeof(double));
 	c.Xg = calloc((size_t)(L * (E + 1)), sizeof(double));
 	c.Q = calloc((size_t)(L * (E + 1)), sizeof(double));
@@ -308,6 +308,8 @@ static int auto_counts(moet_plan *pl, const moet_config *cf, const double *score
 		rc = moet_err(MOET_ENOMEM, "plan --auto");
 		goto done;
 	}
+	tc = P + E;
+	tg = P + 2 * E;
 	int64_t S = 0;
 	for (int g = 0; g < pl->n_gpus; g++)
 		S += pl->slots[g];
