@@ -28,7 +28,7 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: moet-hybrid verify --model DIR --placement FILE [--device cpu|cuda] "
 		   "[--sim-devices N]\n"
-		   "                          [--prompts N] [--len N] [--steps N] [--seed S]\n"
+		   "                          [--prompts N] [--len N] [--steps N] [--seed S] [--batches LIST]\n"
 		   "                          [--ram-budget-gb G [--ram-profile FILE]] [--shadow RATE]\n\n"
 		   "Runs N synthetic prompts (token ids from the seed) through prefill and decode\n"
 		   "steps with the placement and without it, at batch size 1 (one call per\n"
@@ -42,6 +42,8 @@ static void usage(FILE *f)
 		   "                    must be at least that)\n"
 		   "  --prompts N       sequences (default 4)   --len N  prompt length (default 12)\n"
 		   "  --steps N         decode steps (default 4) --seed S  token seed (default 1)\n"
+		   "  --batches LIST    sequences per call, each size compared on its own (default\n"
+		   "                    1 and N; each at most N)\n"
 		   "  --shadow RATE     no reference run: with probability RATE per MoE layer call,\n"
 		   "                    one CPU-tier expert is computed again by the backend (its\n"
 		   "                    bytes staged there) and compared bit for bit; for models\n"
@@ -55,10 +57,13 @@ static void usage(FILE *f)
 typedef struct vopts {
 	int prompts, len, steps;
 	uint64_t seed;
+	int batches[8];  /* sequences per call, each run compared on its own */
+	int n_batches;
 } vopts;
 
 /* All logits of the run (prefill last rows and decode steps), sequence-major per call. */
-static int run_all(moet_model *m, const vopts *o, int batched, float *out)
+/* The run in calls of `batch` sequences each (the last call takes the rest). */
+static int run_all(moet_model *m, const vopts *o, int batch, float *out)
 {
 	const int64_t V = moet_model_config(m)->vocab_size;
 	moet_kv **kv = calloc((size_t)o->prompts, sizeof(*kv));
@@ -83,10 +88,9 @@ static int run_all(moet_model *m, const vopts *o, int batched, float *out)
 						 .n_tok = cnt, .out_logits = out + at, .last_only = 1 };
 			at += (size_t)V;
 		}
-		if (batched)
-			rc = moet_model_forward_batch(m, st, o->prompts);
-		for (int s = 0; !batched && !rc && s < o->prompts; s++)
-			rc = moet_model_forward_batch(m, &st[s], 1);
+		for (int s = 0; !rc && s < o->prompts; s += batch)
+			rc = moet_model_forward_batch(m, &st[s], s + batch <= o->prompts ? batch
+										: o->prompts - s);
 	}
 	for (int s = 0; kv && s < o->prompts; s++)
 		moet_kv_destroy(kv[s]);
@@ -114,8 +118,8 @@ static int shadow_verify(const char *dir, const char *place, const char *device,
 	const size_t n_log = (size_t)(o->prompts * (o->steps + 1)) * (size_t)V;
 	if (!rc && !(got = malloc(n_log * sizeof(float))))
 		rc = moet_err(MOET_ENOMEM, "logits");
-	for (int batched = 0; !rc && batched < 2; batched++)
-		rc = run_all(m, o, batched, got);
+	for (int b = 0; !rc && b < o->n_batches; b++)
+		rc = run_all(m, o, o->batches[b], got);
 	moet_shadow_stats st;
 	if (!rc) {
 		moet_model_shadow_stats(m, &st);
@@ -154,11 +158,13 @@ int moet_cli_verify(int argc, char **argv)
 		{ "ram-budget-gb", required_argument, NULL, 'B' },
 		{ "ram-profile", required_argument, NULL, 'Q' },
 		{ "shadow", required_argument, NULL, 'W' },
+		{ "batches", required_argument, NULL, 'b' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *model_dir = NULL, *place = NULL, *device = "cpu", *ram = NULL, *ram_prof = NULL;
-	vopts o = { 4, 12, 4, 1 };
+	vopts o = { 4, 12, 4, 1, { 0 }, 0 };
+	const char *batches = NULL;
 	int sim = -1, c, bad = 0;
 	double shadow = -1;
 	char *end;
@@ -175,6 +181,7 @@ int moet_cli_verify(int argc, char **argv)
 		case 's': o.seed = strtoull(optarg, &end, 10); bad |= *end != 0; break;
 		case 'B': ram = optarg; break;
 		case 'Q': ram_prof = optarg; break;
+		case 'b': batches = optarg; break;
 		case 'W': shadow = strtod(optarg, &end);
 			bad |= *end || !(shadow > 0 && shadow <= 1);
 			break;
@@ -192,6 +199,23 @@ int moet_cli_verify(int argc, char **argv)
 							"(1..4096), --steps (0..4096), --sim-devices "
 							"(>= 0) take integers in range, --shadow a "
 							"rate in (0, 1]"));
+	if (batches) {
+		int64_t *list = NULL;
+		int n = 0;
+		int rc = moet_cli_parse_list("--batches", batches, 1, o.prompts, &list, &n);
+		for (int i = 0; !rc && i < n; i++)
+			if (n > 8)
+				rc = moet_err(MOET_EINVAL, "--batches: at most 8 sizes");
+			else
+				o.batches[o.n_batches++] = (int)list[i];
+		free(list);
+		if (rc)
+			return moet_cli_fail("verify", rc);
+	} else { /* one sequence per call, then all in one */
+		o.batches[o.n_batches++] = 1;
+		if (o.prompts > 1)
+			o.batches[o.n_batches++] = o.prompts;
+	}
 	if (shadow > 0)
 		return shadow_verify(model_dir, place, device, sim, shadow, &o);
 	moet_model *m = NULL;
@@ -213,12 +237,13 @@ int moet_cli_verify(int argc, char **argv)
 	const size_t n_log = (size_t)(o.prompts * (o.steps + 1)) * (size_t)V;
 	if (!rc && (!(ref = malloc(n_log * sizeof(float))) || !(got = malloc(n_log * sizeof(float)))))
 		rc = moet_err(MOET_ENOMEM, "logits");
-	for (int batched = 0; !rc && batched < 2; batched++) {
+	for (int bi = 0; !rc && bi < o.n_batches; bi++) {
+		const int batch = o.batches[bi];
 		if ((rc = moet_model_set_ram_budget(m, 0, NULL)) ||
-		    (rc = moet_model_set_placement(m, NULL, 0)) || (rc = run_all(m, &o, batched, ref)) ||
+		    (rc = moet_model_set_placement(m, NULL, 0)) || (rc = run_all(m, &o, batch, ref)) ||
 		    (pl && (rc = moet_model_set_placement(m, moet_placement_owners(pl), n_dev))) ||
 		    (ram && (rc = moet_cli_apply_ram_budget(m, ram, ram_prof))) ||
-		    (rc = run_all(m, &o, batched, got)))
+		    (rc = run_all(m, &o, batch, got)))
 			break;
 		size_t first = n_log;
 		for (size_t i = 0; i < n_log; i++)
@@ -230,7 +255,7 @@ int moet_cli_verify(int argc, char **argv)
 		moet_model_tier_counts(m, cnt, 1 + n_dev);
 		for (int t = 0; t <= n_dev; t++)
 			total += cnt[t];
-		printf("batch %d: %s", batched ? o.prompts : 1,
+		printf("batch %d: %s", batch,
 		       first == n_log ? "logits bit-identical" : "LOGITS DIFFER");
 		if (first != n_log) {
 			size_t row = first / (size_t)V;

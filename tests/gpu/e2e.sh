@@ -55,8 +55,8 @@ for k in 120 "$hot" "$vhot"; do
 done
 if [[ " $skip " != *" verify "* ]]; then
 	step "verify --device cuda, $vhot of 384 per layer on the GPU"
-	"$bin" verify --model "$ckpt" --device cuda --placement "$out/place-$vhot.yaml" --prompts 16 \
-		--len 24 --steps 4 2>&1 | tee -a "$out/e2e.log"
+	"$bin" verify --model "$ckpt" --device cuda --placement "$out/place-$vhot.yaml" --prompts 64 \
+		--len 24 --steps 4 --batches 1,16,64 2>&1 | tee -a "$out/e2e.log"
 fi
 n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [[ " $skip " != *" verify "* ]] && [ "${n_gpu:-0}" -ge 2 ]; then

@@ -55,6 +55,22 @@ int main(void)
 	      out ? out : "");
 	free(out);
 
+	/* --batches: each size its own comparison (ragged groups: 5 sequences in calls of 2) */
+	snprintf(cmd, sizeof(cmd), "%s verify --model %s --placement %s --prompts 5 --batches 1,2,5",
+		 moet_test_bin(), model, place);
+	rc = moet_test_run(cmd, &out);
+	CHECK(rc == 0 && out && strstr(out, "batch 1: logits bit-identical") &&
+	      strstr(out, "batch 2: logits bit-identical") &&
+	      strstr(out, "batch 5: logits bit-identical"), "--batches: rc %d, '%s'", rc,
+	      out ? out : "");
+	free(out);
+	snprintf(cmd, sizeof(cmd), "%s verify --model %s --placement %s --prompts 4 --batches 1,8",
+		 moet_test_bin(), model, place);
+	rc = moet_test_run(cmd, &out);
+	CHECK(rc == 1 && out && strstr(out, "--batches: 8 is not in [1, 4]"), "--batches 8 of 4: rc "
+	      "%d, '%s'", rc, out ? out : "");
+	free(out);
+
 	/* --shadow: no reference run, CPU-tier calls recomputed by the backend and compared; a
 	 * planted corruption (MOET_SHADOW_FAULT=1) must fail it */
 	snprintf(cmd, sizeof(cmd), "%s verify --model %s --placement %s --shadow 1",
