@@ -26,4 +26,17 @@ typedef struct moet_mat {
 	const float *scale_inv; /* borrowed, or NULL (scale 1.0f) */
 } moet_mat;
 
+/* Bytes of w's elements, and of its block scales (0 without scales). */
+static inline size_t moet_mat_data_bytes(const moet_mat *w)
+{
+	return (size_t)w->rows * (size_t)w->cols * moet_dtype_size(w->dtype);
+}
+
+static inline size_t moet_mat_scale_bytes(const moet_mat *w)
+{
+	return w->scale_inv ? (size_t)((w->rows + MOET_BLOCK - 1) / MOET_BLOCK) *
+				      (size_t)((w->cols + MOET_BLOCK - 1) / MOET_BLOCK) * sizeof(float)
+			    : 0;
+}
+
 #endif

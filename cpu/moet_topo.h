@@ -82,4 +82,9 @@ int moet_topo_select_cores(const moet_topo *t, int node, int n_threads, int *out
  * refused; detail has errno's text). */
 int moet_topo_bind_core(const moet_topo *t, int core);
 
+/* This machine's cores less one (the thread that drives a GPU wants a core of its own; all of
+ * them on 2 cores or fewer), for teams working beside a GPU (the hybrid engine's CPU tier, the
+ * upload); 0 when the topology cannot be read. */
+int moet_topo_cores_but_one(void);
+
 #endif

@@ -255,3 +255,13 @@ int moet_topo_bind_core(const moet_topo *t, int core)
 	hwloc_bitmap_free(set);
 	return rc;
 }
+
+int moet_topo_cores_but_one(void)
+{
+	moet_topo *t = NULL;
+	if (moet_topo_load(&t))
+		return 0;
+	int n = moet_topo_n_cores(t);
+	moet_topo_destroy(t);
+	return n > 2 ? n - 1 : n;
+}

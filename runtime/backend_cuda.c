@@ -162,9 +162,7 @@ static int cu_bind_mat(moet_backend *be, const moet_mat *host, moet_mat *out)
 	*out = *host;
 	out->data = d;
 	if (host->scale_inv) {
-		size_t sb = (size_t)((host->rows + MOET_BLOCK - 1) / MOET_BLOCK) *
-			    (size_t)((host->cols + MOET_BLOCK - 1) / MOET_BLOCK) * sizeof(float);
-		if ((rc = dev_copy(c, host->scale_inv, sb, &s)))
+		if ((rc = dev_copy(c, host->scale_inv, moet_mat_scale_bytes(host), &s)))
 			return rc;
 		out->scale_inv = s;
 	}
@@ -182,16 +180,14 @@ static int cu_bind_mats(moet_backend *be, const moet_mat *host, int64_t n, int n
 	int rc = items ? 0 : moet_err(MOET_ENOMEM, "upload list of %lld matrices", (long long)n);
 	for (int64_t i = 0; i < n && !rc; i++) {
 		const moet_mat *h = &host[i];
-		size_t bytes = (size_t)h->rows * (size_t)h->cols * moet_dtype_size(h->dtype);
+		size_t bytes = moet_mat_data_bytes(h), sb = moet_mat_scale_bytes(h);
 		void *d = NULL, *s = NULL;
 		out[i] = *h;
 		if ((rc = moet_gpu_alloc(bytes ? bytes : 64, &d)) || (rc = keep(c, d)))
 			break;
 		out[i].data = d;
 		items[n_items++] = (moet_upload_item){ h->data, d, bytes };
-		if (h->scale_inv) {
-			size_t sb = (size_t)((h->rows + MOET_BLOCK - 1) / MOET_BLOCK) *
-				    (size_t)((h->cols + MOET_BLOCK - 1) / MOET_BLOCK) * sizeof(float);
+		if (sb) {
 			if ((rc = moet_gpu_alloc(sb, &s)) || (rc = keep(c, s)))
 				break;
 			out[i].scale_inv = s;

@@ -43,11 +43,7 @@ static void sim_free(moet_sim_device *d)
 /* A private copy of one matrix's bytes (and scales). */
 static int copy_mat(moet_sim_device *d, const moet_mat *src, moet_mat *dst)
 {
-	size_t bytes = (size_t)src->rows * (size_t)src->cols * moet_dtype_size(src->dtype);
-	size_t sb = src->scale_inv ? (size_t)((src->rows + MOET_BLOCK - 1) / MOET_BLOCK) *
-					     (size_t)((src->cols + MOET_BLOCK - 1) / MOET_BLOCK) *
-					     sizeof(float)
-				   : 0;
+	size_t bytes = moet_mat_data_bytes(src), sb = moet_mat_scale_bytes(src);
 	void *data = malloc(bytes ? bytes : 1), *scale = sb ? malloc(sb) : NULL;
 	void **nc = realloc(d->copies, (size_t)(d->n_copies + 2) * sizeof(*nc));
 	if (nc)

@@ -378,6 +378,15 @@ static int split_point(const moet_model *m, const moet_seq_step *steps, int n_st
 #define MB_TRIALS 3   /* passes of each form before choosing */
 #define MB_RETRY 512  /* then the other form once every this many passes */
 
+/* The timings of batches of n rows: one bucket per power of two. */
+static moet_mb_tune *mb_tune_of(moet_model *m, int64_t n)
+{
+	int b = 0;
+	while (b < 31 && ((int64_t)1 << (b + 1)) <= n)
+		b++;
+	return &m->mb_tune[b];
+}
+
 /*
  * One pass (0) or two micro-batches (1)? MOET_MICROBATCH=0 or 1 forces it; otherwise (auto)
  * per batch size (rows, in powers of two) the faster as measured: each form MB_TRIALS times,
@@ -391,10 +400,7 @@ static int mb_choose(moet_model *m, int64_t n)
 	const char *env = getenv("MOET_MICROBATCH");
 	if (env && (!strcmp(env, "0") || !strcmp(env, "1")))
 		return env[0] == '1';
-	int b = 0;
-	while (b < 31 && ((int64_t)1 << (b + 1)) <= n)
-		b++;
-	moet_mb_tune *t = &m->mb_tune[b];
+	moet_mb_tune *t = mb_tune_of(m, n);
 	t->passes++;
 	if (t->cnt[0] < MB_TRIALS || t->cnt[1] < MB_TRIALS)
 		return t->cnt[1] < t->cnt[0];
@@ -404,10 +410,7 @@ static int mb_choose(moet_model *m, int64_t n)
 
 static void mb_record(moet_model *m, int64_t n, int form, double seconds)
 {
-	int b = 0;
-	while (b < 31 && ((int64_t)1 << (b + 1)) <= n)
-		b++;
-	moet_mb_tune *t = &m->mb_tune[b];
+	moet_mb_tune *t = mb_tune_of(m, n);
 	t->mean[form] = t->cnt[form] ? 0.75 * t->mean[form] + 0.25 * seconds : seconds;
 	t->cnt[form]++;
 }

@@ -87,14 +87,8 @@ int moet_hybrid_create(moet_backend *be, const moet_config *c, moet_hybrid **out
 	const char *env = getenv("MOET_CPU_THREADS");
 	if (env && env[0])
 		n_threads = atoi(env);
-	if (n_threads == 0 && !be->ops->host_memory) {
-		moet_topo *topo = NULL;
-		if (!moet_topo_load(&topo)) {
-			int cores = moet_topo_n_cores(topo);
-			n_threads = cores > 2 ? cores - 1 : cores;
-			moet_topo_destroy(topo);
-		}
-	}
+	if (n_threads == 0 && !be->ops->host_memory)
+		n_threads = moet_topo_cores_but_one(); /* 0 (unknown): every core */
 	if (n_threads != 1) {
 		moet_cpuexec_opts o = { .node = MOET_TOPO_ALL_NODES, .n_threads = n_threads,
 					.max_tok = HY_MAX_TOK, .max_inter = hy->max_inter,

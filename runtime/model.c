@@ -167,11 +167,7 @@ static int bind_ffn(moet_model *m, const char *prefix, int64_t inter, int64_t hi
 /* Bytes of a matrix with its block scales. */
 static size_t mat_bytes(const moet_mat *w)
 {
-	size_t b = (size_t)w->rows * (size_t)w->cols * moet_dtype_size(w->dtype);
-	if (w->scale_inv)
-		b += (size_t)((w->rows + MOET_BLOCK - 1) / MOET_BLOCK) *
-		     (size_t)((w->cols + MOET_BLOCK - 1) / MOET_BLOCK) * sizeof(float);
-	return b;
+	return moet_mat_data_bytes(w) + moet_mat_scale_bytes(w);
 }
 
 static double now_s(void)

@@ -81,8 +81,7 @@ static int bind_owned(moet_remote *r, const moet_model *m, int g, const int16_t 
 			continue;
 		r->table[i] = (moet_ffn_w){ dev[k], dev[k + 1], dev[k + 2] };
 		for (int j = 0; j < 3; j++, k++)
-			r->upload_bytes += (double)host[k].rows * (double)host[k].cols *
-					   (double)moet_dtype_size(host[k].dtype);
+			r->upload_bytes += (double)moet_mat_data_bytes(&host[k]);
 	}
 	free(host);
 	free(dev);

@@ -128,13 +128,6 @@ void moet_shadow_pick(moet_shadow *s, int slot, int64_t l, const moet_expert_pai
 	s->pick[slot].y = y;
 }
 
-static size_t scale_bytes(const moet_mat *w)
-{
-	return w->scale_inv ? (size_t)((w->rows + MOET_BLOCK - 1) / MOET_BLOCK) *
-				      (size_t)((w->cols + MOET_BLOCK - 1) / MOET_BLOCK) * sizeof(float)
-			    : 0;
-}
-
 /* The expert's bytes into the staging slot; *out the views of them. */
 static int stage(moet_shadow *s, moet_backend *be, const moet_ffn_w *src, moet_ffn_w *out)
 {
@@ -142,8 +135,7 @@ static int stage(moet_shadow *s, moet_backend *be, const moet_ffn_w *src, moet_f
 	moet_mat *o[3] = { &out->gate, &out->up, &out->down };
 	int rc = 0;
 	for (int i = 0; i < 3 && !rc; i++) {
-		size_t bytes[2] = { (size_t)in[i]->rows * (size_t)in[i]->cols *
-					    moet_dtype_size(in[i]->dtype), scale_bytes(in[i]) };
+		size_t bytes[2] = { moet_mat_data_bytes(in[i]), moet_mat_scale_bytes(in[i]) };
 		const void *from[2] = { in[i]->data, in[i]->scale_inv };
 		*o[i] = *in[i];
 		for (int j = 0; j < 2 && !rc; j++) {

@@ -263,12 +263,6 @@ int moet_upload_default_threads(void)
 	const char *env = getenv("MOET_UPLOAD_THREADS");
 	if (env && atoi(env) > 0)
 		return atoi(env) > 64 ? 64 : atoi(env);
-	moet_topo *topo = NULL;
-	int n = 4;
-	if (!moet_topo_load(&topo)) {
-		n = moet_topo_n_cores(topo);
-		n = n > 2 ? n - 1 : n;
-		moet_topo_destroy(topo);
-	}
-	return n > 64 ? 64 : n;
+	int n = moet_topo_cores_but_one();
+	return n == 0 ? 4 : n > 64 ? 64 : n;
 }

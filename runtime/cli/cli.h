@@ -22,6 +22,20 @@ int moet_cli_heatmap(int argc, char **argv);
 int moet_cli_serve(int argc, char **argv);
 int moet_cli_bench_serve(int argc, char **argv);
 
+/* The --help lines of the options generate and logits share (model, device, placement, NVMe
+ * tier): a format string fragment (%% escaped). */
+#define MOET_CLI_MODEL_HELP \
+	"  --model DIR     checkpoint directory (config.json + safetensors shards)\n" \
+	"  --device D      cpu (the reference backend, default) or cuda\n" \
+	"  --placement F   expert placement file (docs/placement.md); on --device cpu\n" \
+	"                  its GPUs are simulated devices, on --device cuda CUDA\n" \
+	"                  devices 0.. beside the CPU tier (results do not change)\n" \
+	"  --sim-devices N simulated devices (default: the placement's GPU count)\n" \
+	"  --ram-budget-gb G  keep the CPU tier's experts on disk behind G GiB of RAM\n" \
+	"                  slots (or G%% of the tier), read by io_uring; results do\n" \
+	"                  not change (docs/io-uring.md)\n" \
+	"  --ram-profile F routing profile for the tier's admission and eviction\n"
+
 /* Prints "moet-hybrid <cmd>: <moet_errmsg() or code name>" to stderr; returns 1. */
 int moet_cli_fail(const char *cmd, int code);
 

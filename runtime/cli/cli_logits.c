@@ -18,16 +18,7 @@ static void usage(FILE *f)
 		   "       [--ram-budget-gb G [--ram-profile FILE]]\n\n"
 		   "Runs the tokens as one sequence (positions 0..T-1) and writes the logits of\n"
 		   "every position as a float32 NumPy array of shape [T, vocab_size].\n\n"
-		   "  --model DIR     checkpoint directory (config.json + safetensors shards)\n"
-		   "  --device D      cpu (the reference backend, default) or cuda\n"
-		   "  --placement F   expert placement file (docs/placement.md); on --device cpu\n"
-		   "                  its GPUs are simulated devices, on --device cuda CUDA\n"
-		   "                  devices 0.. beside the CPU tier (results do not change)\n"
-		   "  --sim-devices N simulated devices (default: the placement's GPU count)\n"
-		   "  --ram-budget-gb G  keep the CPU tier's experts on disk behind G GiB of RAM\n"
-		   "                  slots (or G%% of the tier), read by io_uring; results do\n"
-		   "                  not change (docs/io-uring.md)\n"
-		   "  --ram-profile F routing profile for the tier's admission and eviction\n"
+		   MOET_CLI_MODEL_HELP
 		   "  --tokens IDS    token ids, comma-separated\n"
 		   "  --out FILE      output .npy file\n");
 }
