@@ -30,6 +30,7 @@
 #include "model_int.h"
 #include "moet_err.h"
 #include "moet_gpu.h"
+#include "moet_upload.h"
 
 static void sim_free(moet_sim_device *d)
 {
@@ -63,6 +64,42 @@ static int copy_mat(moet_sim_device *d, const moet_mat *src, moet_mat *dst)
 	dst->data = data;
 	dst->scale_inv = scale;
 	return 0;
+}
+
+/* MOET_UPLOAD=uring on the CPU backend: device g's experts read from the shard files into
+ * one block it owns (the uring upload with host staging; the "device copy" is a memcpy). */
+static int sim_fill_uring(moet_model *m, moet_sim_device *d, int g, const int16_t *owner)
+{
+	const int64_t L = m->cfg.num_hidden_layers, E = m->cfg.n_routed_experts;
+	moet_mat *host = malloc((size_t)(3 * L * E) * sizeof(*host));
+	moet_mat *dev = malloc((size_t)(3 * L * E) * sizeof(*dev));
+	int64_t *at = malloc((size_t)(L * E) * sizeof(*at)), n = 0;
+	void *block = NULL, **nc = realloc(d->copies, (size_t)(d->n_copies + 1) * sizeof(*nc));
+	if (nc)
+		d->copies = nc;
+	int rc = host && dev && at && nc ? 0 : moet_err(MOET_ENOMEM, "simulated device %d", g);
+	for (int64_t i = 0; !rc && i < L * E; i++) {
+		if (!m->layers[i / E].is_moe || owner[i] != g)
+			continue;
+		const moet_ffn_w *h = &m->layers[i / E].experts_host[i % E];
+		host[3 * n] = h->gate, host[3 * n + 1] = h->up, host[3 * n + 2] = h->down;
+		at[n++] = i;
+	}
+	size_t bytes = rc ? 0 : moet_upload_block_bytes(host, 3 * n);
+	if (!rc && posix_memalign(&block, 4096, bytes ? bytes : 1))
+		rc = moet_err(MOET_ENOMEM, "simulated device %d: %zu bytes", g, bytes);
+	moet_upload_uring_opts o = { .host_dst = 1 };
+	if (!rc && !(rc = moet_upload_mats_uring(m->ck, host, 3 * n, block, &o, dev, NULL))) {
+		d->copies[d->n_copies++] = block;
+		block = NULL;
+		for (int64_t i = 0; i < n; i++)
+			d->table[at[i]] = (moet_ffn_w){ dev[3 * i], dev[3 * i + 1], dev[3 * i + 2] };
+	}
+	free(block);
+	free(host);
+	free(dev);
+	free(at);
+	return rc;
 }
 
 int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
@@ -133,11 +170,19 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 				goto fail;
 		return 0;
 	}
+	int source = 0;
+	if ((rc = moet_upload_source(&source)))
+		goto fail;
 	for (int g = 0; g < n_devices; g++) {
 		moet_sim_device *d = &m->sim[g];
 		if (!(d->table = calloc((size_t)(L * E), sizeof(*d->table)))) {
 			rc = moet_err(MOET_ENOMEM, "simulated device %d", g);
 			goto fail;
+		}
+		if (source == MOET_UPLOAD_URING) {
+			if ((rc = sim_fill_uring(m, d, g, owner)))
+				goto fail;
+			continue;
 		}
 		for (int64_t l = 0; l < L; l++) {
 			if (!m->layers[l].is_moe)

@@ -177,6 +177,29 @@ static double now_s(void)
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* MOET_UPLOAD=uring: one backend block for the n matrices, its bytes read from the shard
+ * files (runtime/upload_uring.c); the model owns the block (freed at close). On failure the
+ * block is freed and out[] untouched. */
+static int bind_uring(moet_model *m, const moet_mat *host, int64_t n, moet_mat *out)
+{
+	void *block = NULL;
+	void **nb = realloc(m->dev_blocks, (size_t)(m->n_dev_blocks + 1) * sizeof(*nb));
+	if (!nb)
+		return moet_err(MOET_ENOMEM, "upload block list");
+	m->dev_blocks = nb;
+	moet_upload_uring_opts o = { .host_dst = m->be->ops->host_memory };
+	int rc = m->be->ops->alloc(m->be, moet_upload_block_bytes(host, n), &block);
+	if (!rc)
+		rc = moet_upload_mats_uring(m->ck, host, n, block, &o, out, NULL);
+	if (rc) {
+		if (block)
+			m->be->ops->free(m->be, block);
+		return rc;
+	}
+	m->dev_blocks[m->n_dev_blocks++] = block;
+	return 0;
+}
+
 int moet_model_bind_experts(moet_model *m, const int16_t *owner)
 {
 	const moet_config *c = &m->cfg;
@@ -212,20 +235,21 @@ int moet_model_bind_experts(moet_model *m, const int16_t *owner)
 	}
 	double t0 = now_s();
 	/* MOET_UPLOAD=plain: one bind_mat per matrix (the driver's pageable path), the
-	 * reference of the staged upload; staged: always the staging */
-	const char *up = getenv("MOET_UPLOAD");
-	if (up && strcmp(up, "plain") && strcmp(up, "staged")) {
-		rc = moet_err(MOET_EINVAL, "MOET_UPLOAD='%s': expected staged or plain", up);
+	 * reference of the staged upload; staged: always the staging; uring: from the shard
+	 * files (upload_uring.c) */
+	int src = 0;
+	if ((rc = moet_upload_source(&src)))
 		goto out;
-	}
 	/* NOTE: below 256 MiB the staging's fixed cost (its pinned buffers, its threads: ~0.17 s
 	 * on the H200 machine for a 9 MB model) exceeds what it saves: the plain path, unless
 	 * MOET_UPLOAD=staged asks for it */
 	size_t total = 0;
 	for (int64_t i = 0; i < 3 * n; i++)
 		total += mat_bytes(&host[i]);
-	const int staged = up ? !strcmp(up, "staged") : total >= ((size_t)256 << 20);
-	if (op->bind_mats && staged) {
+	const int staged = src ? src == MOET_UPLOAD_STAGED : total >= ((size_t)256 << 20);
+	if (src == MOET_UPLOAD_URING) {
+		rc = bind_uring(m, host, 3 * n, dev);
+	} else if (op->bind_mats && staged) {
 		rc = op->bind_mats(m->be, host, 3 * n, moet_upload_default_threads(), dev);
 	} else {
 		for (int64_t i = 0; i < 3 * n && !rc; i++)
@@ -495,6 +519,9 @@ void moet_model_close(moet_model *m)
 	moet_model_set_placement(m, NULL, 0);
 	moet_model_set_shadow(m, 0);
 	moet_model_free_dispatch(m);
+	for (int i = 0; i < m->n_dev_blocks; i++)
+		m->be->ops->free(m->be, m->dev_blocks[i]);
+	free(m->dev_blocks);
 	for (int i = 0; i < m->n_host_vecs; i++)
 		free(m->host_vecs[i]);
 	free(m->host_vecs);

@@ -134,6 +134,8 @@ struct moet_model {
 				     them at the placement or the first pass) */
 	uint64_t upload_bytes;    /* routed experts' bytes bound by moet_model_bind_experts */
 	double upload_s;          /* and its wall time */
+	void **dev_blocks;        /* backend memory of MOET_UPLOAD=uring binds, owned */
+	int n_dev_blocks;
 	uint64_t *tier_pairs;     /* [1 + n_devices]: pairs served, CPU tier first */
 	moet_expert_pair *pairs;  /* host scratch of the dispatch, grown */
 	moet_expert_pair *tier_list;

@@ -142,6 +142,30 @@ int moet_uring_drain(moet_uring *u);
 int moet_uring_read(moet_uring *u, const moet_uring_range *r, size_t n, moet_uring_done_fn fn,
 		    void *ctx);
 
+/* ---- where a checkpoint's mapped bytes are in its files -------------------------------- */
+
+struct moet_ckpt;
+
+/* One shard: its data buffer in the mapping and in the file. */
+typedef struct moet_uring_shard_map {
+	const uint8_t *base;   /* mapping address of the data buffer's first byte (the shard's
+				  lowest tensor pointer); NULL: a shard without tensors */
+	uint64_t data_start;   /* that byte's file offset: 8 + the header length */
+	uint64_t data_bytes;   /* bytes of the data buffer */
+} moet_uring_shard_map;
+
+/*
+ * out[moet_ckpt_shard_count(ck)] for every shard of ck: the header length is read from the
+ * file's first 8 bytes (the mapping is never touched, so tensor bytes do not enter the page
+ * cache through it). Errors: MOET_EIO naming the shard.
+ */
+int moet_uring_shard_maps(const struct moet_ckpt *ck, moet_uring_shard_map *out);
+
+/* The shard and file offset of the mapped bytes [p, p + n_bytes). Returns 0, or MOET_ERANGE
+ * when they are not inside one shard's data buffer (not the checkpoint's bytes). */
+int moet_uring_locate(const moet_uring_shard_map *maps, int n_shards, const void *p,
+		      size_t n_bytes, int *out_shard, uint64_t *out_offset);
+
 /* ---- faults (tests) ---------------------------------------------------------------------- */
 
 enum {

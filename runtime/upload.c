@@ -251,10 +251,8 @@ out:
 	free(pc);
 	free(th);
 	free(wk);
-	if (stats) {
-		stats->bytes = total;
-		stats->seconds = now_s() - t0;
-	}
+	if (stats)
+		*stats = (moet_upload_stats){ .bytes = total, .seconds = now_s() - t0 };
 	return rc;
 }
 

@@ -30,6 +30,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "moet_ckpt.h"
 #include "moet_err.h"
 
 #define DEFAULT_QD 64u
@@ -662,4 +663,56 @@ int moet_uring_read(moet_uring *u, const moet_uring_range *r, size_t n, moet_uri
 void moet_uring_stats_get(const moet_uring *u, moet_uring_stats *out)
 {
 	*out = u->st;
+}
+
+int moet_uring_shard_maps(const moet_ckpt *ck, moet_uring_shard_map *out)
+{
+	const int n = moet_ckpt_shard_count(ck);
+	memset(out, 0, (size_t)n * sizeof(*out));
+	for (size_t i = 0; i < moet_ckpt_count(ck); i++) {
+		const moet_tensor *t = moet_ckpt_at(ck, i);
+		const uint8_t *p = t->data;
+		if (!out[t->shard].base || p < out[t->shard].base)
+			out[t->shard].base = p;
+	}
+	for (int i = 0; i < n; i++) {
+		const char *path = moet_ckpt_shard_path(ck, i);
+		uint8_t hdr[8];
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		ssize_t r = fd >= 0 ? pread(fd, hdr, 8, 0) : -1;
+		int e = errno;
+		if (fd >= 0)
+			close(fd);
+		if (r != 8)
+			return moet_err(MOET_EIO, "%s: reading the header length: %s", path,
+					r < 0 ? strerror(e) : "short file");
+		uint64_t n_hdr = 0;
+		for (int b = 7; b >= 0; b--)
+			n_hdr = n_hdr << 8 | hdr[b];
+		uint64_t size = moet_ckpt_shard_bytes(ck, i);
+		if (8 + n_hdr > size)
+			return moet_err(MOET_EIO, "%s: header of %llu bytes past the end of the "
+					"%llu-byte file", path, (unsigned long long)n_hdr,
+					(unsigned long long)size);
+		out[i].data_start = 8 + n_hdr;
+		out[i].data_bytes = size - out[i].data_start;
+	}
+	return 0;
+}
+
+int moet_uring_locate(const moet_uring_shard_map *maps, int n_shards, const void *p,
+		      size_t n_bytes, int *out_shard, uint64_t *out_offset)
+{
+	const uintptr_t a = (uintptr_t)p;
+	for (int i = 0; i < n_shards; i++) {
+		const uintptr_t lo = (uintptr_t)maps[i].base;
+		if (!maps[i].base || a < lo || a - lo > maps[i].data_bytes ||
+		    n_bytes > maps[i].data_bytes - (a - lo))
+			continue;
+		*out_shard = i;
+		*out_offset = maps[i].data_start + (uint64_t)(a - lo);
+		return 0;
+	}
+	return moet_err(MOET_ERANGE, "%zu bytes at %p are not inside a shard's mapped tensors",
+			n_bytes, p);
 }

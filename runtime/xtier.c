@@ -3,10 +3,8 @@
  * bytes are in the shards, how they sit in a slot, the slots themselves, the warm fill, and
  * the read of one expert into one slot. The cache policy and the prefetch are in xtier_run.c.
  *
- * File offsets: the checkpoint maps each shard whole and hands out pointers; the offset of a
- * tensor is its pointer minus the shard's data-buffer start (the lowest tensor pointer of the
- * shard, since tensors cover the buffer exactly: moet_ckpt.h) plus 8 + the header length,
- * read from the file's first 8 bytes. NOTE: computed from pointers only: the expert bytes of
+ * File offsets: moet_uring_shard_maps (the tensor's pointer minus its shard's data-buffer
+ * start, plus 8 + the header length). NOTE: computed from pointers only: the expert bytes of
  * the mapping are never touched, so they never enter the page cache through it.
  *
  * Slot layout of one expert (segments: its tensors merged when they lie within
@@ -38,42 +36,8 @@ static const char *const tensor_suffix[XT_TENSORS] = {
 	"up_proj.weight_scale_inv", "down_proj.weight", "down_proj.weight_scale_inv",
 };
 
-/* The file offset of the first byte of each shard's data buffer, and that buffer's pointer. */
-typedef struct shard_pos {
-	const uint8_t *base;      /* lowest tensor pointer of the shard (NULL: no tensor) */
-	uint64_t data_start;      /* 8 + header length */
-} shard_pos;
-
-static int shard_positions(const moet_ckpt *ck, shard_pos *sp)
-{
-	const int n = moet_ckpt_shard_count(ck);
-	for (size_t i = 0; i < moet_ckpt_count(ck); i++) {
-		const moet_tensor *t = moet_ckpt_at(ck, i);
-		const uint8_t *p = t->data;
-		if (!sp[t->shard].base || p < sp[t->shard].base)
-			sp[t->shard].base = p;
-	}
-	for (int i = 0; i < n; i++) {
-		const char *path = moet_ckpt_shard_path(ck, i);
-		uint8_t hdr[8];
-		int fd = open(path, O_RDONLY | O_CLOEXEC);
-		ssize_t r = fd >= 0 ? pread(fd, hdr, 8, 0) : -1;
-		int e = errno;
-		if (fd >= 0)
-			close(fd);
-		if (r != 8)
-			return moet_err(MOET_EIO, "%s: reading the header length: %s", path,
-					r < 0 ? strerror(e) : "short file");
-		uint64_t n_hdr = 0;
-		for (int b = 7; b >= 0; b--)
-			n_hdr = n_hdr << 8 | hdr[b];
-		sp[i].data_start = 8 + n_hdr;
-	}
-	return 0;
-}
-
 /* Fills x->info[l * E + e] for one expert: its tensors, segments and slot layout. */
-static int expert_layout(moet_xtier *x, const shard_pos *sp, int64_t l, int64_t e)
+static int expert_layout(moet_xtier *x, const moet_uring_shard_map *sp, int64_t l, int64_t e)
 {
 	const moet_ckpt *ck = x->m->ck;
 	const moet_ffn_w *hv = &x->m->layers[l].experts_host[e];
@@ -336,7 +300,7 @@ static int build(moet_xtier *x)
 {
 	const int64_t L = x->L, E = x->E;
 	const int n_sh = moet_ckpt_shard_count(x->m->ck);
-	shard_pos *sp = calloc((size_t)(n_sh ? n_sh : 1), sizeof(*sp));
+	moet_uring_shard_map *sp = calloc((size_t)(n_sh ? n_sh : 1), sizeof(*sp));
 	x->info = calloc((size_t)(L * E), sizeof(*x->info));
 	x->where = malloc((size_t)(L * E) * sizeof(*x->where));
 	x->prior = calloc((size_t)(L * E), sizeof(*x->prior));
@@ -358,7 +322,7 @@ static int build(moet_xtier *x)
 	}
 	for (int64_t i = 0; i < L * E; i++)
 		x->where[i] = -1;
-	if ((rc = shard_positions(x->m->ck, sp)))
+	if ((rc = moet_uring_shard_maps(x->m->ck, sp)))
 		goto out;
 	for (int i = 0; i < n_sh; i++) {
 		int id;

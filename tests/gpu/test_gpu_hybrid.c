@@ -148,6 +148,19 @@ int main(void)
 		CHECK(pb > 0, "plain upload counted");
 	}
 	moet_model_close(plain);
+	/* the uring source: the experts' bytes read from the shard files into pinned staging */
+	setenv("MOET_UPLOAD", "uring", 1);
+	setenv("MOET_UPLOAD_BUF_KB", "64", 1); /* many buffers' turns for this small model */
+	moet_model *ur = NULL;
+	CHECK(moet_model_open_on(dir, "cuda", &ur) == 0, "open uring: %s", moet_errmsg());
+	if (ur) {
+		CHECK(moet_model_set_placement(ur, own, 1) == 0, "uring upload: %s",
+		      moet_errmsg());
+		CHECK(run(ur, 1, got) == 0 && memcmp(ref, got, n_log * sizeof(float)) == 0,
+		      "MOET_UPLOAD=uring: logits equal the CPU reference");
+	}
+	moet_model_close(ur);
+	unsetenv("MOET_UPLOAD_BUF_KB");
 	setenv("MOET_UPLOAD", "staged", 1);
 	CHECK(moet_model_set_placement(gpu, own, moet_gpu_count(NULL) + 1) == MOET_EDEVICE,
 	      "more devices than the machine has");
