@@ -1,7 +1,8 @@
 /*
  * moet_bench_load.h: `moet-hybrid bench load` (runtime/bench_load.c): the time to make the
  * CPU tier (every routed expert, without a placement) resident in RAM slots by io_uring
- * reads (the NVMe tier's warm fill, runtime/moet_xtier.h), against the disk's sequential read
+ * reads (the NVMe tier's warm fill, runtime/moet_xtier.h), and the time to ready of a start
+ * on a device (open, hot experts' upload, CPU tier fill), against the disk's sequential read
  * bandwidth and, with a GPU, the host-to-device bandwidth, both measured in the same run.
  */
 #ifndef MOET_BENCH_LOAD_H
@@ -18,11 +19,20 @@ typedef struct moet_bench_load_opts {
 	int no_gpu;               /* skip the host-to-device measurement */
 	int no_register;          /* slots not registered with io_uring */
 	int progress;             /* progress bar on `log` (bytes, rate, ETA) */
+	/* the start (time to ready of a serving model), measured when device is set */
+	const char *device;       /* "cuda", or "cpu" (simulated devices: tests); NULL: none */
+	const int16_t *owner;     /* placement [layers x E] (borrowed); NULL: every routed
+				     expert on device 0 */
+	int n_devices;            /* the placement's GPUs (0: 1) */
+	const char *upload;       /* MOET_UPLOAD for the hot experts: "uring", "staged",
+				     "plain"; NULL: the environment's */
 } moet_bench_load_opts;
 
 /* Runs the bench: ceilings disk_read_GBps (and h2d_GBps), rows disk-seq-read and load-tier,
- * a "load" object into rec (moet_bench_record_new("load")); progress to log, the table to
- * out. Returns 0 or the first error. */
+ * a "load" object into rec (moet_bench_record_new("load")); with o->device also row "start"
+ * and object "start" (open + hot experts' upload + the CPU tier's fill, against max(bytes
+ * read / disk, bytes uploaded / h2d)); progress to log, the table to out. Returns 0 or the
+ * first error. */
 int moet_bench_load(const moet_bench_load_opts *o, json_t *rec, FILE *log, FILE *out);
 
 #endif

@@ -9,13 +9,44 @@
 #include "cli.h"
 #include "moet_bench_load.h"
 #include "moet_err.h"
+#include "moet_model.h"
+#include "moet_placement.h"
 #include "moet_uring.h"
+
+/* The placement file's owner table, checked against the model (opened on the CPU: no
+ * upload). NOTE: as bench e2e's; to become cli_util's shared loader once that lands. */
+static int load_owner(const char *dir, const char *path, int16_t **out, int *out_n)
+{
+	moet_model *m = NULL;
+	moet_placement_sizes *sz = NULL;
+	moet_placement *pl = NULL;
+	int rc = moet_model_open(dir, &m);
+	if (!rc)
+		rc = moet_placement_sizes_from_ckpt(moet_model_config(m), moet_model_ckpt(m), &sz);
+	if (!rc)
+		rc = moet_placement_load(path, moet_model_config(m), sz, &pl);
+	if (!rc)
+		*out_n = moet_placement_n_gpus(pl);
+	if (!rc) {
+		const moet_config *c = moet_model_config(m);
+		size_t n = (size_t)(c->num_hidden_layers * c->n_routed_experts);
+		if (!(*out = malloc(n * sizeof(int16_t))))
+			rc = moet_err(MOET_ENOMEM, "owner table");
+		else
+			memcpy(*out, moet_placement_owners(pl), n * sizeof(int16_t));
+	}
+	moet_placement_free(pl);
+	moet_placement_sizes_free(sz);
+	moet_model_close(m);
+	return rc;
+}
 
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: moet-hybrid bench load --model DIR [--ram-budget-gb G] [--qd N]\n"
 		   "                              [--buffered] [--disk-gb G] [--no-gpu] [--no-register]\n"
-		   "                              [--quiet]"
+		   "                              [--device cuda|cpu [--placement FILE]\n"
+		   "                              [--upload uring|staged|plain]] [--quiet]"
 		   " [--json FILE]\n\n"
 		   "Time to make the CPU tier (every routed expert) resident in RAM slots by\n"
 		   "io_uring reads, against the disk's sequential read bandwidth (O_DIRECT) and,\n"
@@ -29,6 +60,12 @@ static void usage(FILE *f)
 		   "  --disk-gb G        sequential read of at most G GiB (default 8)\n"
 		   "  --no-gpu           skip the host-to-device measurement\n"
 		   "  --no-register      do not register the slots with io_uring (no up-front pin)\n"
+		   "  --device D         also the start on D (cuda; cpu: simulated devices): a\n"
+		   "                     fresh open, the hot experts' upload, the CPU tier's fill;\n"
+		   "                     time to ready against max(read / disk, upload / h2d)\n"
+		   "  --placement FILE   the start's placement (default: every expert on GPU 0)\n"
+		   "  --upload S         the hot experts' source (MOET_UPLOAD; default: the\n"
+		   "                     environment's, else staged)\n"
 		   "  --quiet            no progress bar\n"
 		   "  --json FILE        write the JSON record (docs/benchmarks.md)\n");
 }
@@ -44,12 +81,16 @@ int moet_cli_bench_load(int argc, char **argv)
 		{ "no-gpu", no_argument, NULL, 'G' },
 		{ "no-register", no_argument, NULL, 'R' },
 		{ "quiet", no_argument, NULL, 'Q' },
+		{ "device", required_argument, NULL, 'd' },
+		{ "placement", required_argument, NULL, 'p' },
+		{ "upload", required_argument, NULL, 'u' },
 		{ "json", required_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	moet_bench_load_opts o = { .progress = 1 };
-	const char *json_path = NULL;
+	const char *json_path = NULL, *place = NULL;
+	int16_t *owner = NULL;
 	double v;
 	char *end;
 	int c, rc = 0;
@@ -77,6 +118,19 @@ int moet_cli_bench_load(int argc, char **argv)
 		case 'G': o.no_gpu = 1; break;
 		case 'R': o.no_register = 1; break;
 		case 'Q': o.progress = 0; break;
+		case 'd':
+			if (strcmp(optarg, "cuda") && strcmp(optarg, "cpu"))
+				rc = moet_err(MOET_EINVAL, "--device '%s': cuda or cpu", optarg);
+			o.device = optarg;
+			break;
+		case 'p': place = optarg; break;
+		case 'u':
+			if (strcmp(optarg, "uring") && strcmp(optarg, "staged") &&
+			    strcmp(optarg, "plain"))
+				rc = moet_err(MOET_EINVAL, "--upload '%s': uring, staged or plain",
+					      optarg);
+			o.upload = optarg;
+			break;
 		case 'j': json_path = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
@@ -88,6 +142,11 @@ int moet_cli_bench_load(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	if (!rc && place && !o.device)
+		rc = moet_err(MOET_EINVAL, "--placement is for the start: give --device too");
+	if (!rc && place)
+		rc = load_owner(o.model_dir, place, &owner, &o.n_devices);
+	o.owner = owner;
 	json_t *rec = NULL;
 	if (!rc)
 		rc = moet_bench_record_new("load", &rec);
@@ -96,5 +155,6 @@ int moet_cli_bench_load(int argc, char **argv)
 	if (!rc && json_path)
 		rc = moet_bench_write(rec, json_path);
 	json_decref(rec);
+	free(owner);
 	return rc ? moet_cli_fail("bench load", rc) : 0;
 }

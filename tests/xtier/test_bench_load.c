@@ -3,7 +3,10 @@
  * sequential read, the load of the whole tier and the h2d part; the JSON record has the disk
  * ceiling, the two rows with their bytes (the load's = the experts' checkpoint bytes, counted
  * here independently from the checkpoint), and the load object; buffered and unregistered
- * variants run; bad options are one line.
+ * variants run; bad options are one line. The start (--device cpu: simulated devices) with a
+ * placement of experts 0-3 of every layer on device 0 and the uring upload: its row's bytes
+ * are the dense part + the hot experts + the CPU tier (counted here from the checkpoint by
+ * tensor name), the start object's parts add up, the bound is the disk's.
  */
 #include <jansson.h>
 #include <stdio.h>
@@ -62,6 +65,52 @@ int main(void)
 	CHECK(rc == 0 && strstr(out, "buffered (page cache)") && strstr(out, "unregistered") &&
 	      !strstr(out, "ETA"), "buffered: %s", out);
 	free(out);
+	/* the start, on simulated devices */
+	char place[512];
+	snprintf(place, sizeof(place), "%s/place.yaml", dir);
+	const char *yaml = "version: 1\ngpus:\n  - {name: gpu0, budget: 1GiB, reserve: 0GiB}\n"
+			   "default: {gpu0: \"0-3\"}\n";
+	CHECK(moet_test_write_file(place, yaml, strlen(yaml)) == 0, "placement file");
+	rc = moet_test_cli(&out, "bench load --model %s --no-gpu --quiet --device cpu --placement "
+			   "%s --upload uring --json %s", ck, place, js);
+	CHECK(rc == 0 && strstr(out, "start") && strstr(out, "ready/bound") &&
+	      strstr(out, "MOET_UPLOAD=uring"), "start: %s", out);
+	free(out);
+	double dense = 0, hot = 0, tier = 0;
+	CHECK(moet_ckpt_open(ck, &c) == 0, "open: %s", moet_errmsg());
+	for (size_t i = 0; c && i < moet_ckpt_count(c); i++) {
+		const moet_tensor *t = moet_ckpt_at(c, i);
+		int64_t tl, te;
+		moet_part p = moet_tensor_part(t->name, 3, &tl, &te);
+		if (p == MOET_PART_EXPERT)
+			*(te < 4 ? &hot : &tier) += (double)t->n_bytes;
+		else if (p != MOET_PART_MTP)
+			dense += (double)t->n_bytes;
+	}
+	moet_ckpt_close(c);
+	rec = json_load_file(js, 0, &je);
+	CHECK(rec != NULL, "record: %s", je.text);
+	rows = json_object_get(rec, "results");
+	json_t *r3 = json_array_get(rows, 2), *st = json_object_get(rec, "start");
+	CHECK(r3 && !strcmp(json_string_value(json_object_get(r3, "name")), "start") &&
+	      json_number_value(json_object_get(r3, "bytes")) == dense + hot + tier,
+	      "start row bytes %.0f, checkpoint %.0f + %.0f + %.0f",
+	      json_number_value(json_object_get(r3, "bytes")), dense, hot, tier);
+	double parts = json_number_value(json_object_get(st, "open_s")) +
+		       json_number_value(json_object_get(st, "upload_s")) +
+		       json_number_value(json_object_get(st, "tier_s"));
+	double ready = json_number_value(json_object_get(st, "time_to_ready_s"));
+	CHECK(st && ready > 0 && parts > 0.999 * ready && parts < 1.001 * ready &&
+	      json_number_value(json_object_get(st, "hot_bytes")) == hot &&
+	      json_number_value(json_object_get(st, "tier_bytes")) == tier &&
+	      json_number_value(json_object_get(st, "h2d_bytes")) == 0 &&
+	      json_number_value(json_object_get(st, "ready_over_bound")) > 0 &&
+	      !strcmp(json_string_value(json_object_get(st, "upload")), "uring"), "start object");
+	json_decref(rec);
+	snprintf(args, sizeof(args), "bench load --model %s --placement %s", ck, place);
+	moet_test_cli_expect(args, 1, "give --device");
+	snprintf(args, sizeof(args), "bench load --model %s --device tpu", ck);
+	moet_test_cli_expect(args, 1, "--device 'tpu'");
 	snprintf(args, sizeof(args), "bench load --model %s --qd 0", ck);
 	moet_test_cli_expect(args, 1, "--qd '0'");
 	snprintf(args, sizeof(args), "bench load --model %s/nothing --no-gpu", dir);
