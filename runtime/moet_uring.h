@@ -106,6 +106,19 @@ const char *moet_uring_file_path(const moet_uring *u, int file);
  */
 int moet_uring_register(moet_uring *u, void *const *bufs, const size_t *bytes, int n);
 
+/*
+ * A table of n registered-buffer places, all empty, each filled later by
+ * moet_uring_register_one: so that pinning a buffer (every page faulted in) overlaps with
+ * reads into buffers already registered. Replaces an earlier registration (wait for requests
+ * in flight first). A refusal of the kernel is noted, not an error: reads go unregistered.
+ * Errors: MOET_EINVAL, MOET_ENOMEM.
+ */
+int moet_uring_register_sparse(moet_uring *u, int n);
+
+/* Fills place i (< n of moet_uring_register_sparse) with [buf, buf + bytes). A refusal is
+ * noted and reads into it go unregistered. Errors: MOET_EINVAL (no such place). */
+int moet_uring_register_one(moet_uring *u, int i, void *buf, size_t bytes);
+
 /* 1 when buffers are registered. */
 int moet_uring_registered(const moet_uring *u);
 

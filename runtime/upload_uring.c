@@ -450,6 +450,8 @@ int moet_upload_mats_uring(const moet_ckpt *ck, const moet_mat *host, int64_t n,
 	}
 	bar_show(&u, 1);
 done:
+	if (ur)
+		moet_uring_stats_get(ur, &us);
 	moet_uring_destroy(ur); /* waits for reads in flight into the staging buffers */
 	if (u.stream) {
 		int e = moet_gpu_sync(u.stream);
@@ -465,8 +467,6 @@ done:
 			if (host[i].scale_inv)
 				out[i].scale_inv = (const float *)(u.block + it[k++].dst);
 		}
-	if (ur)
-		moet_uring_stats_get(ur, &us);
 	if (stats)
 		*stats = (moet_upload_stats){ .bytes = u.total, .seconds = now_s() - t0,
 					      .read_bytes = us.bytes_read, .reads = us.ranges,

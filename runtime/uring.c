@@ -90,6 +90,8 @@ struct moet_uring {
 	unsigned to_submit;            /* prepared SQEs not yet submitted */
 	ubuf *bufs;
 	int n_bufs;
+	int n_filled;                  /* places holding a registered buffer */
+	int last_buf;                  /* buf_index's last hit */
 	uint64_t seq;
 	struct { uint64_t seq; int kind; } faults[MAX_FAULTS];
 	int n_faults;
@@ -287,7 +289,7 @@ int moet_uring_register(moet_uring *u, void *const *bufs, const size_t *bytes, i
 		io_uring_unregister_buffers(&u->ring);
 	free(u->bufs);
 	u->bufs = NULL;
-	u->n_bufs = 0;
+	u->n_bufs = u->n_filled = 0;
 	if (!n)
 		return 0;
 	struct iovec *iov = calloc((size_t)n, sizeof(*iov));
@@ -318,13 +320,58 @@ int moet_uring_register(moet_uring *u, void *const *bufs, const size_t *bytes, i
 		return 0;
 	}
 	u->bufs = ub; /* in registration order: bufs[i] is the kernel's buffer i */
+	u->n_bufs = u->n_filled = n;
+	return 0;
+}
+
+int moet_uring_register_sparse(moet_uring *u, int n)
+{
+	if (n <= 0)
+		return moet_err(MOET_EINVAL, "io_uring register: %d places", n);
+	moet_uring_register(u, NULL, NULL, 0);
+	if (!(u->bufs = calloc((size_t)n, sizeof(*u->bufs))))
+		return moet_err(MOET_ENOMEM, "io_uring register: %d places", n);
+	int e = io_uring_register_buffers_sparse(&u->ring, (unsigned)n);
+	if (e < 0) {
+		char what[64];
+		snprintf(what, sizeof(what), "a table of %d buffers", n);
+		add_note(u, "registering %s failed (%s): unregistered reads", what, strerror(-e));
+		free(u->bufs);
+		u->bufs = NULL;
+		return 0;
+	}
 	u->n_bufs = n;
+	u->n_filled = 0;
+	return 0;
+}
+
+int moet_uring_register_one(moet_uring *u, int i, void *buf, size_t bytes)
+{
+	if (i < 0 || i >= u->n_bufs) {
+		if (!u->n_bufs && strstr(u->note, "registering"))
+			return 0; /* the table itself was refused (noted) */
+		return moet_err(MOET_EINVAL, "io_uring register: place %d of %d", i, u->n_bufs);
+	}
+	struct iovec iov = { buf, bytes };
+	int e = io_uring_register_buffers_update_tag(&u->ring, (unsigned)i, &iov, NULL, 1);
+	if (e < 0) {
+		struct rlimit rl = { 0 };
+		getrlimit(RLIMIT_MEMLOCK, &rl);
+		char what[96], why[160];
+		snprintf(what, sizeof(what), "buffer %d (%zu bytes)", i, bytes);
+		snprintf(why, sizeof(why), "%s; RLIMIT_MEMLOCK %llu bytes", strerror(-e),
+			 (unsigned long long)rl.rlim_cur);
+		add_note(u, "registering %s failed (%s): unregistered reads into it", what, why);
+		return 0;
+	}
+	u->bufs[i] = (ubuf){ (uintptr_t)buf, (uintptr_t)buf + bytes };
+	u->n_filled++;
 	return 0;
 }
 
 int moet_uring_registered(const moet_uring *u)
 {
-	return u->n_bufs > 0;
+	return u->n_filled > 0;
 }
 
 const char *moet_uring_note(const moet_uring *u)
@@ -332,14 +379,19 @@ const char *moet_uring_note(const moet_uring *u)
 	return u->note;
 }
 
-/* Index of the registered buffer holding [p, p + n), or -1. Linear: a few hundred at most
- * are registered by the tier (one per GiB of slots), and a request costs microseconds. */
-static int buf_index(const moet_uring *u, const void *p, size_t n)
+/* Index of the registered buffer holding [p, p + n), or -1. */
+static int buf_index(moet_uring *u, const void *p, size_t n)
 {
 	uintptr_t a = (uintptr_t)p;
+	/* NOTE: a range's requests are consecutive: the last hit and its successor first */
+	for (int k = 0; k < 2; k++) {
+		int i = u->last_buf + k;
+		if (i < u->n_bufs && a >= u->bufs[i].lo && a + n <= u->bufs[i].hi)
+			return u->last_buf = i;
+	}
 	for (int i = 0; i < u->n_bufs; i++)
 		if (a >= u->bufs[i].lo && a + n <= u->bufs[i].hi)
-			return i;
+			return u->last_buf = i;
 	return -1;
 }
 

@@ -79,6 +79,12 @@ struct moet_xtier {
 	int64_t pred_cpu;         /* how many of them are in the CPU tier */
 	float *scr;               /* prefetch scratch */
 	size_t scr_elems;
+	/* slot registration in groups of whole slots (alloc_slots); with a warm fill, group g
+	 * is registered just before its slots' reads start, overlapping earlier groups' reads */
+	void **reg_buf;           /* [n_reg] */
+	size_t *reg_bytes;
+	int n_reg, reg_done;      /* groups, and groups registered so far */
+	int64_t reg_per;          /* slots per group */
 	char err[512];            /* the last failed read */
 	moet_xtier_stats st;
 };

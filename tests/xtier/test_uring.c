@@ -145,7 +145,16 @@ static void random_reads(char **paths, int *fds, const uint64_t *sizes, int n_fi
 		arena = aligned_alloc(A, arena_bytes);
 		void *b[2] = { arena, arena + arena_bytes / 2 };
 		size_t bb[2] = { arena_bytes / 2, arena_bytes / 2 };
-		CHECK(moet_uring_register(u, b, bb, 2) == 0, "register: %s", moet_errmsg());
+		/* registered 2: a sparse table filled place by place */
+		if (registered == 2)
+			CHECK(moet_uring_register_sparse(u, 2) == 0 &&
+			      moet_uring_register_one(u, 1, b[1], bb[1]) == 0 &&
+			      moet_uring_register_one(u, 0, b[0], bb[0]) == 0 &&
+			      moet_uring_register_one(u, 2, b[0], bb[0]) == MOET_EINVAL,
+			      "sparse register: %s", moet_errmsg());
+		else
+			CHECK(moet_uring_register(u, b, bb, 2) == 0, "register: %s",
+			      moet_errmsg());
 		if (!moet_uring_registered(u))
 			printf("buffers not registered: %s\n", moet_uring_note(u));
 	}
@@ -346,6 +355,7 @@ int main(void)
 		random_reads(paths, fds, sizes, n, modes[mi], 1, 0);
 		random_reads(paths, fds, sizes, n, modes[mi], 16, 0);
 		random_reads(paths, fds, sizes, n, modes[mi], 16, 1);
+		random_reads(paths, fds, sizes, n, modes[mi], 16, 2);
 		fault_case(paths, fds, sizes, modes[mi], MOET_URING_FAULT_SHORT, 2, "short");
 		fault_case(paths, fds, sizes, modes[mi], MOET_URING_FAULT_EIO, 1,
 			   "Input/output error");
