@@ -81,6 +81,18 @@ const char *moet_bench_ceil_isa(void);
  * of 5, in GB/s (bench_h2d.c). MOET_EUNSUP without CUDA, MOET_EDEVICE, MOET_ENOMEM. */
 int moet_bench_h2d_GBps(double *out_GBps);
 
+/* ---- expert-tier ceilings (bench_tier_ceil.c) -------------------------------------------- */
+
+/* The CPU tier's streaming-read ceiling: n_threads workers (0: every core) over every node's
+ * cores read disjoint shares of a max(4 x L3, 256 MiB) buffer they first-touched; median of
+ * reps (1 .. 64) after a warm-up, in GB/s; *out_bytes (may be NULL) the buffer's size.
+ * MOET_EINVAL, MOET_ENOMEM, or the executor's errors. */
+int moet_bench_tier_read_GBps(int n_threads, int reps, double *out_GBps, size_t *out_bytes);
+
+/* The current GPU's device-to-device copy ceiling (bytes read + written per second, 1 GiB,
+ * median of reps in 1 .. 64), in GB/s. MOET_EUNSUP without CUDA, MOET_EDEVICE, MOET_ENOMEM. */
+int moet_bench_copy_GBps(int reps, double *out_GBps);
+
 /* ---- `bench cpu-experts` (bench_cpu.c) --------------------------------------------------- */
 
 typedef struct moet_bench_cpu_opts {

@@ -74,16 +74,25 @@ int moet_serve_demo_ensure(const char *dir);
 typedef struct moet_serve_bench_opts {
 	const char *model_dir;     /* NULL: the demo */
 	const char *device;        /* NULL: "cpu" */
-	int streams;               /* concurrent streams (16) */
+	const int64_t *streams;    /* stream counts, each measured in turn; NULL: { 16 } */
+	int n_streams;
 	int tokens;                /* tokens per stream = timed decode steps */
 	int prompt_words;          /* words of the text prompt */
-	int reps;                  /* bare/served pairs, alternating */
+	int reps;                  /* bare/served pairs per stream count, alternating */
+	/* A hybrid placement (NULL: none): owner[layer x expert] = -1 (the CPU tier) or device
+	 * g < n_devices (simulated devices on the CPU backend); with it the bytes-roofline
+	 * prediction of each stream count's step (docs/serve.md) */
+	const int16_t *owner;
+	int n_devices;
+	const char *placement;     /* what the placement is, for the record and the log */
 } moet_serve_bench_opts;
 
 /*
- * Server overhead against the bare decode step at o->streams streams (docs/serve.md): adds
- * the ceiling, rows and a "serve" object to rec, progress to log, the table to table.
- * Returns 0, or an error (MOET_EIO when a stream failed).
+ * Server overhead against the bare decode step at each stream count, the tokens/s of each
+ * count against the smallest one's and, with a placement, the measured tokens/s against the
+ * bytes-roofline prediction (docs/serve.md): adds ceilings, rows and a "serve" object to rec,
+ * progress to log, the table to table. Returns 0, or an error (MOET_EIO when a stream failed;
+ * MOET_EINVAL for options out of range, naming the option).
  */
 int moet_serve_bench(const moet_serve_bench_opts *o, json_t *rec, FILE *log, FILE *table);
 

@@ -6,6 +6,7 @@
 #ifndef MOET_CLI_H
 #define MOET_CLI_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 int moet_cli_inspect(int argc, char **argv);
@@ -54,6 +55,16 @@ typedef struct moet_model moet_model;
  * (at least the file's count), -1 takes the file's. Returns 0 or the error code. */
 int moet_cli_apply_placement(moet_model *m, const char *path, int sim_devices,
 			     int *out_n_devices);
+
+/* Loads placement FILE against the model in dir (opened on the CPU: no upload) and copies its
+ * owner table [layers x experts] (-1 the CPU tier, g GPU g) into *out (malloc'd), its GPU
+ * count into *out_n. Returns 0 or the error code (the detail names the file). */
+int moet_cli_load_owner(const char *dir, const char *path, int16_t **out, int *out_n);
+
+/* The owner table of `plan --hot-per-layer k` on one GPU from the decode routings of profile
+ * FILE (checked against the model in dir), with no memory budget: the k most routed experts
+ * of every MoE layer on GPU 0, the rest on the CPU tier. *out malloc'd. 0 or the error code. */
+int moet_cli_hot_owner(const char *dir, const char *profile_path, int64_t k, int16_t **out);
 
 /* --ram-budget-gb VALUE [--ram-profile FILE]: puts the CPU tier behind the NVMe expert tier
  * (runtime/moet_xtier.h) with VALUE GiB (2^30 bytes) of slots, or VALUE% of the slots the

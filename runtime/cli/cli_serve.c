@@ -220,6 +220,30 @@ out:
 	return rc ? moet_cli_fail("serve", rc) : 0;
 }
 
+static void bench_usage(FILE *f)
+{
+	fprintf(f,
+		"usage: moet-hybrid bench serve [--model DIR] [--device cpu|cuda] [--streams LIST]\n"
+		"                          [--tokens N] [--prompt-words N] [--reps N] [--quick]\n"
+		"                          [--placement FILE | --hot-per-layer K --profile P]\n"
+		"                          [--json FILE]\n\n"
+		"Per stream count N: the bare batched decode of N sequences against the same model\n"
+		"behind the server with N streaming clients on loopback (docs/serve.md): step times,\n"
+		"the server's overhead, tokens/s and its ratio to the smallest count's tokens/s.\n"
+		"Default: the demo, --streams 16, 64 tokens, 5 reps; --quick: 2 reps x 32 tokens.\n\n"
+		"  --streams LIST       stream counts, each measured in the same run (e.g. 1,16)\n"
+		"  --placement FILE     a hybrid placement (docs/placement.md) for every row; on\n"
+		"                       --device cpu its GPUs are simulated devices\n"
+		"  --hot-per-layer K --profile P\n"
+		"                       the placement `plan --hot-per-layer K` makes from profile P\n"
+		"                       (one GPU, no memory budget)\n"
+		"With a placement, before it is set: every expert resident, each count's bare step\n"
+		"and the experts each step touches; the CPU tier's read ceiling and the GPU's copy\n"
+		"ceiling measured now; then the rows beside the bytes-roofline prediction (max over\n"
+		"tiers of touched bytes / bandwidth, plus the resident step's non-expert time) and\n"
+		"measured / predicted. The model must fit on the device with every expert resident.\n");
+}
+
 /* `moet-hybrid bench serve` (its row in cli_bench.c's table). */
 int moet_cli_bench_serve(int argc, char **argv)
 {
@@ -231,20 +255,36 @@ int moet_cli_bench_serve(int argc, char **argv)
 		{ "prompt-words", required_argument, NULL, 'w' },
 		{ "reps", required_argument, NULL, 'r' },
 		{ "quick", no_argument, NULL, 'q' },
+		{ "placement", required_argument, NULL, 'p' },
+		{ "hot-per-layer", required_argument, NULL, 'k' },
+		{ "profile", required_argument, NULL, 'P' },
 		{ "json", required_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	moet_serve_bench_opts o = { .streams = 16, .tokens = 64, .prompt_words = 16, .reps = 5 };
-	const char *json_path = NULL;
-	long long v;
+	moet_serve_bench_opts o = { .tokens = 64, .prompt_words = 16, .reps = 5 };
+	const char *json_path = NULL, *place = NULL, *prof = NULL;
+	char demo[4096], label[4200];
+	int64_t *streams = NULL;
+	int16_t *owner = NULL;
+	long long v, hot = 0;
 	int c, rc = 0;
 	optind = 1;
 	while (!rc && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'm': o.model_dir = optarg; break;
-		case 'd': o.device = optarg; break;
-		case 's': rc = parse_num("--streams", optarg, 1, 1024, &v); o.streams = (int)v; break;
+		case 'd':
+			if (strcmp(optarg, "cuda") && strcmp(optarg, "cpu"))
+				rc = moet_err(MOET_EINVAL, "--device: '%s' (want cpu or cuda)", optarg);
+			o.device = optarg;
+			break;
+		case 's':
+			rc = moet_cli_parse_list("--streams", optarg, 1, 1024, &streams, &o.n_streams);
+			if (!rc && o.n_streams > 64)
+				rc = moet_err(MOET_EINVAL, "--streams: %d counts (at most 64)",
+					      o.n_streams);
+			o.streams = streams;
+			break;
 		case 't': rc = parse_num("--tokens", optarg, 2, 100000, &v); o.tokens = (int)v; break;
 		case 'w':
 			rc = parse_num("--prompt-words", optarg, 1, 500, &v);
@@ -252,29 +292,52 @@ int moet_cli_bench_serve(int argc, char **argv)
 			break;
 		case 'r': rc = parse_num("--reps", optarg, 1, 100, &v); o.reps = (int)v; break;
 		case 'q': o.reps = 2; o.tokens = 32; break;
+		case 'p': place = optarg; break;
+		case 'k': rc = parse_num("--hot-per-layer", optarg, 1, 1 << 20, &hot); break;
+		case 'P': prof = optarg; break;
 		case 'j': json_path = optarg; break;
-		case 'h':
-			printf("usage: moet-hybrid bench serve [--model DIR] [--device D] "
-			       "[--streams N] [--tokens N]\n"
-			       "                          [--prompt-words N] [--reps N] [--quick] "
-			       "[--json FILE]\n\n"
-			       "Server overhead (HTTP + tokenizer + scheduling) as a share of the decode "
-			       "step:\nbare batched decode of N sequences vs the same through the "
-			       "server with N\nstreaming clients on loopback (docs/serve.md). Default: "
-			       "the demo, 16 streams x 64\ntokens, 5 reps; --quick: 2 reps x 32 "
-			       "tokens.\n");
-			return 0;
-		default: return 2;
+		case 'h': bench_usage(stdout); free(streams); return 0;
+		default: bench_usage(stderr); free(streams); return 2;
 		}
 	}
-	if (rc)
-		return moet_cli_fail("bench serve", rc);
-	signal(SIGPIPE, SIG_IGN);
+	if (!rc && optind < argc)
+		rc = moet_err(MOET_EINVAL, "unexpected argument '%s'", argv[optind]);
+	if (!rc && place && (hot || prof))
+		rc = moet_err(MOET_EINVAL, "--placement FILE or --hot-per-layer K --profile P, not "
+			      "both");
+	if (!rc && !!hot != !!prof)
+		rc = moet_err(MOET_EINVAL, hot ? "--hot-per-layer needs --profile P (the routing "
+			      "it ranks experts by)" : "--profile needs --hot-per-layer K");
+	/* the placement is read against the model: the demo's when there is no --model */
+	if (!rc && (place || hot) && !o.model_dir &&
+	    !(rc = moet_serve_demo_dir(demo, sizeof(demo))) && !(rc = moet_serve_demo_ensure(demo)))
+		o.model_dir = demo;
+	if (!rc && place) {
+		if ((rc = moet_cli_load_owner(o.model_dir, place, &owner, &o.n_devices)))
+			rc = moet_err_prefix(rc, "--placement");
+		snprintf(label, sizeof(label), "%s", place);
+	} else if (!rc && hot) {
+		if ((rc = moet_cli_hot_owner(o.model_dir, prof, hot, &owner)))
+			rc = moet_err_prefix(rc, "--hot-per-layer %lld --profile", hot);
+		o.n_devices = 1;
+		snprintf(label, sizeof(label), "hot %lld per layer of %s", hot, prof);
+	}
+	if (!rc && owner && o.n_devices < 1)
+		rc = moet_err(MOET_EINVAL, "--placement %s names no GPU: nothing to predict a "
+			      "hybrid step for", place);
+	o.owner = owner;
+	o.placement = owner ? label : NULL;
 	json_t *rec = NULL;
-	if (!(rc = moet_bench_record_new("serve", &rec)))
+	if (!rc) {
+		signal(SIGPIPE, SIG_IGN);
+		rc = moet_bench_record_new("serve", &rec);
+	}
+	if (!rc)
 		rc = moet_serve_bench(&o, rec, stderr, stdout);
 	if (!rc && json_path)
 		rc = moet_bench_write(rec, json_path);
 	json_decref(rec);
+	free(streams);
+	free(owner);
 	return rc ? moet_cli_fail("bench serve", rc) : 0;
 }

@@ -11,6 +11,7 @@
 #include "moet_err.h"
 #include "moet_model.h"
 #include "moet_placement.h"
+#include "moet_plan.h"
 #include "moet_profile.h"
 #include "moet_uring.h"
 #include "moet_xtier.h"
@@ -140,4 +141,66 @@ int moet_cli_parse_list(const char *opt, const char *s, int64_t lo, int64_t hi, 
 					(long long)(*out)[i], (long long)lo, (long long)hi);
 	*out_n = (int)n;
 	return 0;
+}
+
+int moet_cli_load_owner(const char *dir, const char *path, int16_t **out, int *out_n)
+{
+	moet_model *m = NULL;
+	moet_placement_sizes *sz = NULL;
+	moet_placement *pl = NULL;
+	int rc = moet_model_open(dir, &m);
+	if (!rc)
+		rc = moet_placement_sizes_from_ckpt(moet_model_config(m), moet_model_ckpt(m), &sz);
+	if (!rc)
+		rc = moet_placement_load(path, moet_model_config(m), sz, &pl);
+	if (!rc)
+		*out_n = moet_placement_n_gpus(pl);
+	if (!rc) {
+		const moet_config *c = moet_model_config(m);
+		size_t n = (size_t)(c->num_hidden_layers * c->n_routed_experts);
+		if (!(*out = malloc((n ? n : 1) * sizeof(int16_t))))
+			rc = moet_err(MOET_ENOMEM, "owner table");
+		else
+			memcpy(*out, moet_placement_owners(pl), n * sizeof(int16_t));
+	}
+	moet_placement_free(pl);
+	moet_placement_sizes_free(sz);
+	moet_model_close(m);
+	return rc;
+}
+
+int moet_cli_hot_owner(const char *dir, const char *profile_path, int64_t k, int16_t **out)
+{
+	moet_model *m = NULL;
+	moet_placement_sizes *sz = NULL;
+	moet_profile *prof = NULL;
+	moet_plan *pl = NULL;
+	double *scores = NULL;
+	/* NOTE: no memory budget: K per layer is what was asked for; a GPU without room for
+	 * them fails when the placement is set, naming the bytes */
+	const moet_plan_budget b = { .n_gpus = 1, .budget_bytes = (uint64_t)1 << 60,
+				     .hot_per_layer = k };
+	int rc = moet_model_open(dir, &m);
+	const moet_config *c = rc ? NULL : moet_model_config(m);
+	if (!rc)
+		rc = moet_placement_sizes_from_ckpt(c, moet_model_ckpt(m), &sz);
+	if (!rc && !(rc = moet_profile_load(profile_path, &prof)))
+		rc = moet_profile_check(prof, c, profile_path);
+	if (!rc)
+		rc = moet_plan_scores(prof, MOET_PLAN_DECODE, &scores);
+	if (!rc)
+		rc = moet_plan_make(c, sz, scores, &b, &pl);
+	if (!rc) {
+		size_t n = (size_t)(c->num_hidden_layers * c->n_routed_experts);
+		if (!(*out = malloc((n ? n : 1) * sizeof(int16_t))))
+			rc = moet_err(MOET_ENOMEM, "owner table");
+		else
+			memcpy(*out, pl->owner, n * sizeof(int16_t));
+	}
+	moet_plan_free(pl);
+	free(scores);
+	moet_profile_free(prof);
+	moet_placement_sizes_free(sz);
+	moet_model_close(m);
+	return rc;
 }

@@ -14,7 +14,8 @@
 # MOET_E2E_BATCHES (default 1,4,16,64), MOET_E2E_MODES (default gpu,hybrid,cpu),
 # MOET_E2E_VERIFY_HOT (hot experts per layer of the
 # verify placement, default 96: over 25% of routings on the CPU), MOET_E2E_SKIP (words:
-# verify bench120 bench).
+# verify bench120 bench serve), MOET_E2E_SERVE_TOKENS (tokens per stream of the serve step,
+# default 64).
 # Debian runtime libraries may be carried as .deb files in .deb/ (as for tests/gpu/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -82,6 +83,18 @@ if [[ " $skip " != *" bench120 "* ]]; then
 	"$bin" bench e2e --model "$ckpt" --modes hybrid --placement "$out/place-120.yaml" \
 		--batches "$batches" --prefill 1024 --steps "$steps" --json "$out/e2e-hot120.json" \
 		2>&1 | tee -a "$out/e2e.log"
+fi
+if [[ " $skip " != *" serve "* ]]; then
+	# issue 7's targets: 16 streams >= 4x one stream's tokens/s with every expert resident;
+	# with the hot-120 placement, tokens/s against the bytes-roofline prediction
+	stok=${MOET_E2E_SERVE_TOKENS:-64}
+	step "bench serve --streams 1,16, every expert resident"
+	"$bin" bench serve --device cuda --model "$ckpt" --streams 1,16 --tokens "$stok" --reps 3 \
+		--json "$out/serve-resident.json" 2>&1 | tee -a "$out/e2e.log"
+	step "bench serve --streams 1,16, hybrid = 120 of 384 per layer on the GPU"
+	"$bin" bench serve --device cuda --model "$ckpt" --streams 1,16 --tokens "$stok" --reps 3 \
+		--placement "$out/place-120.yaml" --json "$out/serve-hot120.json" 2>&1 |
+		tee -a "$out/e2e.log"
 fi
 if [ -f "$out/bench-profile.json" ]; then
 	step "cost model on the bench's own routing (compare with the measured steps above)"
