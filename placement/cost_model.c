@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cost_int.h"
 #include "moet_cost.h"
 #include "moet_err.h"
 
@@ -184,13 +185,29 @@ void moet_cost_expert_ms(const moet_cost_in *in, const double *s, int64_t n, dou
 
 /* ---- a layer ----------------------------------------------------------------------------- */
 
-static double transfer_ms(const moet_cost_in *in, double a_cpu)
+double cost_transfer_ms(const moet_cost_in *in, int64_t batch, double a_cpu)
 {
 	const moet_cost_hw *h = &in->hw;
 	if (in->n_gpus == 0)
 		return 0; /* everything on the host: nothing crosses PCIe */
-	const double act = (double)in->batch * (double)in->d_model * h->act_bytes;
+	const double act = (double)batch * (double)in->d_model * h->act_bytes;
 	return a_cpu * (2 * h->pcie_latency_us * 1e-3 + 2 * act / (h->pcie_gbps * 1e6));
+}
+
+static double transfer_ms(const moet_cost_in *in, double a_cpu)
+{
+	return cost_transfer_ms(in, in->batch, a_cpu);
+}
+
+double cost_dense_ms(const moet_cost_in *in, int64_t batch)
+{
+	/* The dense part on the GPUs (on the CPU when there are none): measured where the
+	 * hardware gives the curve, else its bytes at the read bandwidth. */
+	const moet_cost_curve *dc = &in->hw.gpu_dense_ms;
+	if (in->n_gpus && dc->n)
+		return dense_curve_ms(dc, (double)batch);
+	return (double)in->dense_bytes /
+	       ((in->n_gpus ? in->hw.gpu_read_gbps : in->hw.cpu_read_gbps) * 1e6);
 }
 
 /* The slowest GPU's time, its index in *which (-1 without GPUs). */
@@ -318,15 +335,17 @@ int moet_cost_predict(const moet_cost_in *in, const double *scores, int64_t n_la
 			predict_layer(in, a, out);
 		/* else: a dense layer or one without routings */
 	}
-	/* The dense part on the GPUs (on the CPU when there are none): measured where the
-	 * hardware gives the curve, else its bytes at the read bandwidth. */
-	const moet_cost_curve *dc = &in->hw.gpu_dense_ms;
-	if (n && dc->n)
-		out->dense_ms = dense_curve_ms(dc, (double)in->batch);
-	else
-		out->dense_ms = (double)in->dense_bytes /
-				((n ? in->hw.gpu_read_gbps : in->hw.cpu_read_gbps) * 1e6);
+	out->dense_ms = cost_dense_ms(in, in->batch);
 	out->step_ms = out->experts_ms + out->dense_ms;
+	out->chosen_ms = out->step_ms;
+	out->form = MOET_COST_ONE_PASS;
+	/* The other form: two micro-batches (cost_mb.c). */
+	if (n == 1 && in->batch >= 2 && (rc = cost_mb_predict(in, scores, n_layers, n_experts,
+							       owner, &out->two)) == 0 &&
+	    out->two.step_ms < out->step_ms) {
+		out->form = MOET_COST_TWO_HALVES;
+		out->chosen_ms = out->two.step_ms;
+	}
 done:
 	free(P);
 	free(xc);
@@ -405,10 +424,30 @@ int moet_cost_predict_owners(const moet_config *cf, const moet_placement_sizes *
 				  .d_model = cf->hidden_size, .expert_bytes = eb,
 				  .dense_bytes = sz->dense_bytes - sz->embed_bytes,
 				  .n_gpus = n_gpus,
-				  .moe_inter = cf->moe_intermediate_size };
+				  .moe_inter = cf->moe_intermediate_size,
+				  .dense_moe_share = moet_cost_dense_moe_share(cf, sz) };
 	rc = moet_cost_predict(&in, scores, L, E, owner, out);
 done:
 	free(scores);
 	moet_placement_sizes_free(own_sz);
 	return rc;
+}
+
+double moet_cost_dense_moe_share(const moet_config *cf, const moet_placement_sizes *sz)
+{
+	int64_t n_moe = 0;
+	for (int64_t l = 0; l < cf->num_hidden_layers; l++)
+		n_moe += moet_config_is_moe_layer(cf, l);
+	const double whole = (double)(sz->dense_bytes - sz->embed_bytes);
+	if (!(whole > 0) || cf->num_hidden_layers <= 0)
+		return 0;
+	const double in_moe = (double)sz->attn_bytes * (double)n_moe /
+			      (double)cf->num_hidden_layers + (double)sz->router_bytes +
+			      (double)sz->shared_bytes;
+	return in_moe < whole ? in_moe / whole : 1;
+}
+
+const char *moet_cost_form_name(int form)
+{
+	return form == MOET_COST_TWO_HALVES ? "two halves" : "one pass";
 }

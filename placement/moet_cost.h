@@ -40,6 +40,27 @@
  * experts of a step are touched independently; the dense part is priced by its bytes only
  * (its compute at large B is not modelled). Time in milliseconds, bandwidths in GB/s (10^9
  * bytes), compute in GFLOP/s.
+ *
+ * Two micro-batches (the engine's other form, runtime/forward.c: halves of B_a = max(1,
+ * floor(B / 2)) and B_b = B - B_a sequences interleaved layer by layer). Each half h is priced
+ * as a step of its own at B_h: its CPU tier reads the cold experts its own tokens route to
+ * (P_e,h = 1 - (1 - p_e)^B_h; a cold expert both halves route to is read twice: expected
+ * sum of P_e,a x P_e,b more reads than one pass), with C_h, G_h and Y_h its CPU tier, GPU tier
+ * and copies as above and N_h = dense(B_h) x s / (MoE layers) its share of the dense work in
+ * one MoE layer (s = dense_moe_share: attention, router and shared experts of the MoE layers
+ * over the dense part). The GPU runs one half's dense work while the CPU tier works on the
+ * other's experts, so a layer takes the period of a two-job, two-machine cycle:
+ *
+ *   t_layer2 = max(C_a + C_b,                              the CPU tier's load
+ *                  sum_h (N_h + G_h + Y_h),                the GPU's and the copies' load
+ *                  N_h + max(C_h, G_h) + Y_h for each h)   one half's own chain
+ *   step2    = sum over MoE layers of t_layer2 + sum_h dense(B_h) x (1 - s)
+ *
+ * (one half, h = the whole batch, gives the one-pass step exactly). The engine measures both
+ * forms and keeps the faster; the prediction of its choice is the smaller step. Only with one
+ * GPU and B >= 2 (the engine does not split otherwise). Not modelled: the pipeline's fill and
+ * drain (optimistic by about one half-layer), the dense part beyond the MoE layers
+ * overlapping anything.
  */
 #ifndef MOET_COST_H
 #define MOET_COST_H
@@ -121,7 +142,15 @@ typedef struct moet_cost_in {
 	int n_gpus;                  /* 1 .. 64; 0 (moet_cost_predict only): no GPU, all on
 				      * the host: no copies, the dense part read by the CPU */
 	int64_t moe_inter;           /* moe_intermediate_size; 0: no compute term */
+	double dense_moe_share;      /* 0..1: the dense part's share inside the MoE layers, which
+				      * two micro-batches overlap (moet_cost_dense_moe_share);
+				      * 0: none overlapped */
 } moet_cost_in;
+
+/* The share of the dense part (without the embedding) that lies in the MoE layers, by bytes:
+ * their attention (attn_bytes x MoE layers / layers), routers and shared experts, over
+ * dense_bytes - embed_bytes; 0 when that is 0. */
+double moet_cost_dense_moe_share(const moet_config *cf, const moet_placement_sizes *sz);
 
 /* P[i] = 1 - (1 - p_i)^B for one layer's scores s[0..n-1] (p_i = s_i x k / sum s, at most
  * 1). All 0 when the scores sum to 0. */
@@ -154,6 +183,25 @@ double moet_cost_layer_time_ms(const moet_cost_in *in, double x_cpu, double a_cp
 double moet_cost_layer_ms(const moet_cost_in *in, double d_cpu, double a_cpu,
 			  const double *d_gpu, const double *a_gpu);
 
+/* The engine's two forms of a step: one pass, or two micro-batches. */
+#define MOET_COST_ONE_PASS 0
+#define MOET_COST_TWO_HALVES 1
+
+/* The two-micro-batch form of a step (see the design note); all 0 when not possible. */
+typedef struct moet_cost_mb {
+	bool possible;               /* B >= 2 and n_gpus == 1: the engine can split */
+	int64_t batch_a, batch_b;    /* the halves' sequences */
+	double step_ms;              /* layers_ms + dense_ms */
+	double layers_ms;            /* sum over MoE layers of t_layer2 (overlapped dense in it) */
+	double dense_ms;             /* the dense part outside the MoE layers, both halves */
+	double dense_in_layers_ms;   /* both halves' dense work inside the MoE layers */
+	double cpu_ms;               /* sum over layers of C_a + C_b */
+	double gpu_ms;               /* sum over layers of the GPU's load (N + G + Y, both) */
+	double transfer_ms;          /* sum over layers of Y_a + Y_b */
+	double cpu_distinct;         /* expected CPU expert reads per step, both halves */
+	double cpu_shared;           /* of them, expected experts read by both halves */
+} moet_cost_mb;
+
 /* A prediction for a whole placement. */
 typedef struct moet_cost_pred {
 	double step_ms;              /* experts_ms + dense_ms */
@@ -170,12 +218,21 @@ typedef struct moet_cost_pred {
 	/* (transfer_ms: the PCIe part; dense_ms: the dense part) */
 	double cpu_rows, gpu_rows;   /* expected rows (token-expert pairs) per step, all layers */
 	int64_t batch;               /* B of the prediction */
+	/* (the fields above: the one-pass form) */
+	moet_cost_mb two;            /* the two-micro-batch form */
+	int form;                    /* the engine's choice: MOET_COST_ONE_PASS or _TWO_HALVES */
+	double chosen_ms;            /* the chosen form's step: min(step_ms, two.step_ms) */
 } moet_cost_pred;
+
+/* "one pass" / "two halves". */
+const char *moet_cost_form_name(int form);
 
 /*
  * Predicts the decode step of the placement owner[L x E] (GPU index or -1 for the CPU) from
- * the scores [L x E] (layers without routings cost nothing). MOET_EINVAL for a batch < 1 or
- * an owner out of 0 .. n_gpus-1 / -1; MOET_ENOMEM. Work: O(L x E x rows in the window).
+ * the scores [L x E] (layers without routings cost nothing), in both forms (step_ms and its
+ * parts: one pass; `two`: two micro-batches; form, chosen_ms: the faster). MOET_EINVAL for a
+ * batch < 1 or an owner out of 0 .. n_gpus-1 / -1; MOET_ENOMEM. Work: O(L x E x rows in the
+ * window), three times over with one GPU and B >= 2 (the whole batch and each half).
  */
 int moet_cost_predict(const moet_cost_in *in, const double *scores, int64_t n_layers,
 		      int64_t n_experts, const int16_t *owner, moet_cost_pred *out);

@@ -483,7 +483,8 @@ int moet_plan_make(const moet_config *cf, const moet_placement_sizes *sz, const 
 					   .expert_bytes = pl->slot_bytes,
 					   .dense_bytes = sz->dense_bytes - sz->embed_bytes,
 					   .n_gpus = b->n_gpus,
-					   .moe_inter = cf->moe_intermediate_size };
+					   .moe_inter = cf->moe_intermediate_size,
+					   .dense_moe_share = moet_cost_dense_moe_share(cf, sz) };
 		/* The even split first: its owner table is the comparison. */
 		if ((rc = plan_even_pred(pl, scores, rank)))
 			goto fail;

@@ -62,6 +62,7 @@ static void on_route(void *ctx, const moet_route_event *ev)
 typedef struct step_split {
 	double step_s, cpu_s, wait_s, pcie_s;
 	double cpu_pairs, pcie_bytes; /* per step */
+	double split_share;           /* timed passes run as two micro-batches / all */
 } step_split;
 
 /* B sequences: prefill ctx tokens, one warm-up step, `steps` timed steps. */
@@ -117,6 +118,7 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int steps, double *samp
 		split->pcie_s = (double)(hs.ns_d2h + hs.ns_h2d) / 1e9 / steps;
 		split->cpu_pairs = (double)hs.cpu_pairs / steps;
 		split->pcie_bytes = (double)(hs.bytes_d2h + hs.bytes_h2d) / steps;
+		split->split_share = (double)hs.split_passes / steps;
 	}
 	for (int64_t b = 0; kv && b < B; b++)
 		moet_kv_destroy(kv[b]);
@@ -244,11 +246,11 @@ static const char *mode_name[] = { "gpu", "hybrid", "cpu" };
 
 static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 {
-	return json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "mode", mode, "batch",
-			 (json_int_t)B, "step_s", sp->step_s, "tokens_per_s",
+	return json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "mode", mode,
+			 "batch", (json_int_t)B, "step_s", sp->step_s, "tokens_per_s",
 			 (double)B / sp->step_s, "cpu_busy_s", sp->cpu_s, "cpu_wait_s", sp->wait_s,
 			 "pcie_s", sp->pcie_s, "cpu_pairs", sp->cpu_pairs, "pcie_bytes",
-			 sp->pcie_bytes);
+			 sp->pcie_bytes, "split_share", sp->split_share);
 }
 
 int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *out)

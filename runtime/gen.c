@@ -174,6 +174,20 @@ int moet_gen_config(const moet_gen_params *p, moet_config *out)
 				(long long)c.n_group);
 	if (!(p->hot_share > 0.0 && p->hot_share < 1.0))
 		return moet_err(MOET_ERANGE, "--hot-share %g must be in (0, 1)", p->hot_share);
+	if (p->n_layer_hot_share || p->layer_hot_share) {
+		int64_t n_moe = 0;
+		for (int64_t l = 0; l < c.num_hidden_layers; l++)
+			n_moe += moet_config_is_moe_layer(&c, l);
+		if (!p->layer_hot_share || p->n_layer_hot_share != n_moe)
+			return moet_err(MOET_EINVAL, "--hot-share-by-layer: %lld values for %lld "
+					"MoE layers (one per MoE layer, in layer order)",
+					(long long)p->n_layer_hot_share, (long long)n_moe);
+		for (int64_t k = 0; k < n_moe; k++)
+			if (!(p->layer_hot_share[k] > 0.0 && p->layer_hot_share[k] < 1.0))
+				return moet_err(MOET_ERANGE, "--hot-share-by-layer: value %lld "
+						"(%g) must be in (0, 1)", (long long)k + 1,
+						p->layer_hot_share[k]);
+	}
 	if (p->hot_count < 0 || p->hot_count > E)
 		return moet_err(MOET_ERANGE, "--hot-count %lld is out of range [1, %lld]",
 				(long long)p->hot_count, (long long)E);
@@ -323,6 +337,7 @@ static json_t *generator_json(const gen_ctx *g)
 {
 	const moet_config *c = &g->cfg;
 	const double F = g->par.hot_share;
+	const bool by_layer = g->par.layer_hot_share != NULL;
 	json_t *layers = json_array();
 	double sum = 0;
 	for (int64_t k = 0; layers && k < g->n_moe; k++) {
@@ -349,7 +364,9 @@ static json_t *generator_json(const gen_ctx *g)
 		"alpha", (double)GEN_ALPHA, "beta", (double)GEN_BETA, "sigma", (double)GEN_SIGMA,
 		"noise", (double)GEN_NOISE, "mc_samples", (json_int_t)GEN_MC_SAMPLES,
 		"bisect_steps", (json_int_t)GEN_BISECT_STEPS, "target_spread",
-		fmin(0.1, fmin((1.0 - F) / 2.0, F / 2.0)));
+		by_layer ? 0.0 : fmin(0.1, fmin((1.0 - F) / 2.0, F / 2.0)));
+	if (skew && by_layer)
+		json_object_set_new(skew, "targets", json_string("hot_share_by_layer"));
 	return json_pack("{s:s, s:i, s:s, s:I, s:I, s:I, s:I, s:f, s:I, s:o, s:f, s:o}",
 			 "generator", "moet-hybrid gen-checkpoint", "format_version", 1,
 			 "preset", preset_name(g->par.preset), "seed", (json_int_t)g->par.seed,
@@ -496,6 +513,12 @@ int moet_gen_checkpoint(const char *dir, const moet_gen_params *p)
 	if (rc)
 		return rc;
 	g.par = *p;
+	if (g.par.layer_hot_share) { /* checked by moet_gen_config: one per MoE layer */
+		double sum = 0;
+		for (int64_t k = 0; k < g.par.n_layer_hot_share; k++)
+			sum += g.par.layer_hot_share[k];
+		g.par.hot_share = sum / (double)g.par.n_layer_hot_share;
+	}
 	if (g.par.hot_count == 0) {
 		g.par.hot_count = llround((double)g.cfg.n_routed_experts * 120.0 / 384.0);
 		if (g.par.hot_count < 1)

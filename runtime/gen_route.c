@@ -375,7 +375,8 @@ int gen_route_calibrate(gen_ctx *g)
 		gen_route *rt = &g->routes[k];
 		rt->layer = l;
 		rt->n_hot = g->par.hot_count;
-		rt->target = g->n_moe == 1 ? F : F - d + 2.0 * d * (double)perm[k] / (M - 1.0);
+		rt->target = g->par.layer_hot_share ? g->par.layer_hot_share[k] : g->n_moe == 1 ? F
+			     : F - d + 2.0 * d * (double)perm[k] / (M - 1.0);
 		k++;
 	}
 	for (int64_t k = 0; k < g->n_moe; k++) {

@@ -46,6 +46,10 @@ typedef struct moet_gen_params {
 	uint64_t seed;            /* < 2^63 (written to JSON as an integer) */
 	int64_t hot_count;        /* 0: round(E x 120/384) */
 	double hot_share;         /* in (0, 1): mean over MoE layers of the hot set's share */
+	const double *layer_hot_share; /* optional, borrowed: each MoE layer's target share in
+					* layer order, each in (0, 1), instead of hot_share's
+					* spread (hot_share then becomes their mean) */
+	int64_t n_layer_hot_share;     /* entries of layer_hot_share: the MoE layers' count */
 	int64_t shard_mb;         /* shard limit in MiB (a bigger single tensor gets its own) */
 	bool force;               /* write into a non-empty DIR (replacing our files there) */
 	int n_threads;            /* 0: online CPUs, at most 8 */

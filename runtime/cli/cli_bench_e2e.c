@@ -82,7 +82,39 @@ static int apply_ram(moet_model *m, const char *label)
 	return moet_cli_apply_ram_budget(m, label, NULL);
 }
 
-/* The cost model's step for every measured decode step of the record: table and "predictions". */
+/* The placement file's owner table, checked against the model (opened on the CPU: no
+ * upload). */
+static int load_owner(const char *dir, const char *path, int16_t **out, int *out_n)
+{
+	moet_model *m = NULL;
+	moet_placement_sizes *sz = NULL;
+	moet_placement *pl = NULL;
+	int rc = moet_model_open(dir, &m);
+	if (!rc)
+		rc = moet_placement_sizes_from_ckpt(moet_model_config(m), moet_model_ckpt(m), &sz);
+	if (!rc)
+		rc = moet_placement_load(path, moet_model_config(m), sz, &pl);
+	if (!rc)
+		*out_n = moet_placement_n_gpus(pl);
+	if (!rc) {
+		const moet_config *c = moet_model_config(m);
+		size_t n = (size_t)(c->num_hidden_layers * c->n_routed_experts);
+		if (!(*out = malloc(n * sizeof(int16_t))))
+			rc = moet_err(MOET_ENOMEM, "owner table");
+		else
+			memcpy(*out, moet_placement_owners(pl), n * sizeof(int16_t));
+	}
+	moet_placement_free(pl);
+	moet_placement_sizes_free(sz);
+	moet_model_close(m);
+	return rc;
+}
+
+/* The cost model's step for every measured decode step of the record, in both of the engine's
+ * forms (one pass, two micro-batches) and the faster, beside the measurement: the default step
+ * (the form the engine chose: "ran", the share of timed passes in two halves) against the
+ * chosen prediction, and the one-pass run of the overlap check against the one-pass
+ * prediction. Table and the record's "predictions". */
 static int predict(const moet_bench_e2e_opts *o, const char *prof_path, const char *hw_path,
 		   json_t *rec, FILE *out)
 {
@@ -106,14 +138,19 @@ static int predict(const moet_bench_e2e_opts *o, const char *prof_path, const ch
 	if (!rc && !(own = malloc((size_t)(LE ? LE : 1) * sizeof(*own))))
 		rc = moet_err(MOET_ENOMEM, "owner table");
 	if (!rc)
-		fprintf(out, "%-7s %6s %12s %12s %8s   (cost model: %s)\n", "mode", "batch",
-			"measured_ms", "predicted_ms", "error", hw_path ? hw_path : "built-in");
+		fprintf(out, "%-7s %6s %11s %-10s %11s %11s %11s %-10s %8s %8s   (cost model: "
+			"%s)\n", "mode", "batch", "measured_ms", "ran", "1pass_meas", "pred_1pass",
+			"pred_2halves", "pred_form", "error", "err_1p",
+			hw_path ? hw_path : "built-in");
 	size_t i;
 	json_t *st;
 	json_array_foreach(rc ? NULL : json_object_get(rec, "steps"), i, st) {
 		const char *mode = json_string_value(json_object_get(st, "mode"));
 		const int64_t B = json_integer_value(json_object_get(st, "batch"));
 		const double meas = json_number_value(json_object_get(st, "step_s"));
+		const double split = json_number_value(json_object_get(st, "split_share"));
+		json_t *one_j = json_object_get(st, "one_pass_step_s");
+		const double one = json_is_number(one_j) ? json_number_value(one_j) : 0;
 		int n_gpus = 1;
 		for (int64_t k = 0; k < LE; k++)
 			own[k] = !strcmp(mode, "gpu") ? 0 : !strcmp(mode, "cpu") ? -1 : o->owner[k];
@@ -123,15 +160,46 @@ static int predict(const moet_bench_e2e_opts *o, const char *prof_path, const ch
 		if ((rc = moet_cost_predict_owners(c, sz, own, n_gpus, prof, MOET_PROFILE_DECODE,
 						   &hw, B, &pr)))
 			break;
-		const double err = (pr.step_ms / 1e3 - meas) / meas;
-		fprintf(out, "%-7s %6lld %12.3f %12.3f %+7.1f%%\n", mode, (long long)B, 1e3 * meas,
-			pr.step_ms, 100 * err);
-		json_array_append_new(preds, json_pack("{s:s, s:I, s:f, s:f, s:f}", "mode", mode,
-						       "batch", (json_int_t)B, "measured_step_s",
-						       meas, "predicted_step_s", pr.step_ms / 1e3,
-						       "error", err));
+		const double err = (pr.chosen_ms / 1e3 - meas) / meas;
+		const double err1 = one > 0 ? (pr.step_ms / 1e3 - one) / one : 0;
+		char ran[16], one_s[16] = "-", two_s[16] = "-", err1_s[16] = "-";
+		if (split <= 0)
+			snprintf(ran, sizeof(ran), "one pass");
+		else if (split >= 1)
+			snprintf(ran, sizeof(ran), "two halves");
+		else
+			snprintf(ran, sizeof(ran), "2h %.0f%%", 100 * split);
+		if (one > 0) {
+			snprintf(one_s, sizeof(one_s), "%.3f", 1e3 * one);
+			snprintf(err1_s, sizeof(err1_s), "%+.1f%%", 100 * err1);
+		}
+		if (pr.two.possible)
+			snprintf(two_s, sizeof(two_s), "%.3f", pr.two.step_ms);
+		fprintf(out, "%-7s %6lld %11.3f %-10s %11s %11.3f %11s %-10s %+7.1f%% %8s\n", mode,
+			(long long)B, 1e3 * meas, ran, one_s, pr.step_ms, two_s,
+			moet_cost_form_name(pr.form), 100 * err, err1_s);
+		json_t *pj = json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:s, s:f, s:f}", "mode",
+				       mode, "batch", (json_int_t)B, "measured_step_s", meas,
+				       "predicted_step_s", pr.chosen_ms / 1e3, "error", err,
+				       "predicted_one_pass_s", pr.step_ms / 1e3, "predicted_form",
+				       moet_cost_form_name(pr.form), "measured_split_share", split,
+				       "cpu_distinct_one_pass", pr.cpu_distinct);
+		if (pj && pr.two.possible) {
+			json_object_set_new(pj, "predicted_two_halves_s",
+					    json_real(pr.two.step_ms / 1e3));
+			json_object_set_new(pj, "cpu_distinct_two_halves",
+					    json_real(pr.two.cpu_distinct));
+		}
+		if (pj && one > 0) {
+			json_object_set_new(pj, "measured_one_pass_s", json_real(one));
+			json_object_set_new(pj, "error_one_pass", json_real(err1));
+		}
+		json_array_append_new(preds, pj);
 	}
 	if (!rc) {
+		fprintf(out, "error: the faster form's prediction against the default step (the "
+			"engine's measured choice, 'ran'); err_1p: the one-pass prediction against "
+			"the one-pass run\n");
 		json_object_set_new(rec, "predictions", preds);
 		json_object_set_new(rec, "predict_profile", json_string(prof_path));
 		preds = NULL;
@@ -225,7 +293,7 @@ int moet_cli_bench_e2e(int argc, char **argv)
 	if (!rc && !place && (o.modes & (1 << MOET_E2E_HYBRID)))
 		rc = moet_err(MOET_EINVAL, "--modes hybrid needs --placement FILE");
 	if (!rc && place)
-		rc = moet_cli_load_owner(o.model_dir, place, &owner, &o.n_devices);
+		rc = load_owner(o.model_dir, place, &owner, &o.n_devices);
 	o.owner = owner;
 	for (int i = 0; i < o.n_ram; i++)
 		ram_p[i] = ram[i];

@@ -35,6 +35,8 @@ static const char usage_text[] =
 	"  --seed S           random seed, 0 <= S < 2^63 (default 0)\n"
 	"  --hot-count N      hot experts per MoE layer (default: E x 120/384, rounded)\n"
 	"  --hot-share F      mean share of routings the hot sets get, 0 < F < 1 (default 0.8)\n"
+	"  --hot-share-by-layer F1,F2,...\n"
+	"                     each MoE layer's hot share instead, one per MoE layer in order\n"
 	"  --shard-mb M       shard size limit in MiB (default 4096)\n"
 	"  --threads N        generator threads (default: online CPUs, at most 8)\n"
 	"  --force            write into a non-empty DIR (old shards there are removed)\n"
@@ -75,6 +77,29 @@ static void show_progress(void *ctx, const moet_gen_progress *p)
 	}
 }
 
+#define MAX_BY_LAYER 1024 /* --layers' limit */
+
+/* "0.95,0.5,..." into out[] (each a number in (0, 1)); *n the count. */
+static int parse_shares(const char *s, double *out, int64_t *n)
+{
+	*n = 0;
+	for (const char *q = s;;) {
+		char *end;
+		errno = 0;
+		const double v = strtod(q, &end);
+		if (errno || end == q || (*end && *end != ',') || !(v > 0.0 && v < 1.0))
+			return moet_err(MOET_EINVAL, "--hot-share-by-layer '%s': value %lld is "
+					"not a number in (0, 1)", s, (long long)*n + 1);
+		if (*n == MAX_BY_LAYER)
+			return moet_err(MOET_EINVAL, "--hot-share-by-layer: more than %d values",
+					MAX_BY_LAYER);
+		out[(*n)++] = v;
+		if (!*end)
+			return 0;
+		q = end + 1;
+	}
+}
+
 /* Whole-string integer in [lo, hi]. */
 static int parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out)
 {
@@ -91,7 +116,7 @@ static int parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi, int
 int moet_cli_gen_checkpoint(int argc, char **argv)
 {
 	enum { O_OUT = 256, O_PRESET, O_LAYERS, O_EXPERTS, O_SEED, O_HOT_COUNT, O_HOT_SHARE,
-	       O_SHARD_MB, O_THREADS, O_FORCE, O_QUIET, O_HELP };
+	       O_HOT_BY_LAYER, O_SHARD_MB, O_THREADS, O_FORCE, O_QUIET, O_HELP };
 	static const struct option opts[] = {
 		{ "out", required_argument, NULL, O_OUT },
 		{ "preset", required_argument, NULL, O_PRESET },
@@ -100,6 +125,7 @@ int moet_cli_gen_checkpoint(int argc, char **argv)
 		{ "seed", required_argument, NULL, O_SEED },
 		{ "hot-count", required_argument, NULL, O_HOT_COUNT },
 		{ "hot-share", required_argument, NULL, O_HOT_SHARE },
+		{ "hot-share-by-layer", required_argument, NULL, O_HOT_BY_LAYER },
 		{ "shard-mb", required_argument, NULL, O_SHARD_MB },
 		{ "threads", required_argument, NULL, O_THREADS },
 		{ "force", no_argument, NULL, O_FORCE },
@@ -109,6 +135,7 @@ int moet_cli_gen_checkpoint(int argc, char **argv)
 	};
 	const char *cmd = argv[0], *out = NULL;
 	moet_gen_params p;
+	double by_layer[MAX_BY_LAYER];
 	moet_gen_params_init(&p);
 	bool quiet = false;
 	int64_t v = 0;
@@ -143,6 +170,10 @@ int moet_cli_gen_checkpoint(int argc, char **argv)
 					      "--hot-share '%s' is not a number in (0, 1)", optarg);
 			break;
 		}
+		case O_HOT_BY_LAYER:
+			rc = parse_shares(optarg, by_layer, &p.n_layer_hot_share);
+			p.layer_hot_share = by_layer;
+			break;
 		case O_SHARD_MB:
 			rc = parse_i64("--shard-mb", optarg, 1, 1 << 20, &p.shard_mb);
 			break;

@@ -455,13 +455,56 @@ static void print_predict_json(const plopts *o, const moet_placement *p, double 
 		       "\"cpu_expert_ms\": %.9g, \"pcie_ms\": %.9g, \"overhead_ms\": %.9g, "
 		       "\"dense_ms\": %.9g, \"cpu_busy_ms\": %.9g, \"gpu_busy_ms\": %.9g, "
 		       "\"cpu_distinct\": %.9g, \"gpu_distinct\": %.9g, \"cpu_rows\": %.9g, "
-		       "\"gpu_rows\": %.9g, \"tokens_per_s\": %.9g}", i ? "," : "", q->batch,
+		       "\"gpu_rows\": %.9g, \"tokens_per_s\": %.9g, \"one_pass_ms\": %.9g, "
+		       "\"chosen\": \"%s\", \"chosen_ms\": %.9g, \"two_halves_ms\": ",
+		       i ? "," : "", q->batch,
 		       q->step_ms, q->gpu_expert_ms, q->cpu_expert_ms, q->transfer_ms,
 		       q->overhead_ms, q->dense_ms, q->cpu_ms, q->gpu_ms, q->cpu_distinct,
 		       q->gpu_distinct, q->cpu_rows, q->gpu_rows,
-		       q->step_ms > 0 ? 1e3 * (double)q->batch / q->step_ms : 0.0);
+		       q->step_ms > 0 ? 1e3 * (double)q->batch / q->step_ms : 0.0, q->step_ms,
+		       moet_cost_form_name(q->form), q->chosen_ms);
+		const moet_cost_mb *t = &q->two;
+		if (!t->possible) {
+			printf("null, \"two_halves\": null}");
+			continue;
+		}
+		printf("%.9g, \"two_halves\": {\"batch_a\": %" PRId64 ", \"batch_b\": %" PRId64
+		       ", \"layers_ms\": %.9g, \"dense_ms\": %.9g, \"dense_in_layers_ms\": %.9g, "
+		       "\"cpu_busy_ms\": %.9g, \"gpu_busy_ms\": %.9g, \"pcie_ms\": %.9g, "
+		       "\"cpu_distinct\": %.9g, \"cpu_shared\": %.9g}}", t->step_ms, t->batch_a,
+		       t->batch_b, t->layers_ms, t->dense_ms, t->dense_in_layers_ms, t->cpu_ms,
+		       t->gpu_ms, t->transfer_ms, t->cpu_distinct, t->cpu_shared);
 	}
 	printf("]}\n");
+}
+
+/* The engine's two forms of each step (the table above is the one-pass form). */
+static void print_forms(const moet_cost_pred *pr, int n)
+{
+	printf("forms: one pass, or two micro-batches (halves interleaved layer by layer; only "
+	       "with one GPU and batch >= 2); the engine runs the faster\n");
+	printf("  %6s %11s %13s %-10s %9s %12s %12s %10s %13s\n", "batch", "one_pass_ms",
+	       "two_halves_ms", "chosen", "halves", "cpu_reads_1", "cpu_reads_2", "read_twice",
+	       "dense_hid_ms");
+	for (int i = 0; i < n; i++) {
+		const moet_cost_pred *q = &pr[i];
+		const moet_cost_mb *t = &q->two;
+		char two[32] = "-", halves[32] = "-", r2[32] = "-", sh[32] = "-", hid[32] = "-";
+		if (t->possible) {
+			snprintf(two, sizeof(two), "%.3f", t->step_ms);
+			snprintf(halves, sizeof(halves), "%" PRId64 "+%" PRId64, t->batch_a,
+				 t->batch_b);
+			snprintf(r2, sizeof(r2), "%.2f", t->cpu_distinct);
+			snprintf(sh, sizeof(sh), "%.2f", t->cpu_shared);
+			snprintf(hid, sizeof(hid), "%.3f", t->dense_in_layers_ms);
+		}
+		printf("  %6" PRId64 " %11.3f %13s %-10s %9s %12.2f %12s %10s %13s\n", q->batch,
+		       q->step_ms, two, moet_cost_form_name(q->form), halves, q->cpu_distinct, r2,
+		       sh, hid);
+	}
+	printf("cpu_reads: expected cold-expert reads per step (1: one pass, 2: both halves); "
+	       "read_twice: of them, experts both halves read; dense_hid: both halves' dense work "
+	       "inside the MoE layers, which the CPU tier can hide\n");
 }
 
 static void print_predict(const plopts *o, const moet_placement *p, double hit,
@@ -492,6 +535,7 @@ static void print_predict(const plopts *o, const moet_placement *p, double hit,
 	printf("step = gpu_exp + cpu_exp + pcie + overhead + dense (each MoE layer counted on its "
 	       "slower tier); *_busy: each tier's own sum over layers; r/e: expected rows per "
 	       "touched expert\n");
+	print_forms(pr, o->n_batch);
 }
 
 static int run_predict(const plopts *o)

@@ -151,7 +151,7 @@ int main(void)
 				"--batch 2,3 --json", model, place, prof);
 	json_t *r3 = json_load_file(js3, 0, NULL), *p3 = pj ? json_loads(pj, 0, NULL) : NULL;
 	CHECK(rc == 0 && rc2 == 0 && r3 && p3, "predict runs: %d %d", rc, rc2);
-	int matched = 0;
+	int matched = 0, matched1 = 0;
 	size_t qi;
 	const json_t *qw;
 	json_array_foreach(json_object_get(r3, "predictions"), qi, qw) {
@@ -160,14 +160,28 @@ int main(void)
 		double pred = num(qw, "predicted_step_s"), meas = num(qw, "measured_step_s");
 		CHECK(pred > 0 && meas > 0 && fabs(num(qw, "error") - (pred - meas) / meas) < 1e-9,
 		      "prediction row %s %lld", md ? md : "-", (long long)B);
+		/* both forms (batch >= 2, one device): the chosen one is the faster */
+		const double p1 = num(qw, "predicted_one_pass_s"), p2 = num(qw,
+								     "predicted_two_halves_s");
+		const char *form = json_string_value(json_object_get(qw, "predicted_form"));
+		const double split = num(qw, "measured_split_share");
+		CHECK(p1 > 0 && p2 > 0 && pred == fmin(p1, p2) && form &&
+		      !strcmp(form, p2 < p1 ? "two halves" : "one pass") && split >= 0 &&
+		      split <= 1,
+		      "forms of row %s %lld: one pass %g, two halves %g, chosen %s %g, split %g",
+		      md ? md : "-", (long long)B, p1, p2, form ? form : "-", pred, split);
 		size_t pi;
 		const json_t *pr;
 		json_array_foreach(json_object_get(p3, "predictions"), pi, pr)
 			if (md && !strcmp(md, "hybrid") &&
-			    json_integer_value(json_object_get(pr, "batch")) == B)
-				matched += fabs(num(pr, "step_ms") / 1e3 - pred) <= 1e-6 * pred; /* printed digits */
+			    json_integer_value(json_object_get(pr, "batch")) == B) {
+				/* printed digits */
+				matched += fabs(num(pr, "chosen_ms") / 1e3 - pred) <= 1e-6 * pred;
+				matched1 += fabs(num(pr, "one_pass_ms") / 1e3 - p1) <= 1e-6 * p1;
+			}
 	}
-	CHECK(matched == 2, "hybrid predictions equal plan --predict at both batches: %d", matched);
+	CHECK(matched == 2 && matched1 == 2, "hybrid predictions (chosen, one pass) equal plan "
+	      "--predict at both batches: %d %d", matched, matched1);
 	json_decref(r3);
 	json_decref(p3);
 	free(pj);

@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# tests/gpu/plan_auto.sh: `plan --auto` against the even split, measured (issue 6's target:
+# --auto beats an even hot-per-layer split on predicted and measured decode step time when
+# layers differ in concentration). A synthetic checkpoint whose MoE layers are calibrated to
+# different hot shares (gen-checkpoint --hot-share-by-layer), a routing profile (profile
+# --synthetic), two placements under one byte budget (--hot-per-layer K in every layer, and
+# --auto), `bench e2e --modes hybrid` of each on the same batches with the cost model's
+# predictions beside the measurements, and a table of both.
+#
+# Usage (from the repository root): bash tests/gpu/plan_auto.sh BUILD_DIR OUT_DIR [CKPT_DIR]
+#   BUILD_DIR  a build with moet-hybrid (carried from a development machine is fine)
+#   OUT_DIR    logs, profiles, plans, placements, JSON records and table.txt go here
+#   CKPT_DIR   where the checkpoint is made if missing (default /dev/shm/moet-plan-auto: RAM-
+#              backed, so the CPU tier reads it from memory as it would a page-cached one)
+# Environment:
+#   MOET_PA_DEVICE   cuda (default) or cpu (the script's logic on a machine without a GPU)
+#   MOET_PA_PRESET   kimi-k2 (default) or tiny
+#   MOET_PA_LAYERS   layers, layer 0 dense (default 4: 3 MoE layers of 384 experts, ~56 GB)
+#   MOET_PA_SHARES   hot share per MoE layer (default 0.95,0.55,0.85: concentrated, flat, in
+#                    between; one value per MoE layer)
+#   MOET_PA_HOT      K of the even split (default 120 of 384; the budget holds K x MoE layers)
+#   MOET_PA_PLAN_BATCH  the decode batch --auto optimizes for (default 16)
+#   MOET_PA_BATCHES  benched batches (default 1,4,16,64)
+#   MOET_PA_STEPS    timed decode steps (default 16: the engine's first 6 passes of a batch
+#                    size try both forms, so the median is the form it then keeps)
+#   MOET_PA_PREFILL  (default 1024); MOET_PA_CTX (default 64); MOET_PA_PROMPTS (default 48)
+#   MOET_PA_HARDWARE the cost model's figures (default configs/hardware-h200-host.yaml)
+# Debian runtime libraries may be carried as .deb files in .deb/ (as for tests/gpu/run.sh).
+#
+# The budget: the even plan's printout gives the expert bytes and the dense part; the budget
+# is dense + K x MoE layers x expert bytes + half an expert, with --reserve-gb 0B, so that both
+# plans have exactly K x MoE layers slots. The benches' own routing (bench e2e --profile-out of
+# the first) is priced afterwards too (plan --predict), since the bench's random-token
+# prompts route differently from the synthetic prompt mix the plans were made from.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=$1
+out=$2
+device=${MOET_PA_DEVICE:-cuda}
+preset=${MOET_PA_PRESET:-kimi-k2}
+ckpt=${3:-/dev/shm/moet-plan-auto-$preset}
+layers=${MOET_PA_LAYERS:-4}
+shares=${MOET_PA_SHARES:-0.95,0.55,0.85}
+hot=${MOET_PA_HOT:-120}
+pbatch=${MOET_PA_PLAN_BATCH:-16}
+batches=${MOET_PA_BATCHES:-1,4,16,64}
+steps=${MOET_PA_STEPS:-16}
+prefill=${MOET_PA_PREFILL:-1024}
+ctx=${MOET_PA_CTX:-64}
+prompts=${MOET_PA_PROMPTS:-48}
+hw=${MOET_PA_HARDWARE:-configs/hardware-h200-host.yaml}
+mkdir -p "$out"
+if ls .deb/*.deb >/dev/null 2>&1; then
+	mkdir -p /tmp/moet-debs
+	for f in .deb/*.deb; do dpkg -x "$f" /tmp/moet-debs; done
+	export LD_LIBRARY_PATH="/tmp/moet-debs/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+fi
+bin=$build/moet-hybrid
+step() { echo "== $(date +%T) $*" | tee -a "$out/plan_auto.log"; }
+
+if [ ! -f "$ckpt/config.json" ]; then
+	step "gen-checkpoint $preset --layers $layers --hot-share-by-layer $shares -> $ckpt"
+	"$bin" gen-checkpoint --preset "$preset" --layers "$layers" --seed 1 \
+		--hot-share-by-layer "$shares" --out "$ckpt" --quiet 2>&1 | tee -a "$out/plan_auto.log"
+fi
+cp "$ckpt/generator.json" "$out/generator.json"
+step "profile --synthetic $prompts ($device)"
+"$bin" profile --model "$ckpt" --device "$device" --synthetic "$prompts" --seed 1 --max-new 8 \
+	--batch 16 --quiet --out "$out/profile.json" 2>&1 | tail -3 | tee -a "$out/plan_auto.log"
+
+step "the budget: dense part + $hot x MoE layers experts"
+"$bin" plan --model "$ckpt" --profile "$out/profile.json" --gpus 1 --vram-gb 1000GiB \
+	--hot-per-layer "$hot" --out "$out/probe.yaml" >"$out/plan-probe.txt" 2>&1
+eb=$(awk '/^expert bytes:/ {print $3; exit}' "$out/plan-probe.txt")
+dense=$(awk '/^dense part:/ {print $3; exit}' "$out/plan-probe.txt")
+n_moe=$(awk '/^experts per MoE layer:/ {
+	for (i = 1; i <= NF; i++) if ($i ~ /^layers?$/) {print $(i-1); exit}}' "$out/plan-probe.txt")
+if [ -z "$eb" ] || [ -z "$dense" ] || [ -z "$n_moe" ]; then
+	echo "plan_auto: could not read the expert bytes, dense part or MoE layers from" \
+		"$out/plan-probe.txt" >&2
+	exit 1
+fi
+budget=$((dense + hot * n_moe * eb + eb / 2))
+echo "expert $eb bytes, dense $dense bytes, $n_moe MoE layers: budget ${budget}B" \
+	"($((hot * n_moe)) slots)" | tee -a "$out/plan_auto.log"
+
+for kind in even auto; do
+	if [ "$kind" = even ]; then how=(--hot-per-layer "$hot"); else how=(--auto); fi
+	step "plan ${how[*]} (budget ${budget}B, batch $pbatch)"
+	"$bin" plan --model "$ckpt" --profile "$out/profile.json" --gpus 1 --vram-gb "${budget}B" \
+		--reserve-gb 0B "${how[@]}" --hardware "$hw" --batch "$pbatch" \
+		--out "$out/place-$kind.yaml" >"$out/plan-$kind.txt" 2>&1
+	grep -E '^experts per MoE layer|^predicted decode step' "$out/plan-$kind.txt" |
+		tee -a "$out/plan_auto.log"
+done
+# The per-layer counts of both plans, and whether they differ at all.
+counts() { awk '/^  layer experts/ {on = 1; next}
+	on && NF >= 3 && $1 ~ /^[0-9]+$/ {printf "%s ", $2; next} on {exit}' "$1"; }
+even_counts=$(counts "$out/plan-even.txt")
+auto_counts=$(counts "$out/plan-auto.txt")
+echo "experts per MoE layer: even [ $even_counts], auto [ $auto_counts]" |
+	tee -a "$out/plan_auto.log"
+if [ "$even_counts" = "$auto_counts" ]; then
+	echo "plan_auto: WARNING: --auto kept the even split (no predicted gain at batch $pbatch)" |
+		tee -a "$out/plan_auto.log"
+fi
+
+for kind in even auto; do
+	step "bench e2e --modes hybrid, placement $kind"
+	extra=()
+	if [ "$kind" = even ]; then extra=(--profile-out "$out/bench-profile.json"); fi
+	"$bin" bench e2e --model "$ckpt" --device "$device" --modes hybrid \
+		--placement "$out/place-$kind.yaml" --batches "$batches" --prefill "$prefill" \
+		--ctx "$ctx" --steps "$steps" --predict-profile "$out/profile.json" --hardware "$hw" \
+		"${extra[@]}" --json "$out/e2e-$kind.json" >"$out/bench-$kind.txt" 2>"$out/bench-$kind.err"
+	cat "$out/bench-$kind.txt" >>"$out/plan_auto.log"
+done
+for kind in even auto; do
+	step "plan --predict $kind on the bench's own routing"
+	"$bin" plan --predict --model "$ckpt" --placement "$out/place-$kind.yaml" \
+		--profile "$out/bench-profile.json" --batch "$batches" --hardware "$hw" --json \
+		>"$out/predict-bench-$kind.json"
+	"$bin" plan --predict --model "$ckpt" --placement "$out/place-$kind.yaml" \
+		--profile "$out/bench-profile.json" --batch "$batches" --hardware "$hw" \
+		>"$out/predict-bench-$kind.txt"
+done
+
+# The table: the prediction rows of each bench (after the header "mode batch measured_ms"):
+# mode batch measured ran(2 words) 1pass_meas pred_1pass pred_2halves form(2 words) error
+# err_1p; and the chosen form's prediction on the bench's routing from plan --predict's
+# forms table (batch one_pass two_halves chosen(2 words) ...).
+rows() { awk '/^mode +batch +measured_ms/ {on = 1; next} on && $1 == "hybrid" {
+	pred = ($9 " " $10 == "two halves") ? $8 : $7
+	print $2, $3, $4 "_" $5, pred, $11}' "$1"; }
+forms() { awk '/^forms:/ {on = 1; next} on && $1 ~ /^[0-9]+$/ {
+	print $1, ($4 " " $5 == "two halves") ? $3 : $2}' "$1"; }
+{
+	echo "plan --auto against the even split ($hot per layer), one budget of ${budget}B," \
+		"$device, $(basename "$ckpt"), hot shares $shares"
+	echo "experts per MoE layer: even [ $even_counts], auto [ $auto_counts] (planned for" \
+		"batch $pbatch)"
+	printf '%6s | %11s %-11s %9s %8s %9s | %11s %-11s %9s %8s %9s | %9s %9s %9s\n' batch \
+		even_ms ran pred_ms err pred_b_ms auto_ms ran pred_ms err pred_b_ms \
+		meas_a/e pred_a/e pred_b_a/e
+	# NOTE: join wants its inputs in the collating order (1 16 4 64); sort -n after it.
+	join <(rows "$out/bench-even.txt" | sort) <(forms "$out/predict-bench-even.txt" | sort) |
+		join - <(rows "$out/bench-auto.txt" | sort) |
+		join - <(forms "$out/predict-bench-auto.txt" | sort) | sort -n |
+		awk '{f = "%6s | %11.3f %-11s %9.3f %8s %9.3f | %11.3f %-11s %9.3f %8s %9.3f | "
+			printf f "%9.3f %9.3f %9.3f\n", $1, $2, $3, $4, $5, $6, $7, $8, $9,
+			$10, $11, $7 / $2, $9 / $4, $11 / $6}'
+	echo "ms: measured decode step (the engine's default: 'ran' = the form it chose); pred:" \
+		"the cost model's faster form on the plans' profile (profile --synthetic), err its" \
+		"error; pred_b: on the bench's own routing (--profile-out); a/e: auto over even"
+} | tee "$out/table.txt"
+step "done"
