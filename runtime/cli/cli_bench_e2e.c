@@ -82,34 +82,6 @@ static int apply_ram(moet_model *m, const char *label)
 	return moet_cli_apply_ram_budget(m, label, NULL);
 }
 
-/* The placement file's owner table, checked against the model (opened on the CPU: no
- * upload). */
-static int load_owner(const char *dir, const char *path, int16_t **out, int *out_n)
-{
-	moet_model *m = NULL;
-	moet_placement_sizes *sz = NULL;
-	moet_placement *pl = NULL;
-	int rc = moet_model_open(dir, &m);
-	if (!rc)
-		rc = moet_placement_sizes_from_ckpt(moet_model_config(m), moet_model_ckpt(m), &sz);
-	if (!rc)
-		rc = moet_placement_load(path, moet_model_config(m), sz, &pl);
-	if (!rc)
-		*out_n = moet_placement_n_gpus(pl);
-	if (!rc) {
-		const moet_config *c = moet_model_config(m);
-		size_t n = (size_t)(c->num_hidden_layers * c->n_routed_experts);
-		if (!(*out = malloc(n * sizeof(int16_t))))
-			rc = moet_err(MOET_ENOMEM, "owner table");
-		else
-			memcpy(*out, moet_placement_owners(pl), n * sizeof(int16_t));
-	}
-	moet_placement_free(pl);
-	moet_placement_sizes_free(sz);
-	moet_model_close(m);
-	return rc;
-}
-
 /* The cost model's step for every measured decode step of the record, in both of the engine's
  * forms (one pass, two micro-batches) and the faster, beside the measurement: the default step
  * (the form the engine chose: "ran", the share of timed passes in two halves) against the
@@ -293,7 +265,7 @@ int moet_cli_bench_e2e(int argc, char **argv)
 	if (!rc && !place && (o.modes & (1 << MOET_E2E_HYBRID)))
 		rc = moet_err(MOET_EINVAL, "--modes hybrid needs --placement FILE");
 	if (!rc && place)
-		rc = load_owner(o.model_dir, place, &owner, &o.n_devices);
+		rc = moet_cli_load_owner(o.model_dir, place, &owner, &o.n_devices);
 	o.owner = owner;
 	for (int i = 0; i < o.n_ram; i++)
 		ram_p[i] = ram[i];
