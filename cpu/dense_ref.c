@@ -1,6 +1,6 @@
 /*
  * dense_ref.c: the dense-path kernels of the CPU reference backend (RMSNorm, RoPE, one
- * head's attention).
+ * head's attention over a paged cache: position p at row moet_kv_row(blocks, shift, p)).
  *
  * NOTE: outside the placement contract, these only need to be deterministic and
  * batch-invariant: each works on one row, sums run in index order in binary64 and are
@@ -12,6 +12,7 @@
 #include <math.h>
 
 #include "moet_expc.h"
+#include "moet_kvrow.h"
 
 void moet_rmsnorm_ref(const float *x, const float *w, int64_t n, double eps, float *out)
 {
@@ -48,9 +49,10 @@ void moet_rope_tables_ref(const float *inv_freq, int64_t n_freq, float attn_fact
 }
 
 /* The softmax-weighted sum of an attention: s[p] <- exp_c(s[p] - mx), sum in binary64 in
- * position order, out[d] = (sum_p s[p] * rows[p * stride + d]) / sum for d < width. */
+ * position order, out[d] = (sum_p s[p] * rows[row(p) * stride + d]) / sum for d < width,
+ * row(p) = moet_kv_row(blocks, shift, p). */
 static void softmax_sum(float *s, int64_t n_pos, float mx, const float *rows, int64_t stride,
-			int64_t width, float *out)
+			const int32_t *blocks, int shift, int64_t width, float *out)
 {
 	double sum = 0.0;
 	for (int64_t p = 0; p < n_pos; p++) {
@@ -60,18 +62,19 @@ static void softmax_sum(float *s, int64_t n_pos, float mx, const float *rows, in
 	for (int64_t d = 0; d < width; d++) {
 		double acc = 0.0;
 		for (int64_t p = 0; p < n_pos; p++)
-			acc += (double)s[p] * (double)rows[p * stride + d];
+			acc += (double)s[p] *
+			       (double)rows[moet_kv_row(blocks, shift, p) * stride + d];
 		out[d] = (float)(acc / sum);
 	}
 }
 
 void moet_attend_ref(const float *q, const float *k, int64_t k_stride, const float *v,
-		     int64_t v_stride, int64_t n_pos, int64_t d_qk, int64_t d_v, float scale,
-		     float *scratch, float *out)
+		     int64_t v_stride, const int32_t *blocks, int block_shift, int64_t n_pos,
+		     int64_t d_qk, int64_t d_v, float scale, float *scratch, float *out)
 {
 	float mx = -INFINITY;
 	for (int64_t p = 0; p < n_pos; p++) {
-		const float *kp = k + p * k_stride;
+		const float *kp = k + moet_kv_row(blocks, block_shift, p) * k_stride;
 		double dot = 0.0;
 		for (int64_t d = 0; d < d_qk; d++)
 			dot += (double)q[d] * (double)kp[d];
@@ -80,7 +83,7 @@ void moet_attend_ref(const float *q, const float *k, int64_t k_stride, const flo
 		if (s > mx)
 			mx = s;
 	}
-	softmax_sum(scratch, n_pos, mx, v, v_stride, d_v, out);
+	softmax_sum(scratch, n_pos, mx, v, v_stride, blocks, block_shift, d_v, out);
 }
 
 /* W[r][k] of a weight matrix, decoded and scaled, in binary64 (exact: both factors are
@@ -103,8 +106,8 @@ static double weight_at(const moet_mat *w, int64_t r, int64_t k)
 
 void moet_attend_latent_ref(const float *q_nope, const float *q_pe, const moet_mat *kv_b,
 			    int64_t head, int64_t nope, int64_t v_dim, int64_t rope,
-			    const float *cache, int64_t c_stride, int64_t n_pos, float scale,
-			    float *scratch, float *out)
+			    const float *cache, int64_t c_stride, const int32_t *blocks,
+			    int block_shift, int64_t n_pos, float scale, float *scratch, float *out)
 {
 	const int64_t L = kv_b->cols, row0 = head * (nope + v_dim);
 	float *q_abs = scratch, *o = scratch + L, *s = scratch + 2 * L;
@@ -116,7 +119,7 @@ void moet_attend_latent_ref(const float *q_nope, const float *q_pe, const moet_m
 	}
 	float mx = -INFINITY;
 	for (int64_t p = 0; p < n_pos; p++) {
-		const float *cp = cache + p * c_stride;
+		const float *cp = cache + moet_kv_row(blocks, block_shift, p) * c_stride;
 		double dot = 0.0;
 		for (int64_t j = 0; j < L; j++)
 			dot += (double)q_abs[j] * (double)cp[j];
@@ -126,7 +129,7 @@ void moet_attend_latent_ref(const float *q_nope, const float *q_pe, const moet_m
 		if (s[p] > mx)
 			mx = s[p];
 	}
-	softmax_sum(s, n_pos, mx, cache, c_stride, L, o);
+	softmax_sum(s, n_pos, mx, cache, c_stride, blocks, block_shift, L, o);
 	for (int64_t d = 0; d < v_dim; d++)
 		out[d] = moet_dot_ref(kv_b, row0 + nope + d, o);
 }

@@ -105,12 +105,13 @@ void moet_rope_tables_ref(const float *inv_freq, int64_t n_freq, float attn_fact
 /*
  * Causal attention of one query head over n_pos cached positions:
  *   s[p] = (q . k_p) * scale, w = softmax(s) (exp_c, max-subtracted), out = sum_p w[p] v_p.
- * k rows are k_stride floats apart, v rows v_stride apart; q and k have d_qk values, v and
- * out d_v. scratch holds n_pos floats.
+ * Position p is row r = moet_kv_row(blocks, block_shift, p) of a paged cache
+ * (common/moet_kvrow.h; blocks NULL: r = p): k_p at k + r * k_stride, v_p at v + r * v_stride;
+ * q and k have d_qk values, v and out d_v. scratch holds n_pos floats.
  */
 void moet_attend_ref(const float *q, const float *k, int64_t k_stride, const float *v,
-		     int64_t v_stride, int64_t n_pos, int64_t d_qk, int64_t d_v, float scale,
-		     float *scratch, float *out);
+		     int64_t v_stride, const int32_t *blocks, int block_shift, int64_t n_pos,
+		     int64_t d_qk, int64_t d_v, float scale, float *scratch, float *out);
 
 /*
  * MLA attention of one head in the absorbed (latent-cache) form, for one query row:
@@ -120,13 +121,15 @@ void moet_attend_ref(const float *q, const float *k, int64_t k_stride, const flo
  *   w = softmax(s) (exp_c, max-subtracted);  o[j] = sum_p w[p] c_p[j]
  *   out[d]   = D(kv_b, row of v_d of head h, o)       (the contract dot)
  * Sums other than the last run in binary64 in index order, rounded once. kv_b is the
- * [heads*(nope+v) x kv_lora] matrix (FP8 with block scales, BF16 or F32); the cache rows are
- * c_stride floats apart. scratch holds kv_lora * 2 + n_pos floats.
+ * [heads*(nope+v) x kv_lora] matrix (FP8 with block scales, BF16 or F32); position p is the
+ * cache row moet_kv_row(blocks, block_shift, p) (blocks NULL: row p), rows c_stride floats
+ * apart. scratch holds kv_lora * 2 + n_pos floats.
  */
 void moet_attend_latent_ref(const float *q_nope, const float *q_pe, const moet_mat *kv_b,
 			    int64_t head, int64_t nope, int64_t v_dim, int64_t rope,
-			    const float *cache, int64_t c_stride, int64_t n_pos, float scale,
-			    float *scratch, float *out);
+			    const float *cache, int64_t c_stride, const int32_t *blocks,
+			    int block_shift, int64_t n_pos, float scale, float *scratch,
+			    float *out);
 
 /*
  * Expert selection of the noaux_tc router (DeepSeek-V3), for one token.

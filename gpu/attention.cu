@@ -17,11 +17,13 @@
  *
  * Two passes over the positions in tiles of TILE: the first finds mx, the second recomputes
  * each score, e[p] into shared memory, then thread 0 extends the softmax sum and every thread
- * its output dimensions (V rows read coalesced). Recomputing the scores keeps the op free of
+ * its output dimensions (V rows read coalesced). Paged caches (moet_gpu_pages): each tile
+ * first looks up the cache rows of its positions (row[TILE] in shared memory); only where a
+ * position is read changes, never the arithmetic. Recomputing the scores keeps the op free of
  * scratch memory for any context length. K tiles are staged in shared memory, rows padded by
  * one float so that the 64 threads reading 64 rows hit different banks:
  *
- *   shared:  q [d_qk]  |  K tile [TILE][d_qk + 1]  |  e [TILE]
+ *   shared:  q [d_qk]  |  K tile [TILE][d_qk + 1]  |  e [TILE]   (+ row [TILE], static)
  *
  * Cost: binary64 arithmetic (fast on the H100/H200, 1/64 rate on sm_120) and serial sums; a
  * binary32 fixed-split variant would be the fast path for long contexts, not written yet.
@@ -40,17 +42,21 @@
 #define DV_PER_THREAD (ATT_MAX_D / TILE)
 #define SM120_SMEM_MAX (99 * 1024)
 
-static_assert((ATT_MAX_D + TILE * (ATT_MAX_D + 1) + TILE) * 4 <= SM120_SMEM_MAX,
+/* dynamic (q, K tile, e) + static (mx_s, row, sum_s) */
+static_assert((ATT_MAX_D + TILE * (ATT_MAX_D + 1) + TILE) * 4 + TILE * (4 + 8) + 8 <=
+		      SM120_SMEM_MAX,
 	      "sm_120: 99 KB of shared memory per block");
 
 static __global__ void __launch_bounds__(TILE)
 attention_kernel(const float *q, long long q_stride, int d_qk, int d_v, float *const *k_base,
 		 float *const *v_base, long long k_pos_stride, long long v_pos_stride,
-		 const int32_t *pos, float scale, float *out, long long out_stride)
+		 const int32_t *pos, const moet_gpu_pages pg, float scale, float *out,
+		 long long out_stride)
 {
 	extern __shared__ float sm[];
 	float *qs = sm, *kt = sm + d_qk, *et = kt + TILE * (d_qk + 1);
 	__shared__ float mx_s[TILE];
+	__shared__ long long row[TILE]; /* cache rows of the tile's positions */
 	const int tid = threadIdx.x, h = blockIdx.x, t = blockIdx.y, ks = d_qk + 1;
 	const int n_pos = pos[t] + 1;
 	const float *kb = k_base[t] + (long long)h * d_qk;
@@ -62,9 +68,12 @@ attention_kernel(const float *q, long long q_stride, int d_qk, int d_v, float *c
 	auto scores = [&](int p0) -> float {
 		const int np = min(TILE, n_pos - p0);
 		__syncthreads(); /* q staged; the previous tile is consumed */
+		if (tid < np)
+			row[tid] = moet_gpu_page_row(pg, t, p0 + tid);
+		__syncthreads();
 		for (int i = tid; i < np * d_qk; i += TILE) {
 			const int pp = i / d_qk, d = i % d_qk;
-			kt[pp * ks + d] = kb[(long long)(p0 + pp) * k_pos_stride + d];
+			kt[pp * ks + d] = kb[row[pp] * k_pos_stride + d];
 		}
 		__syncthreads();
 		if (tid >= np)
@@ -101,7 +110,7 @@ attention_kernel(const float *q, long long q_stride, int d_qk, int d_v, float *c
 			for (int pp = 0; pp < np; pp++)
 				sum = sum + (double)et[pp];
 		for (int pp = 0; pp < np; pp++) {
-			const float *vr = vb + (long long)(p0 + pp) * v_pos_stride;
+			const float *vr = vb + row[pp] * v_pos_stride;
 			const double e = (double)et[pp];
 #pragma unroll
 			for (int k = 0; k < DV_PER_THREAD; k++) {
@@ -129,7 +138,8 @@ extern "C" int moet_gpu_attention(const float *q, int64_t q_stride, int64_t n_ro
 				  int64_t n_heads, int64_t d_qk, int64_t d_v,
 				  float *const *k_base, float *const *v_base,
 				  int64_t k_pos_stride, int64_t v_pos_stride, const int32_t *pos,
-				  float scale, float *out, int64_t out_stride, void *stream)
+				  const moet_gpu_pages *pages, float scale, float *out,
+				  int64_t out_stride, void *stream)
 {
 	if (n_rows < 0 || n_rows > 65535 || n_heads < 1 || n_heads > 65535 || d_qk < 1 ||
 	    d_qk > ATT_MAX_D || d_v < 1 || d_v > ATT_MAX_D)
@@ -138,7 +148,9 @@ extern "C" int moet_gpu_attention(const float *q, int64_t q_stride, int64_t n_ro
 				(long long)n_heads, (long long)d_qk, (long long)d_v, ATT_MAX_D);
 	if (n_rows == 0)
 		return 0;
-	if (!q || !k_base || !v_base || !pos || !out || q_stride < n_heads * d_qk ||
+	if (!q || !k_base || !v_base || !pos || !out ||
+	    (pages && (!pages->table || !pages->off || !pages->shift)) ||
+	    q_stride < n_heads * d_qk ||
 	    out_stride < n_heads * d_v || k_pos_stride < n_heads * d_qk ||
 	    v_pos_stride < n_heads * d_v)
 		return moet_err(MOET_EINVAL, "attention: NULL pointer or a stride below its row (q "
@@ -148,10 +160,11 @@ extern "C" int moet_gpu_attention(const float *q, int64_t q_stride, int64_t n_ro
 	const size_t smem = (size_t)(d_qk + TILE * (d_qk + 1) + TILE) * sizeof(float);
 	MOET_CUDA_TRY(cudaFuncSetAttribute(attention_kernel,
 					   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	const moet_gpu_pages pg = pages ? *pages : moet_gpu_pages{ NULL, NULL, NULL };
 	dim3 grid((unsigned)n_heads, (unsigned)n_rows);
 	attention_kernel<<<grid, TILE, smem, (cudaStream_t)stream>>>(
 		q, q_stride, (int)d_qk, (int)d_v, k_base, v_base, k_pos_stride, v_pos_stride, pos,
-		scale, out, out_stride);
+		pg, scale, out, out_stride);
 	MOET_CUDA_TRY(cudaGetLastError());
 	return 0;
 }

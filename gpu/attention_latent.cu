@@ -14,9 +14,10 @@
  * order, and binary32 x binary32 products are exact in binary64; the contract dot is the
  * scalar reference's loop, run by one thread per output. One block per (row, head): a row's
  * bits never depend on the other rows. No atomics, no scratch memory: the scores are computed
- * twice (max pass, then the weighted pass), tile by tile.
+ * twice (max pass, then the weighted pass), tile by tile. Paged caches (moet_gpu_pages):
+ * position p is read at its cache row (looked up per score, and per tile for the o sums).
  *
- *   shared:  qv [L + rope]  |  o [L]  |  e tile [TILE]
+ *   shared:  qv [L + rope]  |  o [L]  |  e tile [TILE]   (+ row [TILE], static)
  */
 #include "moet_gpu.h"
 
@@ -34,7 +35,8 @@
 #define J_PER_THREAD (LAT_MAX_L / TILE)
 #define SM120_SMEM_MAX (99 * 1024)
 
-static_assert((2 * LAT_MAX_L + LAT_MAX_ROPE + TILE) * 4 <= SM120_SMEM_MAX,
+/* dynamic (qv, o, e) + static (mx_s, row, sum_s) */
+static_assert((2 * LAT_MAX_L + LAT_MAX_ROPE + TILE) * 4 + TILE * (4 + 8) + 8 <= SM120_SMEM_MAX,
 	      "sm_120: 99 KB of shared memory per block");
 
 /* W[r][k] * scale of a device weight matrix, in binary64 (exact). */
@@ -98,7 +100,7 @@ static __device__ float dot_ref(const moet_mat w, long long r, const float *v)
 static __global__ void __launch_bounds__(TILE)
 latent_kernel(const float *q, long long q_stride, int nope, int rope, int v_dim,
 	      const moet_mat kv_b, float *const *c_base, long long c_stride, const int32_t *pos,
-	      float scale, float *out, long long out_stride)
+	      const moet_gpu_pages pg, float scale, float *out, long long out_stride)
 {
 	extern __shared__ float sm[];
 	const int L = (int)kv_b.cols, W = L + rope;
@@ -121,7 +123,7 @@ latent_kernel(const float *q, long long q_stride, int nope, int rope, int v_dim,
 	__syncthreads();
 
 	auto score = [&](int p) -> float {
-		const float *cp = cache + (long long)p * c_stride;
+		const float *cp = cache + moet_gpu_page_row(pg, t, p) * c_stride;
 		double dot = 0.0;
 		for (int j = 0; j < W; j++)
 			dot = dot + (double)qv[j] * (double)cp[j];
@@ -141,11 +143,14 @@ latent_kernel(const float *q, long long q_stride, int nope, int rope, int v_dim,
 	for (int i = 0; i < J_PER_THREAD; i++)
 		oacc[i] = 0.0;
 	double sum = 0.0; /* thread 0's, in p order */
+	__shared__ long long row[TILE]; /* cache rows of the tile's positions */
 	for (int p0 = 0; p0 < n_pos; p0 += TILE) {
 		const int np = min(TILE, n_pos - p0);
-		__syncthreads(); /* the previous tile's e is consumed */
-		if (tid < np)
+		__syncthreads(); /* the previous tile's e and rows are consumed */
+		if (tid < np) {
+			row[tid] = moet_gpu_page_row(pg, t, p0 + tid);
 			et[tid] = moet_exp_c(score(p0 + tid) - mx);
+		}
 		__syncthreads();
 		if (tid == 0)
 			for (int i = 0; i < np; i++)
@@ -153,7 +158,7 @@ latent_kernel(const float *q, long long q_stride, int nope, int rope, int v_dim,
 		for (int jj = 0, j = tid; j < L; jj++, j += TILE)
 			for (int i = 0; i < np; i++)
 				oacc[jj] = oacc[jj] + (double)et[i] *
-						      (double)cache[(long long)(p0 + i) * c_stride + j];
+						      (double)cache[row[i] * c_stride + j];
 	}
 	__shared__ double sum_s;
 	if (tid == 0)
@@ -170,10 +175,12 @@ extern "C" int moet_gpu_attention_latent(const float *q, long long q_stride, lon
 					 long long n_heads, long long nope, long long rope,
 					 long long v_dim, const moet_mat *kv_b,
 					 float *const *c_base, long long c_stride,
-					 const int32_t *pos, float scale, float *out,
-					 long long out_stride, void *stream)
+					 const int32_t *pos, const moet_gpu_pages *pages,
+					 float scale, float *out, long long out_stride,
+					 void *stream)
 {
-	if (!q || !kv_b || !kv_b->data || !c_base || !pos || !out)
+	if (!q || !kv_b || !kv_b->data || !c_base || !pos || !out ||
+	    (pages && (!pages->table || !pages->off || !pages->shift)))
 		return moet_err(MOET_EINVAL, "attention_latent: NULL pointer");
 	if (n_rows <= 0)
 		return 0;
@@ -188,10 +195,11 @@ extern "C" int moet_gpu_attention_latent(const float *q, long long q_stride, lon
 		return moet_err(MOET_EUNSUP, "attention_latent: kv_b dtype %d is not F8_E4M3, BF16 "
 				"or F32", (int)kv_b->dtype);
 	size_t smem = (size_t)(2 * kv_b->cols + rope + TILE) * sizeof(float);
+	const moet_gpu_pages pg = pages ? *pages : moet_gpu_pages{ NULL, NULL, NULL };
 	dim3 grid((unsigned)n_heads, (unsigned)n_rows);
 	latent_kernel<<<grid, TILE, smem, (cudaStream_t)stream>>>(
-		q, q_stride, (int)nope, (int)rope, (int)v_dim, *kv_b, c_base, c_stride, pos, scale,
-		out, out_stride);
+		q, q_stride, (int)nope, (int)rope, (int)v_dim, *kv_b, c_base, c_stride, pos, pg,
+		scale, out, out_stride);
 	MOET_CUDA_TRY(cudaGetLastError());
 	return 0;
 }

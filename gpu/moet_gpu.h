@@ -130,32 +130,48 @@ int moet_gpu_rope(float *x, int64_t n_rows, int64_t row_stride, int64_t n_heads,
 		  float attn_factor, int interleave, void *stream);
 
 /*
+ * Paged KV caches (runtime/kv_pool.c): position p of row t's cache is cache row
+ *   R(t, p) = moet_kv_row(table + off[t], shift[t], p)      (common/moet_kvrow.h)
+ * of the row's layer base (k_base[t], ...). All three are device arrays. Passing NULL for a
+ * moet_gpu_pages argument means contiguous caches: R(t, p) = p.
+ */
+typedef struct moet_gpu_pages {
+	const int32_t *table; /* the block tables of the call's rows, concatenated */
+	const int32_t *off;   /* [n_rows]: row t's table starts at table + off[t] */
+	const int32_t *shift; /* [n_rows]: log2 of row t's positions per block */
+} moet_gpu_pages;
+
+/*
  * Appends each row's K and V to its own cache, in runtime/forward.c's layout: kvb row t
  * (t * kvb_stride) holds per head [k_nope (d_nope) | v (d_v)] (kv_b's output); k_pe row t
- * (t * k_pe_stride) the roped shared key part (d_rope). Position pos[t] of row t's cache gets
- *   K: k_base[t] + pos[t] * k_pos_stride + h * (d_nope + d_rope) <- [k_nope_h | k_pe]
- *   V: v_base[t] + pos[t] * v_pos_stride + h * d_v              <- v_h
+ * (t * k_pe_stride) the roped shared key part (d_rope). Position pos[t] of row t's cache, at
+ * cache row r = R(t, pos[t]) (pages; NULL: r = pos[t]), gets
+ *   K: k_base[t] + r * k_pos_stride + h * (d_nope + d_rope) <- [k_nope_h | k_pe]
+ *   V: v_base[t] + r * v_pos_stride + h * d_v              <- v_h
  * k_base, v_base: device arrays [n_rows] of device pointers (a row's cache of this layer);
  * pos: device int32 [n_rows]. No two rows may name the same (cache, position). n_rows <= 65535.
  */
 int moet_gpu_kv_write(const float *kvb, int64_t kvb_stride, const float *k_pe,
 		      int64_t k_pe_stride, int64_t n_rows, int64_t n_heads, int64_t d_nope,
 		      int64_t d_rope, int64_t d_v, float *const *k_base, float *const *v_base,
-		      int64_t k_pos_stride, int64_t v_pos_stride, const int32_t *pos, void *stream);
+		      int64_t k_pos_stride, int64_t v_pos_stride, const int32_t *pos,
+		      const moet_gpu_pages *pages, void *stream);
 
 /*
  * Causal attention of n_rows rows, each over its own cache: for row t and head h, the query
  * at q + t * q_stride + h * d_qk attends to positions 0 .. pos[t] of K (k_base[t] +
- * p * k_pos_stride + h * d_qk) and V (v_base[t] + p * v_pos_stride + h * d_v); the result goes
- * to out + t * out_stride + h * d_v. Arithmetic: moet_attend_ref's (binary64 sums in index
- * order, exp_c softmax), so the outputs equal the CPU's bit for bit (NaN payloads aside).
+ * R(t, p) * k_pos_stride + h * d_qk) and V (v_base[t] + R(t, p) * v_pos_stride + h * d_v),
+ * R the pages' row (NULL: R(t, p) = p); the result goes to out + t * out_stride + h * d_v.
+ * Arithmetic: moet_attend_ref's (binary64 sums in index order, exp_c softmax), so the
+ * outputs equal the CPU's bit for bit (NaN payloads aside).
  * The K/V of a row's own position must be in the cache first (moet_gpu_kv_write).
  * d_qk, d_v <= 256; n_rows, n_heads <= 65535; pos[t] >= 0.
  */
 int moet_gpu_attention(const float *q, int64_t q_stride, int64_t n_rows, int64_t n_heads,
 		       int64_t d_qk, int64_t d_v, float *const *k_base, float *const *v_base,
-		       int64_t k_pos_stride, int64_t v_pos_stride, const int32_t *pos, float scale,
-		       float *out, int64_t out_stride, void *stream);
+		       int64_t k_pos_stride, int64_t v_pos_stride, const int32_t *pos,
+		       const moet_gpu_pages *pages, float scale, float *out, int64_t out_stride,
+		       void *stream);
 
 /*
  * The noaux_tc router for n_tok tokens: logits [n_tok][n_exp] (from moet_gpu_linear with the
@@ -333,22 +349,34 @@ int moet_gpu_timer_stop(moet_gpu_timer *t, void *stream, double *out_s);
 /*
  * Absorbed MLA (the latent cache; gpu/attention_latent.cu, kv_write_latent.cu).
  * kv_write_latent: row t's latent (width = kv_lora + rope floats at kva + t * kva_stride) to
- * c_base[t] + pos[t] * c_stride (c_base: device array of the rows' layer caches).
+ * c_base[t] + R(t, pos[t]) * c_stride (c_base: device array of the rows' layer caches; R the
+ * pages' row, NULL: R(t, p) = p).
  * attention_latent: for every row and head, moet_attend_latent_ref's operations (cpu/) over
- * positions 0 .. pos[t]: q row t holds per head [q_nope (nope) | q_pe (rope)]; kv_b (device
- * view, [heads*(nope+v) x kv_lora], F8_E4M3 + scales, BF16 or F32); out row t gets per head
- * v_dim values. Bit for bit the CPU's (NaN payloads aside). kv_lora <= 1024, rope <= 256.
+ * positions 0 .. pos[t] (cache row R(t, p)): q row t holds per head [q_nope (nope) |
+ * q_pe (rope)]; kv_b (device view, [heads*(nope+v) x kv_lora], F8_E4M3 + scales, BF16 or
+ * F32); out row t gets per head v_dim values. Bit for bit the CPU's (NaN payloads aside). kv_lora <= 1024, rope <= 256.
  */
 int moet_gpu_kv_write_latent(const float *kva, long long kva_stride, long long width,
 			     long long n_rows, float *const *c_base, long long c_stride,
-			     const int32_t *pos, void *stream);
+			     const int32_t *pos, const moet_gpu_pages *pages, void *stream);
 int moet_gpu_attention_latent(const float *q, long long q_stride, long long n_rows,
 			      long long n_heads, long long nope, long long rope, long long v_dim,
 			      const moet_mat *kv_b, float *const *c_base, long long c_stride,
-			      const int32_t *pos, float scale, float *out, long long out_stride,
-			      void *stream);
+			      const int32_t *pos, const moet_gpu_pages *pages, float scale,
+			      float *out, long long out_stride, void *stream);
 
 #ifdef __cplusplus
+}
+#endif
+
+#if defined(__CUDACC__)
+#include "moet_kvrow.h"
+/* R(t, p) of a moet_gpu_pages passed by value to a kernel (table NULL: contiguous). For the
+ * kernels of gpu/ only. */
+static __device__ __forceinline__ long long moet_gpu_page_row(const moet_gpu_pages pg, int t,
+							      long long p)
+{
+	return pg.table ? (long long)moet_kv_row(pg.table + pg.off[t], pg.shift[t], p) : p;
 }
 #endif
 

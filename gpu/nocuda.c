@@ -121,21 +121,23 @@ int moet_gpu_rope(float *x, int64_t n_rows, int64_t row_stride, int64_t n_heads,
 int moet_gpu_kv_write(const float *kvb, int64_t kvb_stride, const float *k_pe,
 		      int64_t k_pe_stride, int64_t n_rows, int64_t n_heads, int64_t d_nope,
 		      int64_t d_rope, int64_t d_v, float *const *k_base, float *const *v_base,
-		      int64_t k_pos_stride, int64_t v_pos_stride, const int32_t *pos, void *stream)
+		      int64_t k_pos_stride, int64_t v_pos_stride, const int32_t *pos,
+		      const moet_gpu_pages *pages, void *stream)
 {
 	(void)kvb, (void)kvb_stride, (void)k_pe, (void)k_pe_stride, (void)n_rows, (void)n_heads;
 	(void)d_nope, (void)d_rope, (void)d_v, (void)k_base, (void)v_base, (void)k_pos_stride;
-	(void)v_pos_stride, (void)pos, (void)stream;
+	(void)v_pos_stride, (void)pos, (void)pages, (void)stream;
 	return no_cuda("moet_gpu_kv_write");
 }
 
 int moet_gpu_attention(const float *q, int64_t q_stride, int64_t n_rows, int64_t n_heads,
 		       int64_t d_qk, int64_t d_v, float *const *k_base, float *const *v_base,
-		       int64_t k_pos_stride, int64_t v_pos_stride, const int32_t *pos, float scale,
-		       float *out, int64_t out_stride, void *stream)
+		       int64_t k_pos_stride, int64_t v_pos_stride, const int32_t *pos,
+		       const moet_gpu_pages *pages, float scale, float *out, int64_t out_stride,
+		       void *stream)
 {
 	(void)q, (void)q_stride, (void)n_rows, (void)n_heads, (void)d_qk, (void)d_v;
-	(void)k_base, (void)v_base, (void)k_pos_stride, (void)v_pos_stride, (void)pos;
+	(void)k_base, (void)v_base, (void)k_pos_stride, (void)v_pos_stride, (void)pos, (void)pages;
 	(void)scale, (void)out, (void)out_stride, (void)stream;
 	return no_cuda("moet_gpu_attention");
 }
@@ -239,21 +241,21 @@ int moet_gpu_timer_stop(moet_gpu_timer *t, void *stream, double *out_s)
 
 int moet_gpu_kv_write_latent(const float *kva, long long kva_stride, long long width,
 			     long long n_rows, float *const *c_base, long long c_stride,
-			     const int32_t *pos, void *stream)
+			     const int32_t *pos, const moet_gpu_pages *pages, void *stream)
 {
 	(void)kva, (void)kva_stride, (void)width, (void)n_rows, (void)c_base, (void)c_stride;
-	(void)pos, (void)stream;
+	(void)pos, (void)pages, (void)stream;
 	return moet_err(MOET_EUNSUP, "kv_write_latent: this build has no CUDA");
 }
 
 int moet_gpu_attention_latent(const float *q, long long q_stride, long long n_rows,
 			      long long n_heads, long long nope, long long rope, long long v_dim,
 			      const moet_mat *kv_b, float *const *c_base, long long c_stride,
-			      const int32_t *pos, float scale, float *out, long long out_stride,
-			      void *stream)
+			      const int32_t *pos, const moet_gpu_pages *pages, float scale,
+			      float *out, long long out_stride, void *stream)
 {
 	(void)q, (void)q_stride, (void)n_rows, (void)n_heads, (void)nope, (void)rope, (void)v_dim;
-	(void)kv_b, (void)c_base, (void)c_stride, (void)pos, (void)scale, (void)out;
+	(void)kv_b, (void)c_base, (void)c_stride, (void)pos, (void)pages, (void)scale, (void)out;
 	(void)out_stride, (void)stream;
 	return moet_err(MOET_EUNSUP, "attention_latent: this build has no CUDA");
 }

@@ -232,8 +232,9 @@ static int cpu_kv_store(moet_backend *be, const moet_attn_dims *d, int64_t l, co
 	const moet_rowinfo *rows = rw->info;
 	const int64_t qk = d->nope + d->rope, k_row = d->n_heads * qk, v_row = d->n_heads * d->v_dim;
 	for (int64_t t = 0; t < n; t++) {
-		float *krow = rows[t].k + l * rows[t].k_layer + rows[t].pos * k_row;
-		float *vrow = rows[t].v + l * rows[t].v_layer + rows[t].pos * v_row;
+		const int64_t r = moet_kv_row(rows[t].blocks, rows[t].block_shift, rows[t].pos);
+		float *krow = rows[t].k + l * rows[t].k_layer + r * k_row;
+		float *vrow = rows[t].v + l * rows[t].v_layer + r * v_row;
 		for (int64_t h = 0; h < d->n_heads; h++) {
 			const float *src = kvb + t * kvb_stride + h * (d->nope + d->v_dim);
 			memcpy(krow + h * qk, src, (size_t)d->nope * sizeof(float));
@@ -270,13 +271,14 @@ static void attn_items(void *arg, int worker, int n_workers)
 		if (a->kv_b) {
 			const int64_t L = a->kv_b->cols;
 			moet_attend_latent_ref(qh, qh + d->nope, a->kv_b, h, d->nope, d->v_dim, d->rope,
-					       r->k + a->l * r->k_layer, L + d->rope, r->pos + 1,
-					       d->softmax_scale, s, oh);
+					       r->k + a->l * r->k_layer, L + d->rope, r->blocks,
+					       r->block_shift, r->pos + 1, d->softmax_scale, s, oh);
 		} else {
 			const int64_t k_row = d->n_heads * qk, v_row = d->n_heads * d->v_dim;
 			moet_attend_ref(qh, r->k + a->l * r->k_layer + h * qk, k_row,
-					r->v + a->l * r->v_layer + h * d->v_dim, v_row, r->pos + 1, qk,
-					d->v_dim, d->softmax_scale, s, oh);
+					r->v + a->l * r->v_layer + h * d->v_dim, v_row, r->blocks,
+					r->block_shift, r->pos + 1, qk, d->v_dim, d->softmax_scale,
+					s, oh);
 		}
 	}
 }
@@ -317,7 +319,8 @@ static int cpu_kv_store_latent(moet_backend *be, int64_t l, const float *kva,
 	(void)be;
 	for (int64_t t = 0; t < n; t++) {
 		const moet_rowinfo *r = &rw->info[t];
-		memcpy(r->k + l * r->k_layer + r->pos * width, kva + t * kva_stride,
+		const int64_t row = moet_kv_row(r->blocks, r->block_shift, r->pos);
+		memcpy(r->k + l * r->k_layer + row * width, kva + t * kva_stride,
 		       (size_t)width * sizeof(float));
 	}
 	return 0;

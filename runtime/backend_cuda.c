@@ -6,9 +6,10 @@
  * combine, embed bit-equal; rmsnorm and rope measured bit-equal too), so this backend's
  * logits are expected to equal the CPU backend's; tests/gpu/test_gpu_model.c checks it.
  *
- *   prepare_rows   host row table -> device: tokens and positions as int32, and per layer the
- *                  K and V base pointers of every row's cache (what kv_write and attention
- *                  take), in one upload
+ *   prepare_rows   host row table -> device: tokens and positions as int32, per layer the
+ *                  K and V base pointers of every row's cache pool (what kv_write and
+ *                  attention take), and the block tables of the batch's sequences (one copy
+ *                  per sequence, moet_gpu_pages), in one upload
  *   experts        the graph hands over the (expert, pair) list grouped by expert (host); the
  *                  token index of each pair goes up and the grouped call of gpu/expert.cu
  *                  computes them
@@ -31,6 +32,7 @@ struct moet_rows {
 	int32_t *pos;        /* device [n] */
 	float **kbase;       /* device [n_layers][n]: row t's cache K at layer l */
 	float **vbase;       /* device [n_layers][n] */
+	moet_gpu_pages pages;/* device: each row's block table, its offset and block shift */
 	int64_t k_row, v_row;/* floats per position (from the row table) */
 	int64_t n;
 };
@@ -216,8 +218,19 @@ static int cu_prepare_rows(moet_backend *be, int slot, const moet_rowinfo *rows,
 	cuda_be *c = impl(be);
 	if (slot < 0 || slot > 1)
 		return moet_err(MOET_EINVAL, "row table slot %d (0 or 1)", slot);
-	/* layout of the block: tok[n] pos[n] (int32, padded to 8 bytes) kbase[L][n] vbase[L][n] */
-	size_t ints = ((size_t)(2 * n) * sizeof(int32_t) + 7) & ~(size_t)7;
+	/* layout of the block: tok[n] pos[n] off[n] shift[n] table[n_tab] (int32, padded to 8
+	 * bytes) kbase[L][n] vbase[L][n]. NOTE: the rows of one sequence are consecutive and
+	 * share its block table: one copy per sequence. */
+	int64_t n_tab = 0;
+	for (int64_t t = 0; t < n; t++) {
+		if (!rows[t].blocks || rows[t].n_blocks < 1 ||
+		    (rows[t].pos >> rows[t].block_shift) >= rows[t].n_blocks)
+			return moet_err(MOET_EINVAL, "row %lld: no block table for position %lld",
+					(long long)t, (long long)rows[t].pos);
+		if (t == 0 || rows[t].blocks != rows[t - 1].blocks)
+			n_tab += rows[t].n_blocks;
+	}
+	size_t ints = ((size_t)(4 * n + n_tab) * sizeof(int32_t) + 7) & ~(size_t)7;
 	size_t bytes = ints + (size_t)(2 * n_layers * n) * sizeof(float *);
 	int rc;
 	if (bytes > c->rows_bytes[slot]) {
@@ -232,14 +245,22 @@ static int cu_prepare_rows(moet_backend *be, int slot, const moet_rowinfo *rows,
 			return rc;
 		c->rows_bytes[slot] = bytes;
 	}
-	int32_t *tok = c->host_stage[slot], *pos = tok + n;
+	int32_t *tok = c->host_stage[slot], *pos = tok + n, *off = pos + n, *shift = off + n;
+	int32_t *tab = shift + n;
 	float **kb = (float **)((char *)c->host_stage[slot] + ints), **vb = kb + n_layers * n;
-	for (int64_t t = 0; t < n; t++) {
+	for (int64_t t = 0, o = 0; t < n; t++) {
 		tok[t] = (int32_t)tokens[t];
 		pos[t] = (int32_t)rows[t].pos;
+		if (t == 0 || rows[t].blocks != rows[t - 1].blocks) {
+			memcpy(tab + o, rows[t].blocks, (size_t)rows[t].n_blocks * sizeof(int32_t));
+			o += rows[t].n_blocks;
+		}
+		off[t] = (int32_t)(o - rows[t].n_blocks);
+		shift[t] = rows[t].block_shift;
 		for (int64_t l = 0; l < n_layers; l++) {
 			kb[l * n + t] = rows[t].k + l * rows[t].k_layer;
-			vb[l * n + t] = rows[t].v + l * rows[t].v_layer;
+			/* the absorbed form has no V */
+			vb[l * n + t] = rows[t].v ? rows[t].v + l * rows[t].v_layer : NULL;
 		}
 	}
 	if ((rc = moet_gpu_copy_h2d(c->rows_dev[slot], c->host_stage[slot], bytes)))
@@ -247,6 +268,8 @@ static int cu_prepare_rows(moet_backend *be, int slot, const moet_rowinfo *rows,
 	moet_rows *r = &c->rows[slot];
 	r->tok = c->rows_dev[slot];
 	r->pos = r->tok + n;
+	r->pages = (moet_gpu_pages){ .table = r->tok + 4 * n, .off = r->tok + 2 * n,
+				     .shift = r->tok + 3 * n };
 	r->kbase = (float **)((char *)c->rows_dev[slot] + ints);
 	r->vbase = r->kbase + n_layers * n;
 	r->n = n;
@@ -301,7 +324,7 @@ static int cu_kv_store(moet_backend *be, const moet_attn_dims *d, int64_t l, con
 	return moet_gpu_kv_write(kvb, kvb_stride, k_pe, k_pe_stride, n, d->n_heads, d->nope,
 				 d->rope, d->v_dim, rows->kbase + l * rows->n,
 				 rows->vbase + l * rows->n, d->n_heads * qk, d->n_heads * d->v_dim,
-				 rows->pos, NULL);
+				 rows->pos, &rows->pages, NULL);
 }
 
 static int cu_attend(moet_backend *be, const moet_attn_dims *d, int64_t l, const float *q,
@@ -312,7 +335,7 @@ static int cu_attend(moet_backend *be, const moet_attn_dims *d, int64_t l, const
 	const int64_t qk = d->nope + d->rope;
 	return moet_gpu_attention(q, q_stride, n, d->n_heads, qk, d->v_dim,
 				  rows->kbase + l * rows->n, rows->vbase + l * rows->n,
-				  d->n_heads * qk, d->n_heads * d->v_dim, rows->pos,
+				  d->n_heads * qk, d->n_heads * d->v_dim, rows->pos, &rows->pages,
 				  d->softmax_scale, out, out_stride, NULL);
 }
 
@@ -321,7 +344,7 @@ static int cu_kv_store_latent(moet_backend *be, int64_t l, const float *kva, int
 {
 	(void)be;
 	return moet_gpu_kv_write_latent(kva, kva_stride, width, n, rows->kbase + l * rows->n,
-					width, rows->pos, NULL);
+					width, rows->pos, &rows->pages, NULL);
 }
 
 static int cu_attend_latent(moet_backend *be, const moet_attn_dims *d, const moet_mat *kv_b,
@@ -331,7 +354,8 @@ static int cu_attend_latent(moet_backend *be, const moet_attn_dims *d, const moe
 	(void)be;
 	return moet_gpu_attention_latent(q, q_stride, n, d->n_heads, d->nope, d->rope, d->v_dim,
 					 kv_b, rows->kbase + l * rows->n, kv_b->cols + d->rope,
-					 rows->pos, d->softmax_scale, out, out_stride, NULL);
+					 rows->pos, &rows->pages, d->softmax_scale, out, out_stride,
+					 NULL);
 }
 
 static int cu_route(moet_backend *be, const moet_config *c, const float *logits,

@@ -103,6 +103,9 @@ static int check_batch(const moet_model *m, const moet_seq_step *steps, int n_st
 				return moet_err(MOET_ERANGE, "token %lld at index %lld is outside the "
 						"vocabulary [0, %lld)", (long long)st->tokens[t],
 						(long long)t, (long long)V);
+		int rc = moet_kv_check(m, st->kv, s);
+		if (rc)
+			return rc;
 		if (st->kv->len + st->n_tok > st->kv->max_tokens)
 			return moet_err(MOET_ERANGE, "KV cache full: %lld + %lld tokens > %lld",
 					(long long)st->kv->len, (long long)st->n_tok,
@@ -316,8 +319,7 @@ static int mb_begin(moet_model *m, mb_pass *p)
 	for (int s = 0, t = 0; !rc && s < p->n_steps; s++) {
 		const moet_kv *kv = p->steps[s].kv;
 		for (int64_t i = 0; i < p->steps[s].n_tok; i++, t++) {
-			rows[t] = (moet_rowinfo){ kv->k, kv->v, kv->max_tokens * kv->k_row,
-						  kv->max_tokens * kv->v_row, kv->len + i };
+			moet_kv_rowinfo(kv, kv->len + i, &rows[t]);
 			tok[t] = p->steps[s].tokens[i];
 		}
 	}
@@ -453,6 +455,7 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 	for (int i = 0; i < n_mb; i++)
 		for (int s = 0; s < p[i].n_steps; s++)
 			p[i].n += p[i].steps[s].n_tok;
+	const int grown = !(rc = moet_kv_grow_batch(steps, n_steps));
 	for (int i = 0; i < n_mb && !rc; i++)
 		rc = mb_begin(m, &p[i]);
 	if (n_mb == 1) {
@@ -477,8 +480,11 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 		use(m, &p[i]);
 		rc = logits_out(m, p[i].n, p[i].steps, p[i].n_steps);
 	}
-	if (rc)
+	if (rc) {
+		if (grown) /* every cache keeps only the blocks it had */
+			moet_kv_undo_batch(steps, n_steps);
 		return rc;
+	}
 	for (int s = 0; s < n_steps; s++)
 		steps[s].kv->len += steps[s].n_tok;
 	if (can_split)

@@ -149,6 +149,28 @@ struct moet_model {
 	struct moet_xtier *xtier; /* NVMe expert tier of the CPU tier (moet_xtier.h), or NULL */
 };
 
+/* kv_pool.c: a pool of KV blocks in one backend allocation (moet_model.h).
+ *
+ *   mem:  K [layers][rows][k_row]  |  V [layers][rows][v_row]      rows = n_blocks x 2^shift
+ *                                                                 (a private pool: max_tokens)
+ *   block b of layer l: K rows b << shift .. +2^shift of layer l; a sequence's positions go
+ *   through its block table (common/moet_kvrow.h).
+ */
+struct moet_kv_pool {
+	moet_backend *be;       /* borrowed from the model */
+	int64_t n_layers;
+	int64_t k_row, v_row;   /* floats per position per layer (as struct moet_kv's) */
+	int shift;              /* log2 of the positions per block */
+	int64_t n_blocks;
+	int64_t rows;           /* positions per layer in memory */
+	int64_t budget_tokens;  /* as asked (for the messages) */
+	float *k, *v;           /* v: NULL when v_row is 0 (absorbed form) */
+	int32_t *free_ids;      /* [n_blocks], a stack: free_ids[0 .. n_free) */
+	int64_t n_free;
+	int64_t want;           /* moet_kv_grow_batch's scratch */
+	int refs;               /* the creator's hold + one per cache */
+};
+
 struct moet_kv {
 	int64_t max_tokens;
 	int64_t len;
@@ -156,10 +178,22 @@ struct moet_kv {
 	int64_t k_row;  /* floats per position per layer: heads x qk_head (expanded form), or
 			   kv_lora + rope (absorbed form: the latent [c | k_pe]) */
 	int64_t v_row;  /* heads x v_head (expanded form), 0 (absorbed form) */
-	float *k;       /* [layers][max_tokens][k_row], backend memory */
-	float *v;       /* [layers][max_tokens][v_row], backend memory */
-	moet_backend *be; /* borrowed from the model */
+	moet_kv_pool *pool;
+	int32_t *blocks;  /* [max_blocks] the block table: n_blocks held */
+	int64_t n_blocks, max_blocks;
+	int64_t mark;     /* blocks held before the pass in flight (moet_kv_grow_batch) */
 };
+
+/* kv_pool.c: gives every entry's cache the blocks its n_tok new positions need, all or
+ * nothing: a pool short of blocks gives MOET_ERANGE naming its budget and no cache changes.
+ * Remembers what each held for moet_kv_undo_batch. */
+int moet_kv_grow_batch(const moet_seq_step *steps, int n_steps);
+/* After a failed pass: each entry's cache gives back the blocks the grow gave it. */
+void moet_kv_undo_batch(const moet_seq_step *steps, int n_steps);
+/* The row table entry (moet_rowinfo) of a row of kv's sequence at position pos. */
+void moet_kv_rowinfo(const moet_kv *kv, int64_t pos, moet_rowinfo *out);
+/* MOET_EINVAL (naming the entry) when kv was not made for a model of m's geometry and form. */
+int moet_kv_check(const struct moet_model *m, const moet_kv *kv, int entry);
 
 /* dispatch.c: the routed experts of MoE layer l for n rows: ids [n x top_k] (backend) ->
  * y rows and slot[pair] (backend), per the placement. */

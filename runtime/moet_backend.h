@@ -13,7 +13,8 @@
  *   activations backend buffers from alloc (CPU: malloc), [rows][width] with explicit strides
  *   rows        per batch, prepare_rows turns the host's row table (a moet_rowinfo per row:
  *               which cache, which position; and the token ids) into the backend's own form
- *               (moet_rows, opaque); embed, rope, the K/V store and attention read it
+ *               (moet_rows, opaque); embed, rope, the K/V store and attention read it; the
+ *               caches are paged (block tables, moet_rowinfo)
  *
  * Ops return 0 or a negative MOET_E* code; they may run asynchronously (CUDA: one stream);
  * download and sync wait. NOTE: the op set is deliberately close to the reference's steps, so
@@ -27,19 +28,29 @@
 #include <stdint.h>
 
 #include "moet_config.h"
+#include "moet_kvrow.h"
 #include "moet_mat.h"
 #include "moet_sample.h"
 
 typedef struct moet_backend moet_backend;
 typedef struct moet_rows moet_rows; /* a batch's row table in the backend's form */
 
-/* Where one row of a batch reads and writes its attention cache. */
+/*
+ * Where one row of a batch reads and writes its attention cache: a paged cache (a pool of
+ * blocks, runtime/kv_pool.c). Position p of the row's sequence lives in pool row
+ * moet_kv_row(blocks, block_shift, p) (common/moet_kvrow.h) of each layer: K at
+ * k + l * k_layer + row * k_row, V likewise (k_row, v_row: floats per position, known to the
+ * ops from the geometry).
+ */
 typedef struct moet_rowinfo {
-	float *k;          /* the cache's K of layer 0: [max_tokens][k_row]; layer l at l*k_layer */
-	float *v;          /* the cache's V of layer 0: [max_tokens][v_row]; layer l at l*v_layer */
-	int64_t k_layer;   /* floats from one layer's K to the next */
+	float *k;              /* the pool's K of layer 0: [rows][k_row]; layer l at l*k_layer */
+	float *v;              /* the same for V (NULL in the absorbed form) */
+	int64_t k_layer;       /* floats from one layer's K to the next */
 	int64_t v_layer;
-	int64_t pos;       /* the row's position in its sequence */
+	const int32_t *blocks; /* the sequence's block table (host, borrowed for the call) */
+	int64_t n_blocks;      /* its entries: enough for every position of the call */
+	int block_shift;       /* log2 of the positions per block */
+	int64_t pos;           /* the row's position in its sequence */
 } moet_rowinfo;
 
 /* The expert weights a backend computes on (bound views). */
@@ -116,7 +127,8 @@ typedef struct moet_backend_ops {
 	int (*rope)(moet_backend *be, float *x, int64_t x_stride, int64_t head_stride,
 		    int64_t n_heads, int64_t n, const moet_rows *rows, const float *inv_freq,
 		    int64_t n_freq, float attn_factor, int interleave);
-	/* Writes layer l's K and V of each row into its cache at its position: per head h,
+	/* Writes layer l's K and V of each row into its cache at its position (the pool row
+	 * moet_kv_row names): per head h,
 	 * K = [kvb[t][h*(nope+v) .. +nope] | k_pe[t][0 .. rope]], V = kvb[t][h*(nope+v)+nope ..]. */
 	int (*kv_store)(moet_backend *be, const moet_attn_dims *d, int64_t l, const float *kvb,
 			int64_t kvb_stride, const float *k_pe, int64_t k_pe_stride, int64_t n,

@@ -41,19 +41,60 @@ void moet_model_close(moet_model *m);
 const moet_config *moet_model_config(const moet_model *m);
 const moet_ckpt *moet_model_ckpt(const moet_model *m);
 
-/* A KV cache for one sequence of at most max_tokens positions. */
+/*
+ * KV caches (runtime/kv_pool.c). A pool is one backend allocation of a fixed budget of
+ * positions, cut into blocks of block_tokens positions (a power of two); a sequence's cache
+ * (moet_kv) holds a block table and takes blocks from its pool as moet_model_forward(_batch)
+ * writes past its last block, and gives them all back at reset or destroy. A pass that needs
+ * more blocks than its pool has free fails with MOET_ERANGE naming the pool's budget, and no
+ * cache changes. Pools and caches are used by the thread that runs the model's passes (no
+ * locking); a pool lives until it and every cache made from it are destroyed.
+ */
+typedef struct moet_kv_pool moet_kv_pool;
+
+#define MOET_KV_BLOCK_TOKENS 64 /* the default block size, positions */
+
+/* Bytes of backend memory one cached position takes over all layers, in the model's MLA form
+ * (expanded: heads x (qk_head + v_head) floats per layer; absorbed: kv_lora + rope). */
+size_t moet_kv_token_bytes(const moet_model *m);
+
+/*
+ * A pool of budget_tokens positions rounded down to whole blocks of block_tokens (0: 64; a
+ * power of two, 1 .. 65536), allocated at once on the model's backend. Errors: MOET_EINVAL
+ * (block size, or a budget below one block), MOET_ENOMEM (naming the bytes).
+ */
+int moet_kv_pool_create(const moet_model *m, int64_t budget_tokens, int64_t block_tokens,
+			moet_kv_pool **out);
+/* Drops the caller's hold; the memory goes when the last cache of the pool is destroyed too.
+ * Accepts NULL. */
+void moet_kv_pool_destroy(moet_kv_pool *p);
+int64_t moet_kv_pool_blocks(const moet_kv_pool *p);      /* blocks in all */
+int64_t moet_kv_pool_free_blocks(const moet_kv_pool *p); /* blocks no cache holds */
+int64_t moet_kv_pool_block_tokens(const moet_kv_pool *p);
+
+/* A cache for one sequence of at most max_tokens positions (0: the pool's budget) drawing its
+ * blocks from pool (which it holds: the pool outlives it). Holds no block until written.
+ * Errors: MOET_EINVAL (max_tokens), MOET_ENOMEM. */
+int moet_kv_create_in(moet_kv_pool *pool, int64_t max_tokens, moet_kv **out);
+
+/* A KV cache for one sequence of at most max_tokens positions, in a private pool of exactly
+ * that size (one block: positions laid out contiguously per layer). */
 int moet_kv_create(const moet_model *m, int64_t max_tokens, moet_kv **out);
+/* Returns the cache's blocks to its pool. Accepts NULL. */
 void moet_kv_destroy(moet_kv *kv);
 int64_t moet_kv_len(const moet_kv *kv);
-/* Empties the cache for another sequence (its positions are overwritten as they come). */
+/* Blocks the cache holds now. */
+int64_t moet_kv_blocks(const moet_kv *kv);
+/* Empties the cache for another sequence: its blocks go back to the pool. */
 void moet_kv_reset(moet_kv *kv);
 
 /*
  * Runs n_tok tokens of one sequence at positions moet_kv_len(kv) ... + n_tok - 1, appends
  * them to the cache, and writes logits [n_tok][vocab_size] to out_logits (or, when out_logits
  * is NULL, computes no logits). Token ids must be in [0, vocab_size). Errors: MOET_ERANGE
- * (token id, cache full), MOET_ENOMEM. One forward pass at a time per model (the pass's
- * buffers belong to the model); batch sequences with moet_model_forward_batch instead.
+ * (token id, cache full, no free block in the cache's pool), MOET_ENOMEM. One forward pass
+ * at a time per model (the pass's buffers belong to the model); batch sequences with
+ * moet_model_forward_batch instead.
  */
 int moet_model_forward(moet_model *m, moet_kv *kv, const int64_t *tokens, int64_t n_tok,
 		       float *out_logits);
@@ -76,8 +117,9 @@ typedef struct moet_seq_step {
  * Runs a batch of sequences in one pass (ragged lengths, each at its own positions) and
  * advances each cache by its n_tok. Each sequence's logits are bit-identical to running it
  * alone (batch invariance). Two entries must not share a cache. Errors as for
- * moet_model_forward, naming the entry; on error no cache advances (a failed batch may leave
- * K/V rows written past kv->len, which the next call overwrites).
+ * moet_model_forward, naming the entry; on error no cache advances and every cache keeps the
+ * blocks it held before (a failed batch may leave K/V rows written past kv->len in those,
+ * which the next call overwrites).
  */
 int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_steps);
 

@@ -11,9 +11,10 @@
  *   poll() <-- new tokens and text, finish reason
  *
  * One engine thread owns the model and every KV cache; callers (HTTP connection threads) only
- * submit, poll and release. Admission reserves prompt + max_tokens positions of --kv-tokens
- * up front, so a running request never runs out of cache. Freed KV caches are kept and reused
- * by later requests that fit them (the pool never holds more than the budget).
+ * submit, poll and release. The KV cache of every request lives in one block pool of
+ * --kv-tokens positions (moet_kv_pool, allocated at create): admission reserves the blocks of
+ * prompt + max_tokens positions up front, so a running request never runs out of cache;
+ * blocks are taken as positions are written and all come back when the request ends.
  *
  * Text: generated ids go through the tokenizer's incremental decoder (special tokens left
  * out); text that could still become the start of a stop string is held back, so a stream
@@ -42,7 +43,10 @@ typedef struct moet_sched_req moet_sched_req;
 
 typedef struct moet_sched_opts {
 	int max_requests;          /* queued + running at once; 0: 64 */
-	int64_t kv_tokens;         /* KV positions over all running sequences; 0: 16384 */
+	int64_t kv_tokens;         /* KV positions over all running sequences, rounded down to
+				      whole blocks (allocated at create); 0: 16384 */
+	int64_t kv_block;          /* positions per KV block, a power of two; 0: 64, halved
+				      while kv_tokens holds fewer blocks than max_requests */
 	int64_t max_batch_tokens;  /* tokens per forward call; 0: 256 */
 	int n_devices;             /* devices of the placement (for the tier counts); 0: none */
 } moet_sched_opts;
@@ -88,10 +92,15 @@ typedef struct moet_sched_update {
 
 typedef struct moet_sched_stats {
 	int queued, running;
-	int64_t kv_tokens;         /* the budget */
-	int64_t kv_reserved;       /* positions held by running requests */
-	int64_t kv_pooled;         /* positions of the caches in the free pool */
-	int kv_in_use, kv_free;    /* cache objects running / in the pool */
+	int64_t kv_tokens;         /* the budget: positions of the pool (whole blocks) */
+	int64_t kv_block;          /* positions per block */
+	int64_t kv_blocks;         /* blocks of the pool */
+	int64_t kv_blocks_reserved;/* reserved by running requests: ceil((prompt + max_tokens) /
+				      block) each */
+	int64_t kv_blocks_used;    /* held by caches (written positions) */
+	int64_t kv_blocks_free;    /* in the pool's free list: kv_blocks - kv_blocks_used */
+	int64_t kv_reserved;       /* positions reserved: kv_blocks_reserved x kv_block */
+	int kv_in_use;             /* caches of running requests (equals running) */
 	uint64_t steps, tokens_generated, tokens_prefilled;
 	uint64_t requests_done, requests_cancelled, requests_failed;
 	int last_batch_seqs;

@@ -4,8 +4,8 @@
  * One lock (s->mu) guards the queue, the running set, every request's fields and the stats;
  * the engine drops it only for the forward pass. A step:
  *
- *   lock: finish released requests (their KV back to the pool)
- *         admit queued requests in order while reserved + need <= kv_tokens
+ *   lock: finish released requests (their KV blocks back to the pool)
+ *         admit queued requests in order while their blocks fit (reserved + need <= blocks)
  *         plan: every decoding request 1 token, then prefill chunks in admission order
  *               within max_batch_tokens (a chunk that ends its prompt asks for its next
  *               token: drawn by the backend where the logits are, or the logits row to
@@ -15,11 +15,17 @@
  *         EOS, max_tokens;
  *         broadcast to the pollers
  *
- * KV pool: a finished request's cache goes to the pool; admission takes a pooled cache whose
- * capacity fits (need <= cap <= 2 x need) before creating one, and frees pooled caches when
- * reserved + pooled + need would pass the budget. So the caches never hold more positions
- * than the budget, and no cache is ever lost: stats.kv_in_use always equals the running count.
- * A pooled cache is emptied with moet_kv_reset.
+ * KV: one block pool of the whole budget (moet_kv_pool, allocated at create). A request's
+ * cache (moet_kv_create_in) takes blocks as its positions are written and gives them all back
+ * when it finishes. Admission reserves ceil((prompt + max_tokens) / block) blocks, first come
+ * first served (a request whose blocks are not free waits in the queue); the reservations
+ * never pass the pool, so a running request always finds its next block and the forward
+ * pass never meets a full pool.
+ *   NOTE: reserving the worst case keeps decoding free of preemption (no request has to be
+ *   evicted and recomputed); what paging buys today is no per-request allocation and no
+ *   fragmentation: any freed block serves any later request.
+ * Invariants (stats, in blocks): used + free = blocks, used <= reserved <= blocks, and
+ * kv_in_use equals the running count: a lost block or cache would show.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -44,9 +50,8 @@ struct moet_sched {
 	int n_queue;
 	moet_sched_req **run;        /* [max_requests], admission order */
 	int n_run;
-	moet_kv **pool;              /* [max_requests] free caches */
-	int64_t *pool_cap;
-	int n_pool;
+	moet_kv_pool *kvp;           /* every request's KV blocks */
+	int64_t block;               /* positions per block */
 	moet_sched_stats st;
 	double rate_t0;              /* tokens/s window */
 	uint64_t rate_tok0;
@@ -94,67 +99,27 @@ static void req_unref(moet_sched_req *r)
 		req_free(r);
 }
 
-/* ---- KV pool (lock held) -------------------------------------------------------------- */
+/* ---- KV blocks (lock held) ------------------------------------------------------------ */
 
-static void pool_drop(moet_sched *s, int i);
-
-/* NOTE: the pool holds at most max_requests caches (its array); when full, the smallest
- * goes, so the pool keeps the caches most likely to fit a later request. */
-static void pool_put(moet_sched *s, moet_kv *kv, int64_t cap)
+/* The block counts of the stats, from the pool (the engine thread's: only it changes it). */
+static void kv_stats(moet_sched *s)
 {
-	if (s->n_pool == s->o.max_requests) {
-		int small = 0;
-		for (int i = 1; i < s->n_pool; i++)
-			small = s->pool_cap[i] < s->pool_cap[small] ? i : small;
-		if (s->pool_cap[small] >= cap) {
-			moet_kv_destroy(kv);
-			return;
-		}
-		pool_drop(s, small);
-	}
-	s->pool[s->n_pool] = kv;
-	s->pool_cap[s->n_pool++] = cap;
-	s->st.kv_pooled += cap;
-	s->st.kv_free = s->n_pool;
+	s->st.kv_blocks_free = moet_kv_pool_free_blocks(s->kvp);
+	s->st.kv_blocks_used = s->st.kv_blocks - s->st.kv_blocks_free;
+	s->st.kv_reserved = s->st.kv_blocks_reserved * s->block;
 }
 
-static void pool_drop(moet_sched *s, int i)
-{
-	moet_kv_destroy(s->pool[i]);
-	s->st.kv_pooled -= s->pool_cap[i];
-	s->pool[i] = s->pool[--s->n_pool];
-	s->pool_cap[i] = s->pool_cap[s->n_pool];
-	s->st.kv_free = s->n_pool;
-}
-
-/* A cache of at least `need` positions for r, within the budget; 1 when it must wait. */
+/* A cache for r with `need` positions' blocks reserved; 1 when they are not free yet. */
 static int kv_acquire(moet_sched *s, moet_sched_req *r, int64_t need)
 {
-	if (s->st.kv_reserved + need > s->o.kv_tokens)
+	const int64_t nb = (need + s->block - 1) / s->block;
+	if (s->st.kv_blocks_reserved + nb > s->st.kv_blocks)
 		return 1;
-	int best = -1;
-	for (int i = 0; i < s->n_pool; i++)
-		if (s->pool_cap[i] >= need && s->pool_cap[i] <= 2 * need &&
-		    s->st.kv_reserved + s->pool_cap[i] <= s->o.kv_tokens &&
-		    (best < 0 || s->pool_cap[i] < s->pool_cap[best]))
-			best = i;
-	if (best >= 0) {
-		r->kv = s->pool[best];
-		r->kv_cap = s->pool_cap[best];
-		moet_kv_reset(r->kv);
-		s->st.kv_pooled -= r->kv_cap;
-		s->pool[best] = s->pool[--s->n_pool];
-		s->pool_cap[best] = s->pool_cap[s->n_pool];
-		s->st.kv_free = s->n_pool;
-	} else {
-		while (s->n_pool && s->st.kv_reserved + s->st.kv_pooled + need > s->o.kv_tokens)
-			pool_drop(s, 0);
-		int rc = moet_kv_create(s->m, need, &r->kv);
-		if (rc)
-			return rc;
-		r->kv_cap = need;
-	}
-	s->st.kv_reserved += r->kv_cap;
+	int rc = moet_kv_create_in(s->kvp, need, &r->kv);
+	if (rc)
+		return rc;
+	r->kv_cap = nb * s->block;
+	s->st.kv_blocks_reserved += nb;
 	s->st.kv_in_use++;
 	return 0;
 }
@@ -170,10 +135,11 @@ static void finish(moet_sched *s, moet_sched_req *r, int why)
 		snprintf(r->error, sizeof(r->error), "out of memory for the text");
 	}
 	if (r->kv) {
-		s->st.kv_reserved -= r->kv_cap;
+		s->st.kv_blocks_reserved -= r->kv_cap / s->block;
 		s->st.kv_in_use--;
-		pool_put(s, r->kv, r->kv_cap);
+		moet_kv_destroy(r->kv); /* its blocks back to the pool */
 		r->kv = NULL;
+		kv_stats(s);
 	}
 	r->state = REQ_DONE;
 	if (r->finish == MOET_SCHED_FINISH_CANCELLED)
@@ -222,6 +188,7 @@ static void admit(moet_sched *s)
 	s->n_queue = o;
 	s->st.queued = s->n_queue;
 	s->st.running = s->n_run;
+	kv_stats(s);
 }
 
 /* The entry's next token: drawn where the logits are (moet_backend_draw: on CUDA only the id
@@ -379,6 +346,7 @@ static void *engine(void *arg)
 			fail_batch(s, n, rc);
 		else
 			consume(s, n);
+		kv_stats(s);
 		memcpy(s->st.tier_pairs, tiers, sizeof(uint64_t) * (size_t)s->st.n_tiers);
 		double t2 = now_s();
 		s->st.steps++;
@@ -418,28 +386,38 @@ int moet_sched_create(moet_model *m, const moet_tokenizer *tok, const moet_sched
 	const moet_config *c = moet_model_config(m);
 	s->vocab = c->vocab_size;
 	s->max_pos = c->max_position_embeddings;
-	s->st.kv_tokens = s->o.kv_tokens;
 	s->st.n_tiers = 1 + s->o.n_devices;
 	s->rate_t0 = now_s();
 	int rc = 0, mr = s->o.max_requests;
 	if (mr < 1 || mr > 4096 || s->o.kv_tokens < 2 || s->o.max_batch_tokens < 1 ||
-	    s->o.n_devices < 0 || s->o.n_devices >= MOET_SCHED_MAX_TIERS) {
-		rc = moet_err(MOET_EINVAL, "scheduler: max_requests %d, kv_tokens %lld, "
-			      "max_batch_tokens %lld or devices %d out of range", mr,
-			      (long long)s->o.kv_tokens, (long long)s->o.max_batch_tokens,
-			      s->o.n_devices);
+	    s->o.kv_block < 0 || s->o.n_devices < 0 || s->o.n_devices >= MOET_SCHED_MAX_TIERS) {
+		rc = moet_err(MOET_EINVAL, "scheduler: max_requests %d, kv_tokens %lld, kv_block "
+			      "%lld, max_batch_tokens %lld or devices %d out of range", mr,
+			      (long long)s->o.kv_tokens, (long long)s->o.kv_block,
+			      (long long)s->o.max_batch_tokens, s->o.n_devices);
 		goto fail;
 	}
+	/* NOTE: the default block (64 positions) halves while the budget holds fewer blocks
+	 * than max_requests, so that a small budget still serves several requests at once */
+	if (!s->o.kv_block)
+		for (s->o.kv_block = MOET_KV_BLOCK_TOKENS;
+		     s->o.kv_block > 1 && s->o.kv_tokens / s->o.kv_block < mr; s->o.kv_block /= 2)
+			;
+	if ((rc = moet_kv_pool_create(m, s->o.kv_tokens, s->o.kv_block, &s->kvp)))
+		goto fail;
+	s->block = s->o.kv_block;
+	s->st.kv_block = s->block;
+	s->st.kv_blocks = moet_kv_pool_blocks(s->kvp);
+	s->o.kv_tokens = s->st.kv_blocks * s->block; /* whole blocks: the effective budget */
+	s->st.kv_tokens = s->o.kv_tokens;
+	kv_stats(s);
 	s->queue = calloc((size_t)mr, sizeof(*s->queue));
 	s->run = calloc((size_t)mr, sizeof(*s->run));
-	s->pool = calloc((size_t)mr, sizeof(*s->pool));
-	s->pool_cap = calloc((size_t)mr, sizeof(*s->pool_cap));
 	s->steps = calloc((size_t)mr, sizeof(*s->steps));
 	s->step_req = calloc((size_t)mr, sizeof(*s->step_req));
 	s->logits = malloc((size_t)mr * (size_t)s->vocab * sizeof(float));
 	s->scratch = malloc((size_t)s->vocab * sizeof(int64_t));
-	if (!s->queue || !s->run || !s->pool || !s->pool_cap || !s->steps || !s->step_req ||
-	    !s->logits || !s->scratch) {
+	if (!s->queue || !s->run || !s->steps || !s->step_req || !s->logits || !s->scratch) {
 		rc = moet_err(MOET_ENOMEM, "scheduler buffers for %d requests", mr);
 		goto fail;
 	}
@@ -481,12 +459,9 @@ void moet_sched_destroy(moet_sched *s)
 		pthread_cond_destroy(&s->work);
 		pthread_cond_destroy(&s->news);
 	}
-	while (s->n_pool)
-		pool_drop(s, 0);
+	moet_kv_pool_destroy(s->kvp);
 	free(s->queue);
 	free(s->run);
-	free(s->pool);
-	free(s->pool_cap);
 	free(s->steps);
 	free(s->step_req);
 	free(s->logits);

@@ -72,16 +72,23 @@ char *serve_metrics_text(const moet_sched_stats *st, uint64_t http_requests,
 	metric(&o, "moet_batch_tokens", "gauge",
 	       "Tokens in the last forward step (decodes + prefill chunks).");
 	put(&o, "moet_batch_tokens %lld\n", (long long)st->last_batch_tokens);
-	metric(&o, "moet_kv_tokens_budget", "gauge", "KV positions for all sequences (--kv-tokens).");
+	metric(&o, "moet_kv_tokens_budget", "gauge",
+	       "KV positions for all sequences (--kv-tokens, whole blocks).");
 	put(&o, "moet_kv_tokens_budget %lld\n", (long long)st->kv_tokens);
 	metric(&o, "moet_kv_tokens_reserved", "gauge",
-	       "KV positions reserved by running requests (prompt + max_tokens each).");
+	       "KV positions reserved by running requests (prompt + max_tokens each, in blocks).");
 	put(&o, "moet_kv_tokens_reserved %lld\n", (long long)st->kv_reserved);
 	metric(&o, "moet_kv_slots_in_use", "gauge",
 	       "KV caches held by running requests (equals moet_requests_running).");
 	put(&o, "moet_kv_slots_in_use %d\n", st->kv_in_use);
-	metric(&o, "moet_kv_slots_pooled", "gauge", "Freed KV caches kept for reuse.");
-	put(&o, "moet_kv_slots_pooled %d\n", st->kv_free);
+	metric(&o, "moet_kv_blocks", "gauge", "KV blocks of the pool (used + free = all).");
+	put(&o, "moet_kv_blocks{state=\"used\"} %lld\n", (long long)st->kv_blocks_used);
+	put(&o, "moet_kv_blocks{state=\"free\"} %lld\n", (long long)st->kv_blocks_free);
+	metric(&o, "moet_kv_blocks_reserved", "gauge",
+	       "KV blocks running requests may take (used ones included).");
+	put(&o, "moet_kv_blocks_reserved %lld\n", (long long)st->kv_blocks_reserved);
+	metric(&o, "moet_kv_block_tokens", "gauge", "Positions per KV block.");
+	put(&o, "moet_kv_block_tokens %lld\n", (long long)st->kv_block);
 	metric(&o, "moet_requests_total", "counter", "Finished requests by result.");
 	put(&o, "moet_requests_total{result=\"completed\"} %llu\n",
 	    (unsigned long long)st->requests_done);

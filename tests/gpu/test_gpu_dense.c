@@ -556,7 +556,8 @@ static void attention_case(const char *name, attn_dims a, int n_seq, const int32
 	if (!dq || !dkvb || !dkpe || !dout || !dkb || !dvb || !dpos)
 		goto out;
 	if (dev_fail(moet_gpu_kv_write(dkvb, kvbs, dkpe, a.rope + 3, n_rows, a.heads, a.nope,
-				       a.rope, a.dv, dkb, dvb, ks, vs, dpos, NULL), "kv_write"))
+				       a.rope, a.dv, dkb, dvb, ks, vs, dpos, NULL, NULL),
+		     "kv_write"))
 		goto out;
 	/* The caches after kv_write equal the host's, bit for bit. */
 	for (int s = 0; s < n_seq; s++) {
@@ -573,10 +574,10 @@ static void attention_case(const char *name, attn_dims a, int n_seq, const int32
 	}
 	const float scale = 1.0f / sqrtf((float)qk) * 1.3f;
 	if (dev_fail(moet_gpu_attention(dq, ks, n_rows, a.heads, qk, a.dv, dkb, dvb, ks, vs, dpos,
-					scale, dout, vs, NULL), name) ||
+					NULL, scale, dout, vs, NULL), name) ||
 	    down(got, dout, (size_t)(n_rows * vs) * sizeof(float)) ||
 	    dev_fail(moet_gpu_attention(dq, ks, n_rows, a.heads, qk, a.dv, dkb, dvb, ks, vs, dpos,
-					scale, dout, vs, NULL), name) ||
+					NULL, scale, dout, vs, NULL), name) ||
 	    down(got2, dout, (size_t)(n_rows * vs) * sizeof(float)))
 		goto out;
 	CHECK(!memcmp(got, got2, (size_t)(n_rows * vs) * sizeof(float)), "%s: repeat differs",
@@ -585,14 +586,16 @@ static void attention_case(const char *name, attn_dims a, int n_seq, const int32
 		const int s = rows[t].seq;
 		for (int64_t h = 0; h < a.heads; h++)
 			moet_attend_ref(q + t * ks + h * qk, hk[s] + h * qk, ks, hv[s] + h * a.dv, vs,
-					pos[t] + 1, qk, a.dv, scale, scr, ref + t * vs + h * a.dv);
+					NULL, 0, pos[t] + 1, qk, a.dv, scale, scr,
+					ref + t * vs + h * a.dv);
 	}
 	same_bits(name, got, ref, (size_t)(n_rows * vs), 1);
 	/* Batch invariance: each row alone (its own pointers, n_rows = 1) gives its batch bits. */
 	for (int t = 0; t < n_rows; t++) {
 		if (dev_fail(moet_gpu_attention((float *)dq + t * ks, ks, 1, a.heads, qk, a.dv,
 						(float **)dkb + t, (float **)dvb + t, ks, vs,
-						(int32_t *)dpos + t, scale, dout, vs, NULL), name) ||
+						(int32_t *)dpos + t, NULL, scale, dout, vs, NULL),
+			     name) ||
 		    down(one, dout, (size_t)vs * sizeof(float)))
 			goto out;
 		CHECK(!memcmp(one, got + t * vs, (size_t)vs * sizeof(float)),
@@ -936,11 +939,11 @@ static void test_bad_input(void)
 	CHECK(moet_gpu_rope(d, 2, 16, 2, 16, 8, di, d, 1.0f, 1, NULL) == MOET_EINVAL,
 	      "rope overlapping rows");
 	CHECK(moet_gpu_attention(d, 64, 1, 1, 300, 8, (float **)di, (float **)di, 300, 8, di,
-				 1.0f, d, 8, NULL) == MOET_EINVAL, "attention d_qk");
-	CHECK(moet_gpu_attention(d, 64, 1, 1, 64, 8, NULL, (float **)di, 64, 8, di, 1.0f, d, 8,
-				 NULL) == MOET_EINVAL, "attention NULL");
+				 NULL, 1.0f, d, 8, NULL) == MOET_EINVAL, "attention d_qk");
+	CHECK(moet_gpu_attention(d, 64, 1, 1, 64, 8, NULL, (float **)di, 64, 8, di, NULL, 1.0f, d,
+				 8, NULL) == MOET_EINVAL, "attention NULL");
 	CHECK(moet_gpu_kv_write(d, 4, d, 4, 1, 1, 4, 4, 4, (float **)di, (float **)di, 8, 4, di,
-				NULL) == MOET_EINVAL, "kv_write kvb stride");
+				NULL, NULL) == MOET_EINVAL, "kv_write kvb stride");
 	CHECK(moet_gpu_router(d, 1, 10, d, 3, 1, 2, 1, 1.0f, di, d, NULL) == MOET_EINVAL,
 	      "router groups");
 	CHECK(moet_gpu_router(d, 1, 10, d, 1, 1, 11, 1, 1.0f, di, d, NULL) == MOET_EINVAL,

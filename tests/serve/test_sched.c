@@ -158,9 +158,12 @@ static void test_kv_budget(void)
 	moet_sched_stats st;
 	for (int it = 0; it < 4000; it++) {
 		moet_sched_get_stats(s, &st);
-		CHECK(st.kv_reserved <= 45 && st.kv_reserved + st.kv_pooled <= 45,
-		      "reserved %lld pooled %lld over the budget", (long long)st.kv_reserved,
-		      (long long)st.kv_pooled);
+		CHECK(st.kv_reserved <= 45 && st.kv_blocks_reserved <= st.kv_blocks &&
+		      st.kv_blocks_used <= st.kv_blocks_reserved &&
+		      st.kv_blocks_used + st.kv_blocks_free == st.kv_blocks,
+		      "blocks: reserved %lld used %lld free %lld of %lld",
+		      (long long)st.kv_blocks_reserved, (long long)st.kv_blocks_used,
+		      (long long)st.kv_blocks_free, (long long)st.kv_blocks);
 		CHECK(st.kv_in_use == st.running, "caches %d vs running %d", st.kv_in_use,
 		      st.running);
 		max_running = st.running > max_running ? st.running : max_running;
@@ -175,9 +178,17 @@ static void test_kv_budget(void)
 		moet_sched_release(r[i]);
 	}
 	wait_idle(s, &st);
-	CHECK(st.kv_in_use == 0 && st.kv_reserved == 0 && st.kv_free <= 2 && st.kv_pooled <= 45,
-	      "pool after: in use %d, free %d, pooled %lld", st.kv_in_use, st.kv_free,
-	      (long long)st.kv_pooled);
+	CHECK(st.kv_in_use == 0 && st.kv_reserved == 0 && st.kv_blocks_used == 0 &&
+	      st.kv_blocks_free == st.kv_blocks, "pool after: in use %d, blocks used %lld, free "
+	      "%lld of %lld", st.kv_in_use, (long long)st.kv_blocks_used,
+	      (long long)st.kv_blocks_free, (long long)st.kv_blocks);
+	/* the default block halves to 4 positions for 6 requests in 45: 11 blocks, 44 positions;
+	 * a request of 20 positions reserves 5 blocks, so two run at once */
+	moet_sched_opts eff;
+	moet_sched_get_opts(s, &eff);
+	CHECK(eff.kv_block == 4 && eff.kv_tokens == 44 && st.kv_blocks == 11,
+	      "block %lld, budget %lld, blocks %lld", (long long)eff.kv_block,
+	      (long long)eff.kv_tokens, (long long)st.kv_blocks);
 	/* never fits; bad ids; bad max_tokens; bad stop; bad logprobs */
 	moet_sched_req *x = NULL;
 	moet_sched_params q = greedy(prompt, 10, 40);
@@ -329,7 +340,9 @@ static void test_cancel_and_limits(void)
 	CHECK(st.requests_cancelled == 2 && st.kv_in_use == 0 && st.kv_reserved == 0,
 	      "cancelled %llu, in use %d", (unsigned long long)st.requests_cancelled,
 	      st.kv_in_use);
-	CHECK(st.kv_free == 1, "the cache is pooled, not lost: %d", st.kv_free);
+	CHECK(st.kv_blocks_used == 0 && st.kv_blocks_free == st.kv_blocks,
+	      "every block back, none lost: %lld free of %lld", (long long)st.kv_blocks_free,
+	      (long long)st.kv_blocks);
 	/* the slot serves again, reusing the pooled cache */
 	p.max_tokens = 4;
 	CHECK(moet_sched_submit(s, &p, &c) == 0, "after cancel");
@@ -363,9 +376,11 @@ static void test_pool_overflow(void)
 		}
 		moet_sched_stats st;
 		wait_idle(s, &st);
-		CHECK(st.kv_free <= 2 && st.kv_in_use == 0 && st.kv_pooled <= 4000,
-		      "round %d: pool %d caches, %lld positions", round, st.kv_free,
-		      (long long)st.kv_pooled);
+		CHECK(st.kv_in_use == 0 && st.kv_blocks_used == 0 &&
+		      st.kv_blocks_free == st.kv_blocks && st.kv_tokens <= 4000,
+		      "round %d: %lld blocks used, %lld free of %lld", round,
+		      (long long)st.kv_blocks_used, (long long)st.kv_blocks_free,
+		      (long long)st.kv_blocks);
 	}
 	moet_sched_destroy(s);
 }

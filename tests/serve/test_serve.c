@@ -425,6 +425,8 @@ static void test_disconnect_and_429(void)
 	double cancelled = st_metric(r.body, "moet_requests_total{result=\"cancelled\"}");
 	CHECK(cancelled - cancelled0 == 8, "cancelled %g -> %g", cancelled0, cancelled);
 	CHECK(st_metric(r.body, "moet_kv_tokens_reserved") == 0, "KV still reserved");
+	CHECK(st_metric(r.body, "moet_kv_blocks{state=\"used\"}") == 0 &&
+	      st_metric(r.body, "moet_kv_blocks{state=\"free\"}") > 0, "KV blocks not all back");
 	st_resp_free(&r);
 	answer a;
 	CHECK(ask("/v1/completions", "{\"prompt\":\"still there?\",\"max_tokens\":3,"
