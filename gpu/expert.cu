@@ -8,10 +8,10 @@
  *   down     (nmat 1): y[p][j] = canon(D(down, j, h[p]))
  * This file validates the experts and chains the passes through the caller's scratch (h).
  *
- * Kernel variant, read at every call from MOET_GPU_EXPERT_KERNEL: `ref` (rows_kernel for every
- * token count) or `tiled` (rows_tiled.cu for experts of >= 5 tokens under 16-byte staging);
- * unset or empty: DEFAULT_TILED. Both give the reference's bits (tests/gpu/test_gpu_expert.c
- * runs each); only the speed differs (docs/gpu.md).
+ * Kernel variant, read at every call from MOET_GPU_ROWS_KERNEL (moet_rows_variant): `ref`
+ * (rows_kernel for every token count) or `wide` (rows_wide.cu for experts of >= 5 tokens under
+ * 16-byte staging). Both give the reference's bits (tests/gpu/test_gpu_expert.c runs each);
+ * only the speed differs (docs/gpu.md).
  */
 #include "moet_gpu.h"
 
@@ -21,12 +21,6 @@
 #include <cuda_runtime.h>
 #include <limits.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-/* NOTE: ref stays the default: on the H200 (bench gpu-experts, docs/gpu.md) tiled was 1% faster
- * at 64 and 256 tokens per expert and 18% slower at 8, though equal bit for bit. */
-#define DEFAULT_TILED 0
 
 static bool aligned16(const void *p)
 {
@@ -52,21 +46,6 @@ extern "C" size_t moet_gpu_expert_scratch_bytes(int64_t n_pairs, int64_t inter)
 	if (n_pairs <= 0 || inter <= 0)
 		return 0;
 	return (size_t)n_pairs * (size_t)((inter + 3) / 4 * 4) * sizeof(float);
-}
-
-/* The variant MOET_GPU_EXPERT_KERNEL asks for: 0 ref, 1 tiled; MOET_EINVAL for other text. */
-static int kernel_variant(int *out_tiled)
-{
-	const char *v = getenv("MOET_GPU_EXPERT_KERNEL");
-	if (!v || !*v)
-		*out_tiled = DEFAULT_TILED;
-	else if (!strcmp(v, "ref"))
-		*out_tiled = 0;
-	else if (!strcmp(v, "tiled"))
-		*out_tiled = 1;
-	else
-		return moet_err(MOET_EINVAL, "MOET_GPU_EXPERT_KERNEL=%.40s (want ref or tiled)", v);
-	return 0;
 }
 
 static bool same_shape(const moet_mat *m, moet_dtype dt, int64_t rows, int64_t cols)
@@ -137,7 +116,7 @@ extern "C" int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, c
 		return moet_err(MOET_EINVAL, "expert ffn: scratch of %zu bytes, %zu needed",
 				scratch_bytes, moet_gpu_expert_scratch_bytes(n_pairs, I));
 
-	int tiled = 0, rc = kernel_variant(&tiled);
+	int wide = 0, rc = moet_rows_variant(&wide);
 	if (rc)
 		return rc;
 	const int idt = dt == MOET_DT_F8_E4M3 ? MOET_ROWS_F8 : MOET_ROWS_BF16;
@@ -154,7 +133,7 @@ extern "C" int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, c
 	g.out = (float *)scratch;
 	g.out_stride = hs;
 	g.vec = vec_up && H % 4 == 0 && aligned16(x);
-	g.tiled = tiled;
+	g.wide = wide;
 	rc = moet_rows_run(&g, get_gate_up, exps, n_exp, (cudaStream_t)stream);
 	if (rc)
 		return rc;
@@ -171,6 +150,6 @@ extern "C" int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, c
 	d.out_stride = H;
 	d.vec = vec_down && aligned16(scratch);
 	d.canon = 1;
-	d.tiled = tiled;
+	d.wide = wide;
 	return moet_rows_run(&d, get_down, exps, n_exp, (cudaStream_t)stream);
 }

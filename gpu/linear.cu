@@ -76,6 +76,9 @@ extern "C" int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stri
 	j.vec = (K * (int64_t)esz) % 16 == 0 && K % 4 == 0 && x_stride % 4 == 0 &&
 		aligned16(w->data) && aligned16(x);
 	j.canon = 0;
+	int rc = moet_rows_variant(&j.wide);
+	if (rc)
+		return rc;
 	linear_ctx c = { w, n_tok };
 	return moet_rows_run(&j, get_one, &c, 1, (cudaStream_t)stream);
 }

@@ -57,6 +57,8 @@
 #include <cuda_runtime.h>
 #include <limits.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define THREADS MOET_ROWS_THREADS
 #define EXP_MAX MOET_ROWS_EXP_MAX
@@ -344,12 +346,30 @@ static __global__ void __launch_bounds__(THREADS) rows_kernel(const __grid_const
 
 /* ---- host side ------------------------------------------------------------------------------ */
 
-#define N_CLASS 5
+#define N_CLASS MOET_ROWS_N_CLASS
 
-/* Token-count classes: n = 1, 2, 3-4, 5-8, >= 9 tokens per group. */
+/* Token-count classes: n = 1, 2, 3-4, 5-8, 9-16, >= 17 tokens per group (rows_int.h). */
 static int class_of(int64_t n)
 {
-	return n <= 1 ? 0 : n == 2 ? 1 : n <= 4 ? 2 : n <= 8 ? 3 : 4;
+	return n <= 1 ? 0 : n == 2 ? 1 : n <= 4 ? 2 : n <= 8 ? 3 : n <= 16 ? 4 : 5;
+}
+
+/* NOTE: wide is the default where it applies (9+ tokens per group): on the H200 (bench
+ * gpu-experts, docs/gpu.md) 8-9% faster than rows_kernel there, same bits. */
+#define DEFAULT_WIDE 1
+
+int moet_rows_variant(int *out_wide)
+{
+	const char *v = getenv("MOET_GPU_ROWS_KERNEL");
+	if (!v || !*v)
+		*out_wide = DEFAULT_WIDE;
+	else if (!strcmp(v, "ref"))
+		*out_wide = 0;
+	else if (!strcmp(v, "wide"))
+		*out_wide = 1;
+	else
+		return moet_err(MOET_EINVAL, "MOET_GPU_ROWS_KERNEL=%.40s (want ref or wide)", v);
+	return 0;
 }
 
 typedef moet_rows_kernel kernel_ent;
@@ -357,7 +377,7 @@ typedef moet_rows_kernel kernel_ent;
 template <int DT, int NMAT, int TT, int WR> static kernel_ent ent(void)
 {
 	using C = cfg<DT, NMAT, TT, WR>;
-	return kernel_ent{ rows_kernel<DT, NMAT, TT, WR>, C::SMEM, C::RB, C::TB };
+	return kernel_ent{ rows_kernel<DT, NMAT, TT, WR>, C::SMEM, C::RB, C::TB, THREADS };
 }
 
 template <int DT, int NMAT> static kernel_ent class_ent(int cl)
@@ -367,7 +387,7 @@ template <int DT, int NMAT> static kernel_ent class_ent(int cl)
 	case 1: return ent<DT, NMAT, 2, 8>();
 	case 2: return ent<DT, NMAT, 4, 8>();
 	case 3: return ent<DT, NMAT, 4, 4>();
-	default: return ent<DT, NMAT, 4, 2>();
+	default: return ent<DT, NMAT, 4, 2>(); /* 9-16 and >= 17 */
 	}
 }
 
@@ -378,7 +398,7 @@ static kernel_ent pick(int dt, int nmat, int cl)
 		return nmat == 2 ? class_ent<DT_F8, 2>(cl) : class_ent<DT_F8, 1>(cl);
 	if (dt == DT_BF16)
 		return nmat == 2 ? class_ent<DT_BF16, 2>(cl) : class_ent<DT_BF16, 1>(cl);
-	return nmat == 1 ? class_ent<DT_F32, 1>(cl) : kernel_ent{ NULL, 0, 1, 1 };
+	return nmat == 1 ? class_ent<DT_F32, 1>(cl) : kernel_ent{ NULL, 0, 1, 1, 0 };
 }
 
 int moet_rows_run(const moet_rows_job *job, moet_rows_get_fn get, const void *ctx,
@@ -397,8 +417,8 @@ int moet_rows_run(const moet_rows_job *job, moet_rows_get_fn get, const void *ct
 	base.canon = job->canon;
 	for (int cl = 0; cl < N_CLASS; cl++) {
 		kernel_ent k = pick(job->dt, job->nmat, cl);
-		if (job->tiled && job->vec && job->dt != DT_F32 && cl >= 3) {
-			kernel_ent t = moet_rows_tiled_pick(job->dt, job->nmat, cl);
+		if (job->wide && job->vec && job->dt != DT_F32 && job->K % 16 == 0 && cl >= 4) {
+			kernel_ent t = moet_rows_wide_pick(job->dt, job->nmat, cl);
 			if (t.fn)
 				k = t;
 		}
@@ -434,7 +454,7 @@ int moet_rows_run(const moet_rows_job *job, moet_rows_get_fn get, const void *ct
 				/* NOTE: sets the limit on the current device; cheap, no sync. */
 				MOET_CUDA_TRY(cudaFuncSetAttribute(k.fn,
 					cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
-				k.fn<<<(unsigned)tiles, THREADS, (size_t)k.smem, stream>>>(a);
+				k.fn<<<(unsigned)tiles, (unsigned)k.threads, (size_t)k.smem, stream>>>(a);
 				MOET_CUDA_TRY(cudaGetLastError());
 				a.n_exp = 0;
 				tiles = 0;

@@ -40,8 +40,8 @@ typedef struct moet_rows_job {
 	int vec;              /* 16-byte staging: caller checked K * esize % 16 == 0, K % 4 == 0 and
 			       * 16-byte aligned weights and x (x_stride % 4 == 0) */
 	int canon;            /* nmat 1: canonicalize NaN outputs */
-	int tiled;            /* F8/BF16 under vec: groups of >= 5 tokens take the register-tiled
-			       * kernel (rows_tiled.cu); same bits, other speed */
+	int wide;             /* F8/BF16 under vec with K % 16 == 0: groups of >= 9 tokens take
+			       * the wide kernel (rows_wide.cu); same bits, other speed */
 } moet_rows_job;
 
 /*
@@ -52,7 +52,14 @@ typedef struct moet_rows_job {
 int moet_rows_run(const moet_rows_job *job, moet_rows_get_fn get, const void *ctx,
 		  int64_t n_groups, cudaStream_t stream);
 
-/* ---- shared by rows.cu and rows_tiled.cu ------------------------------------------------- */
+/*
+ * The variant MOET_GPU_ROWS_KERNEL asks for, read at every call: `ref` (rows_kernel for every
+ * token count; *out_wide = 0) or `wide` (rows_wide.cu where it applies; 1); unset or empty:
+ * the default. MOET_EINVAL (recorded) for other text. Both give the same bits.
+ */
+int moet_rows_variant(int *out_wide);
+
+/* ---- shared by rows.cu and rows_wide.cu ------------------------------------------------- */
 
 #define MOET_ROWS_THREADS 256
 #define MOET_ROWS_EXP_MAX 64 /* experts per launch (kernel parameter space) */
@@ -79,14 +86,18 @@ struct moet_rows_args {
 
 typedef void (*moet_rows_kernel_fn)(moet_rows_args);
 
-/* A kernel instance and its launch shape: dynamic shared bytes, rows and tokens per tile. */
+/* A kernel instance and its launch shape: dynamic shared bytes, rows and tokens per tile,
+ * threads per block. */
 struct moet_rows_kernel {
 	moet_rows_kernel_fn fn;
-	int smem, rb, tb;
+	int smem, rb, tb, threads;
 };
 
-/* The register-tiled instance for (dt F8 or BF16, nmat, token class 3 or 4), or fn NULL. */
-moet_rows_kernel moet_rows_tiled_pick(int dt, int nmat, int cl);
+/* Token-count classes of a launch: n = 1, 2, 3-4, 5-8, 9-16, >= 17 tokens per group. */
+#define MOET_ROWS_N_CLASS 6
+
+/* The wide instance for (dt F8 or BF16, nmat, token class 4 or 5), or fn NULL. */
+moet_rows_kernel moet_rows_wide_pick(int dt, int nmat, int cl);
 
 /* The tile of block `tile` in a launch: group e (last with tile0[e] <= tile), then the row
  * tile and the token tile (fastest) inside the group. */

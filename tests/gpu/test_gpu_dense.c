@@ -246,12 +246,21 @@ static void linear_case(const char *name, moet_dtype dt, int64_t R, int64_t K, i
 	if (!dw || (s && !ds) || !dx || !dy)
 		goto out;
 	moet_mat hm = { dt, R, K, w, s }, dm = { dt, R, K, dw, ds };
-	if (dev_fail(moet_gpu_linear(&dm, dx, xs, n_tok, dy, ys, NULL), name) ||
-	    down(y, dy, (size_t)(n_tok * ys) * sizeof(float)) ||
-	    dev_fail(moet_gpu_linear(&dm, dx, xs, n_tok, dy, ys, NULL), name) ||
-	    down(y2, dy, (size_t)(n_tok * ys) * sizeof(float)))
-		goto out;
-	CHECK(!memcmp(y, y2, (size_t)(n_tok * ys) * sizeof(float)), "%s: repeat run differs", name);
+	/* The reference variant of the row kernels (MOET_GPU_ROWS_KERNEL=ref) and the default
+	 * (wide where it applies), twice: all three bit-identical, and checked below. */
+	static const char *const var[3] = { "ref", "", "" };
+	for (int v = 0; v < 3; v++) {
+		setenv("MOET_GPU_ROWS_KERNEL", var[v], 1);
+		int bad = dev_fail(moet_gpu_linear(&dm, dx, xs, n_tok, dy, ys, NULL), name) ||
+			  down(v ? y2 : y, dy, (size_t)(n_tok * ys) * sizeof(float));
+		unsetenv("MOET_GPU_ROWS_KERNEL");
+		if (bad)
+			goto out;
+		if (v)
+			CHECK(!memcmp(y, y2, (size_t)(n_tok * ys) * sizeof(float)),
+			      "%s: %s run differs from the ref variant", name,
+			      v == 1 ? "default" : "repeated default");
+	}
 	/* Rows to check: all within the budget, else a sample with the first and the last. */
 	int64_t n_rows = R;
 	double per_row = (double)K * (double)n_tok;

@@ -8,9 +8,9 @@
  * NaN-canonicalized on both sides, so NaN rows compare equal bit for bit); the first mismatch
  * is printed in hex. Each call runs twice: the two outputs must be identical. Shapes: every
  * (I, H) from {1, 7, 16, 17, 127, 128, 129, 200}^2, token-count sweeps up to 1024 per expert,
- * more experts than one launch takes, the tiled kernel's partial tiles and chunks, and the
- * Kimi-K2 geometry (H 7168, I 2048). Every case runs each kernel variant of expert.cu
- * (MOET_GPU_EXPERT_KERNEL=ref and tiled) on the same inputs against one reference. Value modes:
+ * more experts than one launch takes, the wide kernel's partial tiles and chunks, and the
+ * Kimi-K2 geometry (H 7168, I 2048). Every case runs each variant of the row kernels
+ * (MOET_GPU_ROWS_KERNEL=ref and wide) on the same inputs against one reference. Value modes:
  * ordinary; edges (all e4m3 codes but NaN, subnormal to huge scales, subnormal, tiny and large
  * activations, signed zeros); zeros (signed zeros everywhere); NaN codes.
  *
@@ -33,9 +33,9 @@
 enum { MODE_NORMAL, MODE_EDGE, MODE_ZEROS, MODE_NAN, N_MODES };
 static const char *mode_name[N_MODES] = { "normal", "edge", "zeros", "nan" };
 
-/* The kernel variants of gpu/expert.cu (MOET_GPU_EXPERT_KERNEL); each case runs all. */
+/* The variants of the row kernels (MOET_GPU_ROWS_KERNEL, gpu/rows_int.h); each case runs all. */
 #define N_VARIANTS 2
-static const char *const variant[N_VARIANTS] = { "ref", "tiled" };
+static const char *const variant[N_VARIANTS] = { "ref", "wide" };
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint64_t rnd(void)
@@ -281,13 +281,13 @@ static void run_case(const char *tag, moet_dtype dt, int64_t I, int64_t H, int n
 		goto out;
 	/* Each kernel variant on the same inputs against the one reference. */
 	for (int v = 0; v < N_VARIANTS; v++) {
-		setenv("MOET_GPU_EXPERT_KERNEL", variant[v], 1);
+		setenv("MOET_GPU_ROWS_KERNEL", variant[v], 1);
 		rc = moet_gpu_expert_ffn(ge, n_exp, dx, n_x, dtok, dscr, scr, dy, NULL);
 		rc = rc ? rc : moet_gpu_expert_ffn(ge, n_exp, dx, n_x, dtok, dscr, scr, dy2, NULL);
 		rc = rc ? rc : moet_gpu_sync(NULL);
 		rc = rc ? rc : moet_gpu_copy_d2h(yd, dy, (size_t)(n_pairs * H) * sizeof(float));
 		rc = rc ? rc : moet_gpu_copy_d2h(yd2, dy2, (size_t)(n_pairs * H) * sizeof(float));
-		unsetenv("MOET_GPU_EXPERT_KERNEL");
+		unsetenv("MOET_GPU_ROWS_KERNEL");
 		CHECK(rc == 0, "%s [%s]: device: %s", name, variant[v], moet_errmsg());
 		if (rc)
 			goto out;
@@ -382,10 +382,10 @@ static void bad_input(void)
 	      "no x rows");
 	CHECK(moet_gpu_expert_ffn(&g, 1, (const float *)((char *)dx + 2), 1, dtok, dscr, scr, dy,
 				  NULL) == MOET_EINVAL, "misaligned x");
-	setenv("MOET_GPU_EXPERT_KERNEL", "fastest", 1);
+	setenv("MOET_GPU_ROWS_KERNEL", "fastest", 1);
 	rc = moet_gpu_expert_ffn(&g, 1, dx, 1, dtok, dscr, scr, dy, NULL);
-	unsetenv("MOET_GPU_EXPERT_KERNEL");
-	CHECK(rc == MOET_EINVAL, "MOET_GPU_EXPERT_KERNEL=fastest: %d", rc);
+	unsetenv("MOET_GPU_ROWS_KERNEL");
+	CHECK(rc == MOET_EINVAL, "MOET_GPU_ROWS_KERNEL=fastest: %d", rc);
 	printf("  unknown variant: %s\n", moet_errmsg());
 	CHECK(moet_gpu_sync(NULL) == 0, "sync: %s", moet_errmsg());
 	CHECK(moet_gpu_alloc(1, NULL) == MOET_EINVAL, "alloc without out_ptr");
@@ -521,13 +521,14 @@ int main(int argc, char **argv)
 		run_case("sweep", dt, 129, 200, ns, sweep, MODE_EDGE, 0);
 	}
 
-	/* The tiled kernel's edges (>= 5 tokens, 16-byte staging): partial row tiles (144 rows:
-	 * 32-row gate/up tiles, 64-row down tiles) across a 128-row scale block, partial column
-	 * chunks (400 = 3 x 128 + 16, 144 = 128 + 16), tokens filling a tile, one over, many. */
-	static const int64_t tiled[] = { 5, 8, 9, 16, 17, 31, 64 };
+	/* The wide kernel's edges (>= 9 tokens, 16-byte staging, K % 16 == 0) and the classes
+	 * below it: partial row tiles (144 rows: 16-row gate/up tiles, 32-row down tiles) across a
+	 * 128-row scale block, partial column chunks (400 = 3 x 128 + 16, 144 = 128 + 16), token
+	 * tiles of 16 filled, one over, many. */
+	static const int64_t tiled[] = { 5, 8, 9, 16, 17, 31, 32, 33, 64 };
 	for (int d = 0; d < 2; d++)
 		for (int m = 0; m < N_MODES; m++)
-			run_case("tiled-edges", d ? MOET_DT_BF16 : MOET_DT_F8_E4M3, 144, 400,
+			run_case("wide-edges", d ? MOET_DT_BF16 : MOET_DT_F8_E4M3, 144, 400,
 				 (int)(sizeof(tiled) / sizeof(tiled[0])), tiled, m, m == 1);
 
 	/* More experts than one launch takes (64), zero to three tokens each. */
