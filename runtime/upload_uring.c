@@ -366,7 +366,7 @@ int moet_upload_mats_uring(const moet_ckpt *ck, const moet_mat *host, int64_t n,
 	item *it = malloc((size_t)(2 * n + 1) * sizeof(*it)), *sorted = NULL;
 	seg *sg = NULL;
 	fill f[MAX_NBUF] = { 0 };
-	char *staging = NULL;
+	char *staging = NULL, *pinned = NULL;
 	moet_uring *ur = NULL;
 	up u = { .buf_bytes = bb, .block = block, .host = d.host_dst, .f = f };
 	int64_t n_it = 0;
@@ -384,7 +384,12 @@ int moet_upload_mats_uring(const moet_ckpt *ck, const moet_mat *host, int64_t n,
 	if (u.host) {
 		if (!(staging = aligned_alloc(MOET_URING_ALIGN, (size_t)nb * bb)))
 			rc = moet_err(MOET_ENOMEM, "upload: %d staging buffers of %zu bytes", nb, bb);
-	} else if (!(rc = moet_gpu_host_alloc((size_t)nb * bb, (void **)&staging))) {
+	} else if (!(rc = moet_gpu_host_alloc((size_t)nb * bb + MOET_URING_ALIGN,
+					      (void **)&pinned))) {
+		/* NOTE: cudaHostAlloc promises no page alignment (2048 seen on the H200 host);
+		 * O_DIRECT reads need it */
+		staging = pinned + (MOET_URING_ALIGN - (uintptr_t)pinned % MOET_URING_ALIGN) %
+					   MOET_URING_ALIGN;
 		rc = moet_gpu_stream_create(&u.stream);
 		/* NOTE: should the kernel refuse to register the driver's pinned memory, an
 		 * unregistered O_DIRECT read into it could fail (EFAULT): buffered reads then */
@@ -481,7 +486,7 @@ done:
 	if (u.host)
 		free(staging);
 	else
-		moet_gpu_host_free(staging);
+		moet_gpu_host_free(pinned);
 	free(it);
 	free(sorted);
 	free(sg);
