@@ -567,7 +567,8 @@ static int take(moet_sched_req *r, moet_sched_update *u)
 	}
 	if (nt)
 		memcpy(u->tokens, r->toks + r->toks_read, nt * sizeof(*u->tokens));
-	memcpy(u->text, r->text + r->text_read, nx);
+	if (nx) /* r->text is NULL when no text was made (no tokenizer) */
+		memcpy(u->text, r->text + r->text_read, nx);
 	u->text[nx] = 0;
 	u->n_tokens = nt;
 	u->n_text = nx;
