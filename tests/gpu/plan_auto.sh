@@ -142,10 +142,14 @@ forms() { awk '/^forms:/ {on = 1; next} on && $1 ~ /^[0-9]+$/ {
 	printf '%6s | %11s %-11s %9s %8s %9s | %11s %-11s %9s %8s %9s | %9s %9s %9s\n' batch \
 		even_ms ran pred_ms err pred_b_ms auto_ms ran pred_ms err pred_b_ms \
 		meas_a/e pred_a/e pred_b_a/e
-	# NOTE: join wants its inputs in the collating order (1 16 4 64); sort -n after it.
-	join <(rows "$out/bench-even.txt" | sort) <(forms "$out/predict-bench-even.txt" | sort) |
-		join - <(rows "$out/bench-auto.txt" | sort) |
-		join - <(forms "$out/predict-bench-auto.txt" | sort) | sort -n |
+	# NOTE: join wants its inputs sorted on the key in its own collation (1 16 4 64): both
+	# under LC_ALL=C, sort on the first field only (a whole-line sort in a UTF-8 locale
+	# ignores the blanks and put "16 41.8" before "1 7.86"); sort -n after it.
+	export LC_ALL=C
+	join <(rows "$out/bench-even.txt" | sort -k1,1) \
+		<(forms "$out/predict-bench-even.txt" | sort -k1,1) |
+		join - <(rows "$out/bench-auto.txt" | sort -k1,1) |
+		join - <(forms "$out/predict-bench-auto.txt" | sort -k1,1) | sort -n |
 		awk '{f = "%6s | %11.3f %-11s %9.3f %8s %9.3f | %11.3f %-11s %9.3f %8s %9.3f | "
 			printf f "%9.3f %9.3f %9.3f\n", $1, $2, $3, $4, $5, $6, $7, $8, $9,
 			$10, $11, $7 / $2, $9 / $4, $11 / $6}'
