@@ -91,40 +91,12 @@ template <int DT, int NMAT, int TT, int WR> struct cfg {
 	static_assert(WBYTES % 16 == 0, "activation stage 16-byte aligned");
 };
 
-static __device__ __forceinline__ void cp_async16(void *dst, const void *src)
-{
-	unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
-}
-
-static __device__ __forceinline__ void cp_async_commit(void)
-{
-	asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int N> static __device__ __forceinline__ void cp_async_wait(void)
-{
-	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 /* Four weights of one step, exactly decoded: columns k..k+3 of a staged row. */
 template <int DT> static __device__ __forceinline__ void decode4(const unsigned char *p,
 								   float w[4])
 {
 	if (DT == DT_F8) {
-		uint32_t wd = *(const uint32_t *)p;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-		uint32_t h01, h23;
-		asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h01) : "h"((unsigned short)(wd & 0xFFFFu)));
-		asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h23) : "h"((unsigned short)(wd >> 16)));
-		asm("cvt.f32.f16 %0, %1;" : "=f"(w[0]) : "h"((unsigned short)(h01 & 0xFFFFu)));
-		asm("cvt.f32.f16 %0, %1;" : "=f"(w[1]) : "h"((unsigned short)(h01 >> 16)));
-		asm("cvt.f32.f16 %0, %1;" : "=f"(w[2]) : "h"((unsigned short)(h23 & 0xFFFFu)));
-		asm("cvt.f32.f16 %0, %1;" : "=f"(w[3]) : "h"((unsigned short)(h23 >> 16)));
-#else
-		for (int q = 0; q < 4; q++)
-			w[q] = moet_dec_e4m3((uint8_t)(wd >> (8 * q)));
-#endif
+		moet_dec4_f8(*(const uint32_t *)p, w);
 	} else if (DT == DT_BF16) {
 		uint2 u = *(const uint2 *)p;
 		w[0] = __uint_as_float(u.x << 16);
@@ -196,7 +168,7 @@ static __global__ void __launch_bounds__(THREADS) rows_kernel(const __grid_const
 				if (r < n_rows && q < pv) {
 					const unsigned char *src = (const unsigned char *)a.w[e][m] +
 						((size_t)(row0 + r) * K + kc0) * C::ESZ + q * 16;
-					cp_async16(ws + (m * C::RB + r) * C::WSTRIDE + q * 16, src);
+					moet_cp_async16(ws + (m * C::RB + r) * C::WSTRIDE + q * 16, src);
 				}
 			}
 			const int xv = kcols / 4;
@@ -206,7 +178,7 @@ static __global__ void __launch_bounds__(THREADS) rows_kernel(const __grid_const
 					float *dst = xs + i * XSTRIDE + q * 4;
 					int xr = xrow_s[i];
 					if (xr >= 0)
-						cp_async16(dst, a.x + xr * a.x_stride + kc0 + q * 4);
+						moet_cp_async16(dst, a.x + xr * a.x_stride + kc0 + q * 4);
 					else
 						*(float4 *)dst = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 				}
@@ -233,7 +205,7 @@ static __global__ void __launch_bounds__(THREADS) rows_kernel(const __grid_const
 				}
 			}
 		}
-		cp_async_commit();
+		moet_cp_async_commit();
 	};
 
 	float p[NMAT][C::RT][TT][4], acc[NMAT][C::RT][TT][4];
@@ -277,16 +249,16 @@ static __global__ void __launch_bounds__(THREADS) rows_kernel(const __grid_const
 		if (st < n_chunk)
 			load(st, st);
 		else
-			cp_async_commit();
+			moet_cp_async_commit();
 	}
 	for (int c = 0; c < n_chunk; c++) {
-		cp_async_wait<C::NSTAGE - 2>();
+		moet_cp_async_wait<C::NSTAGE - 2>();
 		__syncthreads();
 		const int nc = c + C::NSTAGE - 1;
 		if (nc < n_chunk)
 			load(nc, nc % C::NSTAGE);
 		else
-			cp_async_commit();
+			moet_cp_async_commit();
 
 		/* Block scales of my rows for this chunk (1.0f without scales or past the last row). */
 		float sc[NMAT][C::RT];
@@ -323,7 +295,7 @@ static __global__ void __launch_bounds__(THREADS) rows_kernel(const __grid_const
 						p[m][r][i][q] = 0.0f;
 					}
 	}
-	cp_async_wait<0>();
+	moet_cp_async_wait<0>();
 
 #pragma unroll
 	for (int r = 0; r < C::RT; r++)

@@ -17,6 +17,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "moet_dtype.h"
+
 enum { MOET_ROWS_F8 = 0, MOET_ROWS_BF16 = 1, MOET_ROWS_F32 = 2 };
 
 typedef struct moet_rows_group {
@@ -98,6 +100,50 @@ struct moet_rows_kernel {
 
 /* The wide instance for (dt F8 or BF16, nmat, token class 4 or 5), or fn NULL. */
 moet_rows_kernel moet_rows_wide_pick(int dt, int nmat, int cl);
+
+/* cp.async of 16 bytes global -> shared (L2 only); moet_cp_async16z: zero-filled instead of
+ * read when !ok (src is then not read). */
+static __device__ __forceinline__ void moet_cp_async16(void *dst, const void *src)
+{
+	unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+
+static __device__ __forceinline__ void moet_cp_async16z(void *dst, const void *src, bool ok)
+{
+	unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+	int n = ok ? 16 : 0;
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n));
+}
+
+static __device__ __forceinline__ void moet_cp_async_commit(void)
+{
+	asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int N> static __device__ __forceinline__ void moet_cp_async_wait(void)
+{
+	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* Four exactly decoded F8_E4M3 weights from one 32-bit word of codes (columns k..k+3):
+ * cvt.rn.f16x2.e4m3x2 then cvt.f32.f16 (sm_89+; both exact, NaN codes give NaN), else
+ * moet_dec_e4m3. */
+static __device__ __forceinline__ void moet_dec4_f8(uint32_t wd, float w[4])
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+	uint32_t h01, h23;
+	asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h01) : "h"((unsigned short)(wd & 0xFFFFu)));
+	asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h23) : "h"((unsigned short)(wd >> 16)));
+	asm("cvt.f32.f16 %0, %1;" : "=f"(w[0]) : "h"((unsigned short)(h01 & 0xFFFFu)));
+	asm("cvt.f32.f16 %0, %1;" : "=f"(w[1]) : "h"((unsigned short)(h01 >> 16)));
+	asm("cvt.f32.f16 %0, %1;" : "=f"(w[2]) : "h"((unsigned short)(h23 & 0xFFFFu)));
+	asm("cvt.f32.f16 %0, %1;" : "=f"(w[3]) : "h"((unsigned short)(h23 >> 16)));
+#else
+	for (int q = 0; q < 4; q++)
+		w[q] = moet_dec_e4m3((uint8_t)(wd >> (8 * q)));
+#endif
+}
 
 /* The tile of block `tile` in a launch: group e (last with tile0[e] <= tile), then the row
  * tile and the token tile (fastest) inside the group. */

@@ -82,40 +82,6 @@ template <int DT, int NMAT> struct wcfg {
 	static_assert(SMEM + TB * 4 <= SM120_SMEM_MAX, "sm_120: 99 KB of shared memory per block");
 };
 
-static __device__ __forceinline__ void cp_async16z(void *dst, const void *src, bool ok)
-{
-	unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-	int n = ok ? 16 : 0; /* 0: the 16 bytes are zero-filled, nothing is read */
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n));
-}
-
-static __device__ __forceinline__ void cp_async_commit(void)
-{
-	asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int N> static __device__ __forceinline__ void cp_async_wait(void)
-{
-	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-/* Four exactly decoded weights from one 32-bit word of F8 codes (columns k..k+3). */
-static __device__ __forceinline__ void dec4_f8(uint32_t wd, float w[4])
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-	uint32_t h01, h23;
-	asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h01) : "h"((unsigned short)(wd & 0xFFFFu)));
-	asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h23) : "h"((unsigned short)(wd >> 16)));
-	asm("cvt.f32.f16 %0, %1;" : "=f"(w[0]) : "h"((unsigned short)(h01 & 0xFFFFu)));
-	asm("cvt.f32.f16 %0, %1;" : "=f"(w[1]) : "h"((unsigned short)(h01 >> 16)));
-	asm("cvt.f32.f16 %0, %1;" : "=f"(w[2]) : "h"((unsigned short)(h23 & 0xFFFFu)));
-	asm("cvt.f32.f16 %0, %1;" : "=f"(w[3]) : "h"((unsigned short)(h23 >> 16)));
-#else
-	for (int q = 0; q < 4; q++)
-		w[q] = moet_dec_e4m3((uint8_t)(wd >> (8 * q)));
-#endif
-}
-
 static __device__ __forceinline__ uint32_t word_of(const uint4 &v, int i)
 {
 	return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -164,16 +130,16 @@ static __global__ void __launch_bounds__(WTHREADS, 2)
 			const bool ok = row < a.rows && q * 16 < kcols * C::ESZ;
 			const unsigned char *src = (const unsigned char *)a.w[e][m] +
 				(ok ? ((size_t)row * K + kc0) * C::ESZ + q * 16 : 0);
-			cp_async16z(ws + vr * C::WRS + q * 16, src, ok);
+			moet_cp_async16z(ws + vr * C::WRS + q * 16, src, ok);
 		}
 		for (int p = tid; p < C::TB * 32; p += WTHREADS) {
 			const int i = p >> 5, q = p & 31;
 			const int xr = xrow_s[i];
 			const bool ok = xr >= 0 && q * 4 < kcols;
 			const float *src = a.x + (ok ? (long long)xr * a.x_stride + kc0 + q * 4 : 0);
-			cp_async16z(xs + i * C::XRS + q * 4, src, ok);
+			moet_cp_async16z(xs + i * C::XRS + q * 4, src, ok);
 		}
-		cp_async_commit();
+		moet_cp_async_commit();
 	};
 
 	/* Decode raw stage st into wf / xf: weights unit (virtual row dv, step dt: 16 columns, one
@@ -190,7 +156,7 @@ static __global__ void __launch_bounds__(WTHREADS, 2)
 #pragma unroll
 			for (int i = 0; i < 4; i++) {
 				float v[4];
-				dec4_f8(word_of(u, i), v);
+				moet_dec4_f8(word_of(u, i), v);
 #pragma unroll
 				for (int q = 0; q < 4; q++)
 					d[(4 * i + q) * 8 * C::WS] = v[q];
@@ -254,16 +220,16 @@ static __global__ void __launch_bounds__(WTHREADS, 2)
 		if (st < n_chunk)
 			fetch(st, st);
 		else
-			cp_async_commit();
+			moet_cp_async_commit();
 	}
 	for (int c = 0; c < n_chunk; c++) {
-		cp_async_wait<NS - 2>();
+		moet_cp_async_wait<NS - 2>();
 		__syncthreads(); /* raw chunk c landed for all; every warp is done with wf / xf */
 		const int nc = c + NS - 1;
 		if (nc < n_chunk)
 			fetch(nc, nc % NS);
 		else
-			cp_async_commit();
+			moet_cp_async_commit();
 		decode(c % NS);
 		__syncthreads();
 		const float sc = has_s ? __ldg(sp + c) : 1.0f;
@@ -292,7 +258,7 @@ static __global__ void __launch_bounds__(WTHREADS, 2)
 					p[h][i][j] = 0.0f;
 				}
 	}
-	cp_async_wait<0>();
+	moet_cp_async_wait<0>();
 	__syncthreads(); /* every warp is done with wf / xf */
 
 	float *red = (float *)smem;

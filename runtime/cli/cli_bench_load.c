@@ -13,34 +13,6 @@
 #include "moet_placement.h"
 #include "moet_uring.h"
 
-/* The placement file's owner table, checked against the model (opened on the CPU: no
- * upload). NOTE: as bench e2e's; to become cli_util's shared loader once that lands. */
-static int load_owner(const char *dir, const char *path, int16_t **out, int *out_n)
-{
-	moet_model *m = NULL;
-	moet_placement_sizes *sz = NULL;
-	moet_placement *pl = NULL;
-	int rc = moet_model_open(dir, &m);
-	if (!rc)
-		rc = moet_placement_sizes_from_ckpt(moet_model_config(m), moet_model_ckpt(m), &sz);
-	if (!rc)
-		rc = moet_placement_load(path, moet_model_config(m), sz, &pl);
-	if (!rc)
-		*out_n = moet_placement_n_gpus(pl);
-	if (!rc) {
-		const moet_config *c = moet_model_config(m);
-		size_t n = (size_t)(c->num_hidden_layers * c->n_routed_experts);
-		if (!(*out = malloc(n * sizeof(int16_t))))
-			rc = moet_err(MOET_ENOMEM, "owner table");
-		else
-			memcpy(*out, moet_placement_owners(pl), n * sizeof(int16_t));
-	}
-	moet_placement_free(pl);
-	moet_placement_sizes_free(sz);
-	moet_model_close(m);
-	return rc;
-}
-
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: moet-hybrid bench load --model DIR [--ram-budget-gb G] [--qd N]\n"
@@ -145,7 +117,7 @@ int moet_cli_bench_load(int argc, char **argv)
 	if (!rc && place && !o.device)
 		rc = moet_err(MOET_EINVAL, "--placement is for the start: give --device too");
 	if (!rc && place)
-		rc = load_owner(o.model_dir, place, &owner, &o.n_devices);
+		rc = moet_cli_load_owner(o.model_dir, place, &owner, &o.n_devices);
 	o.owner = owner;
 	json_t *rec = NULL;
 	if (!rc)
