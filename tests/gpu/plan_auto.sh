@@ -25,6 +25,13 @@
 #                    size try both forms, so the median is the form it then keeps)
 #   MOET_PA_PREFILL  (default 1024); MOET_PA_CTX (default 64); MOET_PA_PROMPTS (default 48)
 #   MOET_PA_HARDWARE the cost model's figures (default configs/hardware-h200-host.yaml)
+#   MOET_PA_PROFILE  bench (default) or synthetic: the routing both plans are made from.
+#                    bench: a first `bench e2e --profile-out` run (the probe placement, the
+#                    same batches) records the routing of the bench's own prompts, which the
+#                    measured runs then see again (a user profiling the workload they serve);
+#                    synthetic: `profile --synthetic`, whose prompts route differently from the
+#                    bench's (measured 2026-11-30: --auto planned that way was 16% faster at
+#                    batch 1 and 9% slower at batch 16 than the even split)
 # Debian runtime libraries may be carried as .deb files in .deb/ (as for tests/gpu/run.sh).
 #
 # The budget: the even plan's printout gives the expert bytes and the dense part; the budget
@@ -48,6 +55,7 @@ steps=${MOET_PA_STEPS:-16}
 prefill=${MOET_PA_PREFILL:-1024}
 ctx=${MOET_PA_CTX:-64}
 prompts=${MOET_PA_PROMPTS:-48}
+pfrom=${MOET_PA_PROFILE:-bench}
 hw=${MOET_PA_HARDWARE:-configs/hardware-h200-host.yaml}
 mkdir -p "$out"
 if ls .deb/*.deb >/dev/null 2>&1; then
@@ -84,10 +92,24 @@ budget=$((dense + hot * n_moe * eb + eb / 2))
 echo "expert $eb bytes, dense $dense bytes, $n_moe MoE layers: budget ${budget}B" \
 	"($((hot * n_moe)) slots)" | tee -a "$out/plan_auto.log"
 
+plan_profile=$out/profile.json
+if [ "$pfrom" = bench ]; then
+	# The probe placement ($hot per layer, no budget) is only there to run the bench once.
+	step "bench e2e --profile-out: the routing of the bench's own prompts (probe placement)"
+	"$bin" bench e2e --model "$ckpt" --device "$device" --modes hybrid \
+		--placement "$out/probe.yaml" --batches "$batches" --prefill "$prefill" \
+		--ctx "$ctx" --steps "$steps" --profile-out "$out/train-profile.json" \
+		>"$out/bench-train.txt" 2>"$out/bench-train.err"
+	plan_profile=$out/train-profile.json
+elif [ "$pfrom" != synthetic ]; then
+	echo "plan_auto: MOET_PA_PROFILE=$pfrom (want bench or synthetic)" >&2
+	exit 1
+fi
+
 for kind in even auto; do
 	if [ "$kind" = even ]; then how=(--hot-per-layer "$hot"); else how=(--auto); fi
 	step "plan ${how[*]} (budget ${budget}B, batch $pbatch)"
-	"$bin" plan --model "$ckpt" --profile "$out/profile.json" --gpus 1 --vram-gb "${budget}B" \
+	"$bin" plan --model "$ckpt" --profile "$plan_profile" --gpus 1 --vram-gb "${budget}B" \
 		--reserve-gb 0B "${how[@]}" --hardware "$hw" --batch "$pbatch" \
 		--out "$out/place-$kind.yaml" >"$out/plan-$kind.txt" 2>&1
 	grep -E '^experts per MoE layer|^predicted decode step' "$out/plan-$kind.txt" |
@@ -111,7 +133,7 @@ for kind in even auto; do
 	if [ "$kind" = even ]; then extra=(--profile-out "$out/bench-profile.json"); fi
 	"$bin" bench e2e --model "$ckpt" --device "$device" --modes hybrid \
 		--placement "$out/place-$kind.yaml" --batches "$batches" --prefill "$prefill" \
-		--ctx "$ctx" --steps "$steps" --predict-profile "$out/profile.json" --hardware "$hw" \
+		--ctx "$ctx" --steps "$steps" --predict-profile "$plan_profile" --hardware "$hw" \
 		"${extra[@]}" --json "$out/e2e-$kind.json" >"$out/bench-$kind.txt" 2>"$out/bench-$kind.err"
 	cat "$out/bench-$kind.txt" >>"$out/plan_auto.log"
 done
@@ -138,7 +160,7 @@ forms() { awk '/^forms:/ {on = 1; next} on && $1 ~ /^[0-9]+$/ {
 	echo "plan --auto against the even split ($hot per layer), one budget of ${budget}B," \
 		"$device, $(basename "$ckpt"), hot shares $shares"
 	echo "experts per MoE layer: even [ $even_counts], auto [ $auto_counts] (planned for" \
-		"batch $pbatch)"
+		"batch $pbatch from the $pfrom profile)"
 	printf '%6s | %11s %-11s %9s %8s %9s | %11s %-11s %9s %8s %9s | %9s %9s %9s\n' batch \
 		even_ms ran pred_ms err pred_b_ms auto_ms ran pred_ms err pred_b_ms \
 		meas_a/e pred_a/e pred_b_a/e
@@ -154,7 +176,7 @@ forms() { awk '/^forms:/ {on = 1; next} on && $1 ~ /^[0-9]+$/ {
 			printf f "%9.3f %9.3f %9.3f\n", $1, $2, $3, $4, $5, $6, $7, $8, $9,
 			$10, $11, $7 / $2, $9 / $4, $11 / $6}'
 	echo "ms: measured decode step (the engine's default: 'ran' = the form it chose); pred:" \
-		"the cost model's faster form on the plans' profile (profile --synthetic), err its" \
+		"the cost model's faster form on the plans' profile ($pfrom), err its" \
 		"error; pred_b: on the bench's own routing (--profile-out); a/e: auto over even"
 } | tee "$out/table.txt"
 step "done"
