@@ -17,6 +17,8 @@
 #ifndef MOET_TOPO_H
 #define MOET_TOPO_H
 
+#include <stddef.h>
+
 #include <stdint.h>
 
 typedef struct moet_topo moet_topo;
@@ -86,5 +88,9 @@ int moet_topo_bind_core(const moet_topo *t, int core);
  * them on 2 cores or fewer), for teams working beside a GPU (the hybrid engine's CPU tier, the
  * upload); 0 when the topology cannot be read. */
 int moet_topo_cores_but_one(void);
+
+/* Host memory the kernel says is available for new allocations (/proc/meminfo MemAvailable),
+ * in bytes; 0 when it cannot be read. */
+size_t moet_topo_mem_available(void);
 
 #endif

@@ -15,6 +15,7 @@
  */
 #include <errno.h>
 #include <hwloc.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -264,4 +265,17 @@ int moet_topo_cores_but_one(void)
 	int n = moet_topo_n_cores(t);
 	moet_topo_destroy(t);
 	return n > 2 ? n - 1 : n;
+}
+
+size_t moet_topo_mem_available(void)
+{
+	FILE *f = fopen("/proc/meminfo", "r");
+	char line[256];
+	unsigned long long kb = 0;
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return (size_t)kb * 1024;
 }

@@ -26,6 +26,7 @@
 
 #include "moet_ckpt.h"
 #include "moet_err.h"
+#include "moet_topo.h"
 #include "moet_gpu.h"
 #include "moet_gpu_host.h"
 #include "moet_model.h"
@@ -153,19 +154,6 @@ static int disk_ceiling(const moet_ckpt *ck, const moet_bench_load_opts *o, bar 
 	return rc;
 }
 
-static size_t mem_available(void)
-{
-	FILE *f = fopen("/proc/meminfo", "r");
-	char line[256];
-	unsigned long long kb = 0;
-	while (f && fgets(line, sizeof(line), f))
-		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
-			break;
-	if (f)
-		fclose(f);
-	return (size_t)kb * 1024;
-}
-
 /* Checkpoint bytes by part: dense (everything but routed experts and MTP layers), routed
  * experts on a device (hot) and in the CPU tier, for placement own (NULL: all on device 0). */
 static void start_bytes(const moet_model *m, const int16_t *own, double *dense, double *hot,
@@ -289,7 +277,7 @@ int moet_bench_load(const moet_bench_load_opts *o, json_t *rec, FILE *log, FILE 
 	if (!rc)
 		rc = moet_xtier_plan(m, &plan);
 	size_t budget = o->ram_budget_bytes, whole = (size_t)plan.tier_experts * plan.slot_bytes;
-	const size_t cap = mem_available() / 10 * 8;
+	const size_t cap = moet_topo_mem_available() / 10 * 8;
 	if (!budget)
 		budget = whole < cap || !cap ? whole : cap;
 	if (!rc) {
