@@ -28,6 +28,8 @@
 
 #include "model_int.h"
 #include "moet_err.h"
+#include "moet_gpu_host.h"
+#include "moet_topo.h"
 
 #define KV_MAX_SHIFT_BLOCK 16       /* block_tokens <= 65536 */
 #define KV_MAX_TOKENS (INT64_C(1) << 30) /* positions of one cache or pool (int32 on the GPU) */
@@ -50,6 +52,33 @@ size_t moet_kv_token_bytes(const moet_model *m)
 	int64_t k_row, v_row;
 	kv_geometry(m, &k_row, &v_row);
 	return (size_t)m->cfg.num_hidden_layers * (size_t)(k_row + v_row) * sizeof(float);
+}
+
+int moet_kv_fit_tokens(const moet_model *m, double share, int64_t cap, int64_t min_tokens,
+		       int64_t *out_tokens, size_t *out_free)
+{
+	size_t free_b = 0, total_b = 0;
+	if (m->be->ops->host_memory)
+		free_b = moet_topo_mem_available();
+	else if (moet_gpu_mem_info(&free_b, &total_b))
+		return moet_err_prefix(MOET_EDEVICE, "KV budget: the device's free memory");
+	if (out_free)
+		*out_free = free_b;
+	if (!free_b)
+		return moet_err(MOET_EDEVICE, "KV budget: the %s backend's free memory is unknown",
+				m->be->ops->name);
+	const size_t tb = moet_kv_token_bytes(m);
+	const double fit = share * (double)free_b / (double)(tb ? tb : 1);
+	const int64_t n = fit >= (double)cap ? cap : (int64_t)fit;
+	if (n < min_tokens)
+		return moet_err(MOET_ENOMEM, "KV budget: %zu bytes per position (MLA %s form), %.2f "
+				"GiB free on the %s backend: %lld positions fit, %lld needed (set "
+				"MOET_MLA=absorbed for the latent cache, or a smaller budget)", tb,
+				m->mla_absorbed ? "absorbed" : "expanded",
+				(double)free_b / (1024.0 * 1024 * 1024), m->be->ops->name,
+				(long long)n, (long long)min_tokens);
+	*out_tokens = n;
+	return 0;
 }
 
 static void pool_unref(moet_kv_pool *p)

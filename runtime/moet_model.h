@@ -59,6 +59,17 @@ typedef struct moet_kv_pool moet_kv_pool;
 size_t moet_kv_token_bytes(const moet_model *m);
 
 /*
+ * The KV budget that fits: min(cap, floor(share x free_bytes / token_bytes)) positions, where
+ * free_bytes is the memory the model's backend has free now (CUDA: the device's free memory;
+ * CPU: the host's MemAvailable), so a server sized after the weights (and the placement's
+ * experts) are in. *out_free gets free_bytes (may be NULL). Errors: MOET_EDEVICE when the
+ * backend's free memory cannot be read, MOET_ENOMEM (naming the bytes per position, the free
+ * bytes and the MLA form) when fewer than min_tokens positions fit.
+ */
+int moet_kv_fit_tokens(const moet_model *m, double share, int64_t cap, int64_t min_tokens,
+		       int64_t *out_tokens, size_t *out_free);
+
+/*
  * A pool of budget_tokens positions rounded down to whole blocks of block_tokens (0: 64; a
  * power of two, 1 .. 65536), allocated at once on the model's backend. Errors: MOET_EINVAL
  * (block size, or a budget below one block), MOET_ENOMEM (naming the bytes).

@@ -33,6 +33,8 @@
 #include "moet_sample.h"
 #include "moet_tokenizer.h"
 
+#define MOET_SCHED_KV_TOKENS 16384 /* the default KV budget's cap, positions */
+
 typedef struct moet_sched moet_sched;
 typedef struct moet_sched_req moet_sched_req;
 
@@ -44,7 +46,9 @@ typedef struct moet_sched_req moet_sched_req;
 typedef struct moet_sched_opts {
 	int max_requests;          /* queued + running at once; 0: 64 */
 	int64_t kv_tokens;         /* KV positions over all running sequences, rounded down to
-				      whole blocks (allocated at create); 0: 16384 */
+				      whole blocks (allocated at create); 0: what fits in 90% of
+				      the backend's free memory, at most MOET_SCHED_KV_TOKENS
+				      (moet_kv_fit_tokens) */
 	int64_t kv_block;          /* positions per KV block, a power of two; 0: 64, halved
 				      while kv_tokens holds fewer blocks than max_requests */
 	int64_t max_batch_tokens;  /* tokens per forward call; 0: 256 */

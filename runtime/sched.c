@@ -379,16 +379,21 @@ int moet_sched_create(moet_model *m, const moet_tokenizer *tok, const moet_sched
 	s->o = *o;
 	if (!s->o.max_requests)
 		s->o.max_requests = 64;
-	if (!s->o.kv_tokens)
-		s->o.kv_tokens = 16384;
 	if (!s->o.max_batch_tokens)
 		s->o.max_batch_tokens = 256;
+	int rc = 0, mr = s->o.max_requests;
+	/* NOTE: the default budget is what fits beside the model (90% of the backend's free
+	 * memory, at most 16384 positions): in the expanded MLA form a DeepSeek-V3-size model
+	 * takes about 10 MB per position, so a fixed 16384 would not start on any GPU */
+	if (!s->o.kv_tokens &&
+	    (rc = moet_kv_fit_tokens(m, 0.9, MOET_SCHED_KV_TOKENS, 2 * (int64_t)mr,
+				     &s->o.kv_tokens, NULL)))
+		goto fail;
 	const moet_config *c = moet_model_config(m);
 	s->vocab = c->vocab_size;
 	s->max_pos = c->max_position_embeddings;
 	s->st.n_tiers = 1 + s->o.n_devices;
 	s->rate_t0 = now_s();
-	int rc = 0, mr = s->o.max_requests;
 	if (mr < 1 || mr > 4096 || s->o.kv_tokens < 2 || s->o.max_batch_tokens < 1 ||
 	    s->o.kv_block < 0 || s->o.n_devices < 0 || s->o.n_devices >= MOET_SCHED_MAX_TIERS) {
 		rc = moet_err(MOET_EINVAL, "scheduler: max_requests %d, kv_tokens %lld, kv_block "

@@ -17,6 +17,7 @@
  *     cache larger than its pool, a cache of one MLA form given to a model of the other; a
  *     pool destroyed before its caches stays alive until they go (ASan in CI).
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +26,7 @@
 #include "moet_gen.h"
 #include "moet_model.h"
 #include "moet_test.h"
+#include "moet_topo.h"
 
 #define SEQS 3
 #define STEPS 10
@@ -318,6 +320,27 @@ static void test_bad_args(moet_model *m, moet_model *other)
 	moet_kv_destroy(NULL);
 }
 
+/* The default budget's arithmetic against the host's MemAvailable read here (the CPU backend
+ * sizes by it): capped, uncapped within 2% (the figure moves between the two reads), and a
+ * floor above what fits gives MOET_ENOMEM naming the bytes per position. */
+static void test_fit(moet_model *m, const char *form)
+{
+	int64_t n = 0;
+	size_t free_b = 0;
+	CHECK(moet_kv_fit_tokens(m, 0.9, 1000, 2, &n, &free_b) == 0 && n == 1000,
+	      "%s: capped fit %lld: %s", form, (long long)n, moet_errmsg());
+	const double want = 0.9 * (double)moet_topo_mem_available() /
+			    (double)moet_kv_token_bytes(m);
+	CHECK(moet_kv_fit_tokens(m, 0.9, INT64_C(1) << 50, 2, &n, &free_b) == 0 &&
+		      fabs((double)n - want) <= 0.02 * want,
+	      "%s: uncapped fit %lld, want about %.0f", form, (long long)n, want);
+	CHECK(free_b > 0, "%s: free bytes reported", form);
+	int rc = moet_kv_fit_tokens(m, 0.9, INT64_C(1) << 50, INT64_C(1) << 49, &n, NULL);
+	CHECK(rc == MOET_ENOMEM && strstr(moet_errmsg(), "bytes per position") &&
+		      strstr(moet_errmsg(), form),
+	      "%s: too small a fit: %d, %s", form, rc, moet_errmsg());
+}
+
 int main(void)
 {
 	char *dir = moet_test_mkdtemp("kv-pool");
@@ -343,6 +366,7 @@ int main(void)
 		      "%s: %zu bytes per position", forms[f], moet_kv_token_bytes(m[f]));
 		test_shared_pool(m[f], forms[f]);
 		test_exhaustion(m[f], forms[f]);
+		test_fit(m[f], forms[f]);
 	}
 	if (m[0] && m[1])
 		test_bad_args(m[0], m[1]);
