@@ -7,7 +7,9 @@
  *   h2d ceiling    (CUDA build with a GPU) 256 MiB from pinned memory, median of 5
  *   load           the NVMe tier's warm fill: every expert of the CPU tier (or what the
  *                  budget holds) read into registered RAM slots, queue_depth in flight;
- *                  time to ready vs bytes / disk ceiling (the issue's target: <= 1.2x)
+ *                  time to ready vs bytes / disk ceiling (the issue's target: <= 1.2x);
+ *                  then where the slots' pages are (the tier's NUMA policy, verified with
+ *                  move_pages: slots per node), outside the timed part
  *
  * NOTE: both reads bypass the page cache with O_DIRECT, so their order does not favour one;
  * on a filesystem without O_DIRECT both go through the page cache and the record says so
@@ -178,6 +180,57 @@ static void start_bytes(const moet_model *m, const int16_t *own, double *dense, 
 	}
 }
 
+/* The slots' NUMA placement as the kernel reports it (move_pages over every slot page, after
+ * the warm fill): an object for the record and a line for the table. A failed query is
+ * recorded (verify_error), not fatal: placement is a fact to report. */
+static json_t *numa_report(moet_xtier *x, char *txt, size_t cap, const char *row)
+{
+	static const char *const modes[] = { "auto", "off", "bind", "interleave" };
+	moet_xtier_stats st;
+	int rc = moet_xtier_numa_verify(x, 1);
+	moet_xtier_stats_get(x, &st);
+	json_t *nodes = json_array(), *pages = json_object(), *slots = json_object();
+	char line[512], key[16];
+	size_t at = 0;
+	line[0] = 0;
+	for (int k = 0; k < MOET_XTIER_MAX_NODES; k++) {
+		snprintf(key, sizeof(key), "%d", k);
+		if (st.numa_node_mask >> k & 1)
+			json_array_append_new(nodes, json_integer(k));
+		if (st.numa_node_pages[k])
+			json_object_set_new(pages, key,
+					    json_integer((json_int_t)st.numa_node_pages[k]));
+		if (st.numa_node_slots[k]) {
+			json_object_set_new(slots, key,
+					    json_integer((json_int_t)st.numa_node_slots[k]));
+			if (at < sizeof(line))
+				at += (size_t)snprintf(line + at, sizeof(line) - at, "%s%d:%lld",
+						       at ? " " : "", k,
+						       (long long)st.numa_node_slots[k]);
+		}
+	}
+	const int mode = st.numa_mode >= 0 && st.numa_mode < 4 ? st.numa_mode : 0;
+	json_t *o = json_pack("{s:s, s:s, s:o, s:o, s:o, s:I, s:I, s:I, s:I, s:I, s:f}", "mode",
+			      modes[mode], "note", st.numa_note, "nodes", nodes, "pages_per_node",
+			      pages, "slots_per_node", slots, "slots_spread",
+			      (json_int_t)st.numa_spread_slots, "slots_empty",
+			      (json_int_t)st.numa_empty_slots, "pages", (json_int_t)st.numa_pages,
+			      "pages_absent", (json_int_t)st.numa_absent, "pages_off_policy",
+			      (json_int_t)st.numa_off_policy, "verify_s",
+			      (double)st.numa_verify_ns * 1e-9);
+	if (rc && o)
+		json_object_set_new(o, "verify_error", json_string(moet_errmsg()));
+	if (rc)
+		snprintf(txt, cap, "%-15s verify failed: %s\n", row, moet_errmsg());
+	else
+		snprintf(txt, cap, "%-15s slots per node %s, spread %lld, empty %lld; %s %s (%s); "
+			"%llu pages in %.3f s\n", row, at ? line : "-",
+			(long long)st.numa_spread_slots, (long long)st.numa_empty_slots,
+			"policy", modes[mode], st.numa_note, (unsigned long long)st.numa_pages,
+			(double)st.numa_verify_ns * 1e-9);
+	return o;
+}
+
 /* The start: open on the device (the dense part bound), the placement's hot experts
  * uploaded through the chosen source, the CPU tier made resident (the NVMe tier's warm fill
  * of the whole tier, at most cap bytes); time to ready against the bounds of this run. */
@@ -220,10 +273,16 @@ static int start_bench(const moet_bench_load_opts *o, double disk_GBps, double h
 			moet_xtier_stats_get(moet_model_xtier(m), &st);
 	}
 	t3 = moet_bench_now_s();
+	char numa_txt[768] = "";
+	json_t *numa = !rc && moet_model_xtier(m) ? numa_report(moet_model_xtier(m), numa_txt,
+								 sizeof(numa_txt), "start-numa")
+						  : NULL;
 	moet_model_close(m);
 	free(zeros);
-	if (rc)
+	if (rc) {
+		json_decref(numa);
 		return moet_err_prefix(rc, "bench load: start on %s", o->device);
+	}
 	/* NOTE: the tier holds what the budget allows; its bytes are what was read */
 	const double read_b = dense + hot + (double)st.bytes_read, up_b = cuda ? dense + hot : 0;
 	const double ready = t3 - t0, b_disk = disk_GBps > 0 ? read_b / (disk_GBps * 1e9) : 0;
@@ -240,10 +299,13 @@ static int start_bench(const moet_bench_load_opts *o, double disk_GBps, double h
 		dense, "hot_bytes", hot, "tier_bytes", (double)st.bytes_read, "read_bytes", read_b,
 		"h2d_bytes", up_b, "disk_bound_s", b_disk, "h2d_bound_s", b_h2d,
 		"ready_over_bound", bound > 0 ? ready / bound : 0));
+	if (numa)
+		json_object_set_new(json_object_get(rec, "start"), "numa", numa);
 	fprintf(out, "%-15s %10.3f %10.3f %9.2f open %.3f s + hot experts %.3f s + tier %.3f s; "
 		"bound %.3f s (%s); ready/bound %.2f\n", "start", read_b / 1e9, ready,
 		ready > 0 ? read_b / ready / 1e9 : 0, t1 - t0, t2 - t1, t3 - t2, bound,
 		b_h2d > b_disk ? "h2d" : "disk", bound > 0 ? ready / bound : 0);
+	fputs(numa_txt, out);
 	return rc;
 }
 
@@ -335,6 +397,12 @@ int moet_bench_load(const moet_bench_load_opts *o, json_t *rec, FILE *log, FILE 
 				"-", h2d);
 		else
 			fprintf(out, "h2d: not measured (%s)\n", o->no_gpu ? "--no-gpu" : why);
+		/* NOTE: after the timed part: the query is not part of the time to ready */
+		char numa_txt[768] = "";
+		json_t *numa = numa_report(moet_model_xtier(m), numa_txt, sizeof(numa_txt), "numa");
+		fputs(numa_txt, out);
+		if (numa)
+			json_object_set_new(json_object_get(rec, "load"), "numa", numa);
 	}
 	moet_model_close(m);
 	m = NULL;

@@ -20,6 +20,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -288,6 +289,11 @@ static int alloc_slots(moet_xtier *x)
 		return moet_err(MOET_ENOMEM, "expert slots: %lld x %zu bytes: %s",
 				(long long)x->n_slots, x->slot_bytes, strerror(errno));
 	x->mem = p;
+	/* NOTE: the policy goes on before anything (huge-page advice, registration, reads)
+	 * can fault a page in */
+	int rc = xt_numa_place(x, total);
+	if (rc)
+		return rc;
 	madvise(p, total, MADV_HUGEPAGE); /* advice only: may be refused */
 	x->slots = calloc((size_t)x->n_slots, sizeof(*x->slots));
 	x->pinned = calloc((size_t)x->n_slots, sizeof(*x->pinned));
@@ -318,8 +324,8 @@ static int alloc_slots(moet_xtier *x)
 	}
 	x->n_reg = n;
 	x->reg_per = per;
-	int rc = overlap ? moet_uring_register_sparse(x->u, n)
-			 : moet_uring_register(x->u, x->reg_buf, x->reg_bytes, n);
+	rc = overlap ? moet_uring_register_sparse(x->u, n)
+		     : moet_uring_register(x->u, x->reg_buf, x->reg_bytes, n);
 	x->reg_done = overlap ? 0 : n;
 	x->st.registered = moet_uring_registered(x->u);
 	return rc;
@@ -515,6 +521,10 @@ void moet_xtier_stats_reset(moet_xtier *x)
 	x->st.tier_bytes = keep.tier_bytes;
 	x->st.direct = keep.direct;
 	x->st.registered = keep.registered;
+	/* the NUMA facts: the policy and the last verify (copied as one block of fields) */
+	memcpy((char *)&x->st + offsetof(moet_xtier_stats, numa_mode),
+	       (const char *)&keep + offsetof(moet_xtier_stats, numa_mode),
+	       sizeof(keep) - offsetof(moet_xtier_stats, numa_mode));
 }
 
 void moet_xtier_destroy(moet_xtier *x)

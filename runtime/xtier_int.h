@@ -105,6 +105,13 @@ static inline uint64_t moet_xtier_now_ns(void)
 /* xtier.c: starts the reads of expert (l, e) into slot s (state LOADING). */
 int xt_load(moet_xtier *x, int64_t s, int64_t l, int64_t e, int demand);
 
+/* xtier_numa.c: decides the slots' NUMA policy (x->o.numa, MOET_XTIER_NUMA, the topology and
+ * the CPU team) and applies it to the fresh mapping x->mem of total_bytes (mbind, before any
+ * page is touched); the outcome in x->st.numa_*. A refused mbind is a note, not an error.
+ * Errors: MOET_EINVAL (a bad MOET_XTIER_NUMA), MOET_ERANGE (numa_nodes names a node this
+ * machine lacks), MOET_EIO (topology), MOET_ENOMEM. */
+int xt_numa_place(moet_xtier *x, size_t total_bytes);
+
 /* xtier_run.c: the value of keeping (l, e) (frequency x recency; higher stays). */
 double xt_value(const moet_xtier *x, int64_t l, int64_t e, uint64_t last_use);
 

@@ -6,12 +6,16 @@
  * variants run; bad options are one line. The start (--device cpu: simulated devices) with a
  * placement of experts 0-3 of every layer on device 0 and the uring upload: its row's bytes
  * are the dense part + the hot experts + the CPU tier (counted here from the checkpoint by
- * tensor name), the start object's parts add up, the bound is the disk's.
+ * tensor name), the start object's parts add up, the bound is the disk's. The slots' NUMA
+ * report: one slot per expert of the checkpoint, each found on a node, every page queried;
+ * on a one-node machine all on node 0 with no policy.
  */
 #include <jansson.h>
+#include <numa.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "moet_ckpt.h"
 #include "moet_err.h"
@@ -29,17 +33,23 @@ int main(void)
 	free(out);
 	rc = moet_test_cli(&out, "bench load --model %s --no-gpu --json %s", ck, js);
 	CHECK(rc == 0 && strstr(out, "disk-seq-read") && strstr(out, "load-tier") &&
+	      strstr(out, "slots per node") &&
 	      strstr(out, "h2d: not measured") && strstr(out, "ETA"), "bench load: %s", out);
 	free(out);
 	/* expert bytes counted from the checkpoint */
 	moet_ckpt *c = NULL;
 	double want = 0;
+	static unsigned char seen[3][1024];
+	long long n_experts = 0;
 	CHECK(moet_ckpt_open(ck, &c) == 0, "open: %s", moet_errmsg());
 	for (size_t i = 0; c && i < moet_ckpt_count(c); i++) {
 		const moet_tensor *t = moet_ckpt_at(c, i);
 		int64_t tl, te;
-		if (moet_tensor_part(t->name, 3, &tl, &te) == MOET_PART_EXPERT)
+		if (moet_tensor_part(t->name, 3, &tl, &te) == MOET_PART_EXPERT) {
 			want += (double)t->n_bytes;
+			if (tl >= 0 && tl < 3 && te >= 0 && te < 1024 && !seen[tl][te]++)
+				n_experts++;
+		}
 	}
 	moet_ckpt_close(c);
 	json_error_t je;
@@ -59,6 +69,32 @@ int main(void)
 			    json_integer_value(json_object_get(ld, "tier_experts")) &&
 	      json_number_value(json_object_get(ld, "time_to_ready_s")) > 0, "load object");
 	CHECK(!strcmp(json_string_value(json_object_get(rec, "bench")), "load"), "bench name");
+	/* the slots' NUMA report: every slot (one per expert, counted from the checkpoint) is
+	 * found on a node; on a one-node machine all of them on node 0, no policy */
+	json_t *nm = json_object_get(ld, "numa");
+	json_t *spn = json_object_get(nm, "slots_per_node");
+	long long on_nodes = 0, pages_found = 0;
+	const char *key;
+	json_t *val;
+	json_object_foreach(spn, key, val)
+		on_nodes += json_integer_value(val);
+	json_object_foreach(json_object_get(nm, "pages_per_node"), key, val)
+		pages_found += json_integer_value(val);
+	const long long slot_b = json_integer_value(json_object_get(ld, "slot_bytes"));
+	const long long pages = slot_b * n_experts / sysconf(_SC_PAGESIZE);
+	const long long spread = json_integer_value(json_object_get(nm, "slots_spread"));
+	CHECK(nm && on_nodes + spread == n_experts &&
+	      json_integer_value(json_object_get(nm, "slots_empty")) == 0,
+	      "numa: %lld slots on one node + %lld spread, %lld experts", on_nodes, spread,
+	      n_experts);
+	CHECK(json_integer_value(json_object_get(nm, "pages")) == pages &&
+	      pages_found + json_integer_value(json_object_get(nm, "pages_absent")) == pages,
+	      "numa pages: %lld found of %lld", pages_found, pages);
+	if (numa_available() < 0 || numa_max_node() < 1)
+		CHECK(json_integer_value(json_object_get(spn, "0")) == n_experts &&
+		      !strcmp(json_string_value(json_object_get(nm, "mode")), "off") &&
+		      json_array_size(json_object_get(nm, "nodes")) == 0,
+		      "one node: every slot on node 0, no policy");
 	json_decref(rec);
 	rc = moet_test_cli(&out, "bench load --model %s --no-gpu --buffered --no-register --quiet "
 			   "--qd 4", ck);
@@ -74,6 +110,7 @@ int main(void)
 	rc = moet_test_cli(&out, "bench load --model %s --no-gpu --quiet --device cpu --placement "
 			   "%s --upload uring --json %s", ck, place, js);
 	CHECK(rc == 0 && strstr(out, "start") && strstr(out, "ready/bound") &&
+	      strstr(out, "start-numa") &&
 	      strstr(out, "MOET_UPLOAD=uring"), "start: %s", out);
 	free(out);
 	double dense = 0, hot = 0, tier = 0;
@@ -106,6 +143,8 @@ int main(void)
 	      json_number_value(json_object_get(st, "h2d_bytes")) == 0 &&
 	      json_number_value(json_object_get(st, "ready_over_bound")) > 0 &&
 	      !strcmp(json_string_value(json_object_get(st, "upload")), "uring"), "start object");
+	CHECK(json_integer_value(json_object_get(json_object_get(st, "numa"), "pages")) > 0,
+	      "start: the CPU tier's slots verified");
 	json_decref(rec);
 	snprintf(args, sizeof(args), "bench load --model %s --placement %s", ck, place);
 	moet_test_cli_expect(args, 1, "give --device");
