@@ -84,6 +84,14 @@ if [[ " $skip " != *" bench120 "* ]]; then
 		--batches "$batches" --prefill 1024 --steps "$steps" --json "$out/e2e-hot120.json" \
 		2>&1 | tee -a "$out/e2e.log"
 fi
+if [[ " $skip " != *" mla "* ]]; then
+	# issue 4: the absorbed MLA form (the latent cache) against the expanded default, every
+	# expert resident, decode and prefill
+	step "bench e2e --modes gpu, MOET_MLA=absorbed"
+	MOET_MLA=absorbed "$bin" bench e2e --model "$ckpt" --modes gpu --batches "$batches" \
+		--prefill 1024 --steps "$steps" --json "$out/e2e-gpu-absorbed.json" 2>&1 |
+		tee -a "$out/e2e.log"
+fi
 if [[ " $skip " != *" serve "* ]]; then
 	# issue 7's targets: 16 streams >= 4x one stream's tokens/s with every expert resident;
 	# with the hot-120 placement, tokens/s against the bytes-roofline prediction
