@@ -14,7 +14,7 @@
 # MOET_E2E_BATCHES (default 1,4,16,64), MOET_E2E_MODES (default gpu,hybrid,cpu),
 # MOET_E2E_VERIFY_HOT (hot experts per layer of the
 # verify placement, default 96: over 25% of routings on the CPU), MOET_E2E_SKIP (words:
-# verify bench120 bench serve), MOET_E2E_SERVE_TOKENS (tokens per stream of the serve step,
+# verify bench120 bench serve mla), MOET_E2E_SERVE_TOKENS (tokens per stream of the serve step,
 # default 64).
 # Debian runtime libraries may be carried as .deb files in .deb/ (as for tests/gpu/run.sh).
 set -euo pipefail
