@@ -43,6 +43,20 @@ typedef struct moet_sched_req moet_sched_req;
 #define MOET_SCHED_MAX_STOP_LEN 256
 #define MOET_SCHED_MAX_TIERS 17  /* CPU + 16 devices in the metrics */
 
+/* One engine step as moet_sched_opts.on_step sees it. */
+typedef struct moet_sched_step_info {
+	const moet_seq_step *entries; /* the forward call's entries, decodes first (borrowed for
+					 the call; *out_token already holds the drawn id) */
+	int n;                        /* entries */
+	int n_decode;                 /* of them decodes: the first n_decode, 1 token each */
+	int64_t n_tokens;             /* tokens of the call */
+	double t_start_s;             /* CLOCK_MONOTONIC seconds when the call began */
+	double forward_s;             /* the call's duration, seconds */
+	int rc;                       /* its result (0: every entry's cache advanced) */
+} moet_sched_step_info;
+
+typedef void (*moet_sched_step_fn)(void *ctx, const moet_sched_step_info *info);
+
 typedef struct moet_sched_opts {
 	int max_requests;          /* queued + running at once; 0: 64 */
 	int64_t kv_tokens;         /* KV positions over all running sequences, rounded down to
@@ -53,6 +67,11 @@ typedef struct moet_sched_opts {
 				      while kv_tokens holds fewer blocks than max_requests */
 	int64_t max_batch_tokens;  /* tokens per forward call; 0: 256 */
 	int n_devices;             /* devices of the placement (for the tier counts); 0: none */
+	/* NULL, or called by the engine thread after every forward call, without the lock (for
+	 * `bench serve`'s step trace): must not call the scheduler, and should be quick (its
+	 * time counts in the step, not in the forward pass) */
+	moet_sched_step_fn on_step;
+	void *on_step_ctx;
 } moet_sched_opts;
 
 typedef struct moet_sched_params {

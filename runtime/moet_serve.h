@@ -76,9 +76,11 @@ typedef struct moet_serve_bench_opts {
 	const char *device;        /* NULL: "cpu" */
 	const int64_t *streams;    /* stream counts, each measured in turn; NULL: { 16 } */
 	int n_streams;
-	int tokens;                /* tokens per stream = timed decode steps */
+	int tokens;                /* tokens per stream (the bare run: tokens - 1 decode steps) */
 	int prompt_words;          /* words of the text prompt */
-	int reps;                  /* bare/served pairs per stream count, alternating */
+	int reps;                  /* bare/served/replay rounds per stream count */
+	int same_prompt;           /* every stream stream 0's prompt (the load before issue 7's
+				      fix, to compare); else each stream its own */
 	/* A hybrid placement (NULL: none): owner[layer x expert] = -1 (the CPU tier) or device
 	 * g < n_devices (simulated devices on the CPU backend); with it the bytes-roofline
 	 * prediction of each stream count's step (docs/serve.md) */
@@ -88,11 +90,13 @@ typedef struct moet_serve_bench_opts {
 } moet_serve_bench_opts;
 
 /*
- * Server overhead against the bare decode step at each stream count, the tokens/s of each
- * count against the smallest one's and, with a placement, the measured tokens/s against the
- * bytes-roofline prediction (docs/serve.md): adds ceilings, rows and a "serve" object to rec,
- * progress to log, the table to table. Returns 0, or an error (MOET_EIO when a stream failed;
- * MOET_EINVAL for options out of range, naming the option).
+ * Server overhead against a bare replay of the steps it ran (the same prompts, batches and
+ * work; its steps of N decodes against the bare N-decode step) at each stream count, the
+ * served batch-size histogram, the tokens/s of each count against the smallest one's and,
+ * with a placement, the measured tokens/s against the bytes-roofline prediction
+ * (docs/serve.md): adds ceilings, rows and a "serve" object to rec, progress to log, the table
+ * to table. Returns 0, or an error (MOET_EIO when a stream failed or the server ran prompts
+ * other than the streams'; MOET_EINVAL for options out of range, naming the option).
  */
 int moet_serve_bench(const moet_serve_bench_opts *o, json_t *rec, FILE *log, FILE *table);
 

@@ -330,11 +330,20 @@ static void *engine(void *arg)
 			continue;
 		}
 		int64_t n_tok;
-		int n = plan(s, &n_tok);
+		int n = plan(s, &n_tok), n_dec = 0;
+		while (n_dec < n && s->step_req[n_dec]->state == REQ_DECODE)
+			n_dec++;
 		pthread_mutex_unlock(&s->mu);
 		double t0 = now_s();
 		int rc = moet_model_forward_batch(s->m, s->steps, n);
 		double t1 = now_s();
+		if (s->o.on_step) {
+			const moet_sched_step_info si = { .entries = s->steps, .n = n,
+							  .n_decode = n_dec, .n_tokens = n_tok,
+							  .t_start_s = t0, .forward_s = t1 - t0,
+							  .rc = rc };
+			s->o.on_step(s->o.on_step_ctx, &si);
+		}
 		uint64_t tiers[MOET_SCHED_MAX_TIERS];
 		moet_model_tier_counts(s->m, tiers, s->st.n_tiers);
 		moet_hybrid_stats hs;

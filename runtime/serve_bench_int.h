@@ -1,7 +1,14 @@
 /*
- * serve_bench_int.h: private to `bench serve` (serve_bench.c, serve_bench_pred.c): the
- * routed experts each measured decode step touches, and the bytes-roofline prediction of a
- * hybrid placement's step from them (docs/serve.md).
+ * serve_bench_int.h: private to `bench serve` (serve_bench.c, serve_bench_pred.c,
+ * serve_bench_trace.c): the served run's step trace and its bare replay; the routed experts
+ * each measured decode step touches, and the bytes-roofline prediction of a hybrid
+ * placement's step from them (docs/serve.md).
+ *
+ *   step trace     every forward call of the served engine: its entries (request slot,
+ *                  tokens, decode or prefill chunk, drew a token), start time and duration;
+ *                  per slot the prompt the server ran and the tokens it drew
+ *   replay         the trace's calls again on the bare model (caches of its own), timed:
+ *                  the same prompts, the same composition per step, the same work
  *
  *   touch record   steps x [layers x experts] bytes: 1 where step s routed any row to
  *                  (layer, expert); filled by a route observer over a replay of the bare
@@ -18,11 +25,79 @@
 
 #include <jansson.h>
 #include <stdint.h>
+#include <stdio.h>
 
+#include "moet_bench.h"
 #include "moet_model.h"
 #include "moet_placement.h"
+#include "moet_sched.h"
 
 #define SB_MAX_TIERS 65 /* the CPU tier + 64 devices */
+
+/* ---- serve_bench_trace.c ------------------------------------------------------------------ */
+
+typedef struct sb_slot {   /* one served request, in the order of its first step */
+	const moet_kv *kv;     /* the server's cache: the request's identity while it runs */
+	int64_t *prompt;       /* the prompt as the server ran it (its prefill chunks) */
+	int64_t n_prompt, cap_prompt;
+	int64_t *gen;          /* [tokens]: the tokens the server drew for it */
+	int64_t n_gen;
+	int stream;            /* the bench's stream whose prompt it ran (sb_trace_match); -1 */
+} sb_slot;
+
+typedef struct sb_entry {  /* one entry of a forward call */
+	int slot;
+	int32_t n_tok;
+	uint8_t decode;        /* a decode (1 token) or a prefill chunk */
+	uint8_t wants;         /* drew a token (*out_token) */
+} sb_entry;
+
+typedef struct sb_step {   /* one forward call of the served engine */
+	double t0_s, fwd_s;    /* its start (monotonic seconds) and duration */
+	int first, n;          /* its entries: ent[first .. first + n) */
+	int n_decode;          /* of them decodes (the first n_decode) */
+	int64_t n_tok;
+} sb_step;
+
+typedef struct sb_trace {
+	int tokens;            /* max_tokens of every request */
+	sb_step *step;
+	int n_steps, cap_steps;
+	sb_entry *ent;
+	int n_ent, cap_ent;
+	sb_slot *slot;
+	int n_slots, cap_slots;
+	int *live;             /* slots still drawing tokens (the lookup by cache) */
+	int n_live;
+	int err;               /* 0, or why the trace is unusable: MOET_ENOMEM, MOET_EIO */
+	char why[160];
+} sb_trace;
+
+void sb_trace_init(sb_trace *t, int tokens);
+void sb_trace_free(sb_trace *t);
+
+/* The step observer (moet_sched_step_fn) filling the trace ctx; on the engine thread. */
+void sb_trace_step(void *ctx, const moet_sched_step_info *si);
+
+/* Steps by entries into out_hist[0 .. n_max] (more than n_max counted at n_max); steps with a
+ * prefill chunk; steps of exactly n_max decodes and nothing else (the "full" steps). */
+void sb_trace_hist(const sb_trace *t, int n_max, uint64_t *out_hist, int *out_prefill,
+		   int *out_full);
+
+/* Each slot's stream: the first unused one of the n_streams prompts (ids[s], len[s]) equal to
+ * the slot's prompt. Returns the slots matched (MOET_ENOMEM: negative); *out_distinct gets the
+ * distinct prompts among the slots. */
+int sb_trace_match(sb_trace *t, int64_t *const *ids, const int64_t *len, int n_streams,
+		   int *out_distinct);
+
+/* The trace's forward calls again on m with caches of its own from a pool of (kv_tokens,
+ * kv_block), as the server's: decodes fed the replay's own drawn tokens (greedy, where the
+ * logits are), each call timed into out_step_s[t->n_steps]. *out_same = 1 when every token
+ * drawn equals the server's. 0 or an error of the model. */
+int sb_replay(moet_model *m, const sb_trace *t, int64_t kv_tokens, int64_t kv_block,
+	      double *out_step_s, int *out_same);
+
+/* ---- serve_bench_pred.c -------------------------------------------------------------------- */
 
 typedef struct sb_touch {
 	int64_t L, E;            /* layers, routed experts per layer */
@@ -70,5 +145,46 @@ typedef struct sb_pred {
 int sb_predict(const sb_touch *t, const moet_placement_sizes *sz, const int16_t *owner,
 	       int n_tiers, const sb_bw *bw, double resident_step_s, int streams,
 	       json_t *steps_out, sb_pred *out);
+
+/* ---- serve_bench.c / serve_bench_rec.c ------------------------------------------------------ */
+
+/* One stream count's measurements (medians over the reps unless said). */
+typedef struct sb_run {
+	int n;                          /* streams */
+	moet_bench_stats bare;          /* N decodes in lockstep: the median step (of reps) */
+	moet_bench_stats replay;        /* the served steps run bare: forward time / steps */
+	moet_bench_stats served;        /* served: wall / engine steps */
+	moet_bench_stats full;          /* served steps of exactly N decodes: start to next start */
+	moet_bench_stats full_fwd;      /* ... their forward calls */
+	int full_reps;                  /* reps that had full steps (full* are 0 without) */
+	double bare_min_s, full_min_s;  /* the least bare step, full step over all reps (what
+					   another process's load cannot shorten) */
+	double bare_tps, replay_tps, served_tps; /* N / bare; generated / replay; / served wall */
+	double share, fwd;              /* engine outside forward; its forward per step (means) */
+	double fwd_over_replay;         /* served forward time / the replay's (mean) */
+	double outside_s;               /* (served wall - its forward time) / steps (mean) */
+	uint64_t *hist;                 /* [n + 1] served steps by entries, summed over the reps */
+	uint64_t steps;                 /* served steps over the reps (= the histogram's sum) */
+	int prefill_steps, full_steps;  /* over the reps */
+	int prompts_same;               /* every rep: each stream's prompt served once, no other */
+	int distinct;                   /* distinct prompts the server ran (least over the reps) */
+	int tokens_same;                /* every rep: the replay and the bare run drew the
+					   server's tokens */
+	uint64_t split[3];              /* two-micro-batch passes: bare, served, replay (sums) */
+	int errors;
+	json_t *last_steps;             /* the last rep's steps, served and replayed (columns) */
+	moet_bench_stats resident;      /* with a placement: the all-resident bare step */
+	sb_pred pred;
+	json_t *pred_steps;             /* per-step detail of the prediction */
+} sb_run;
+
+/* Rows, ceilings and the "serve" object's runs into rec / jruns (serve_bench_rec.c); base =
+ * the smallest stream count's run. 0 or MOET_ENOMEM. */
+int sb_record(json_t *rec, json_t *jruns, const sb_run *runs, int n_runs, const sb_run *base,
+	      const int16_t *owner, int n_devices, const sb_bw *bw);
+
+/* The table (serve_bench_rec.c). */
+void sb_table(FILE *f, const sb_run *runs, int n_runs, const sb_run *base, const int16_t *owner,
+	      const char *placement);
 
 #endif

@@ -227,13 +227,19 @@ static void bench_usage(FILE *f)
 	fprintf(f,
 		"usage: moet-hybrid bench serve [--model DIR] [--device cpu|cuda] [--streams LIST]\n"
 		"                          [--tokens N] [--prompt-words N] [--reps N] [--quick]\n"
+		"                          [--same-prompt]\n"
 		"                          [--placement FILE | --hot-per-layer K --profile P]\n"
 		"                          [--json FILE]\n\n"
-		"Per stream count N: the bare batched decode of N sequences against the same model\n"
-		"behind the server with N streaming clients on loopback (docs/serve.md): step times,\n"
-		"the server's overhead, tokens/s and its ratio to the smallest count's tokens/s.\n"
+		"Per stream count N, each rep runs N prompts (stream s its own) three ways: bare\n"
+		"(N decodes in lockstep), served (N streaming clients on loopback; every engine\n"
+		"step recorded) and replay (the served steps again on the bare model: the same\n"
+		"prompts, batches and work). Reported (docs/serve.md): the server's overhead\n"
+		"(served / replay - 1), the served steps of N decodes against the bare step, the\n"
+		"served batch-size histogram, tokens/s and its ratio to the smallest count's.\n"
 		"Default: the demo, --streams 16, 64 tokens, 5 reps; --quick: 2 reps x 32 tokens.\n\n"
 		"  --streams LIST       stream counts, each measured in the same run (e.g. 1,16)\n"
+		"  --same-prompt        every stream stream 0's prompt, bare and served (the load\n"
+		"                       before issue 7's fix: one sequence's experts per step)\n"
 		"  --placement FILE     a hybrid placement (docs/placement.md) for every row; on\n"
 		"                       --device cpu its GPUs are simulated devices\n"
 		"  --hot-per-layer K --profile P\n"
@@ -243,7 +249,8 @@ static void bench_usage(FILE *f)
 		"and the experts each step touches; the CPU tier's read ceiling and the GPU's copy\n"
 		"ceiling measured now; then the rows beside the bytes-roofline prediction (max over\n"
 		"tiers of touched bytes / bandwidth, plus the resident step's non-expert time) and\n"
-		"measured / predicted. The model must fit on the device with every expert resident.\n");
+		"measured / predicted for the bare step and the served steps of N decodes. The\n"
+		"model must fit on the device with every expert resident.\n");
 }
 
 /* `moet-hybrid bench serve` (its row in cli_bench.c's table). */
@@ -257,6 +264,7 @@ int moet_cli_bench_serve(int argc, char **argv)
 		{ "prompt-words", required_argument, NULL, 'w' },
 		{ "reps", required_argument, NULL, 'r' },
 		{ "quick", no_argument, NULL, 'q' },
+		{ "same-prompt", no_argument, NULL, 'S' },
 		{ "placement", required_argument, NULL, 'p' },
 		{ "hot-per-layer", required_argument, NULL, 'k' },
 		{ "profile", required_argument, NULL, 'P' },
@@ -294,6 +302,7 @@ int moet_cli_bench_serve(int argc, char **argv)
 			break;
 		case 'r': rc = parse_num("--reps", optarg, 1, 100, &v); o.reps = (int)v; break;
 		case 'q': o.reps = 2; o.tokens = 32; break;
+		case 'S': o.same_prompt = 1; break;
 		case 'p': place = optarg; break;
 		case 'k': rc = parse_num("--hot-per-layer", optarg, 1, 1 << 20, &hot); break;
 		case 'P': prof = optarg; break;
