@@ -451,3 +451,28 @@ const char *moet_cost_form_name(int form)
 {
 	return form == MOET_COST_TWO_HALVES ? "two halves" : "one pass";
 }
+
+/* ---- prefill staging of a cold expert (issue 5 item 2) ------------------------------------ */
+
+double moet_cost_stage_ms(const moet_cost_in *in, double rows)
+{
+	if (!(rows > 0))
+		return 0;
+	const moet_cost_hw *h = &in->hw;
+	return h->pcie_latency_us * 1e-3 + (double)in->expert_bytes / (h->pcie_gbps * 1e6) +
+	       moet_cost_call_ms(in, true, rows);
+}
+
+int64_t moet_cost_stage_min_rows(const moet_cost_in *in, int64_t max_rows)
+{
+	if (max_rows < 1)
+		return 0;
+	/* NOTE: scanned down from max_rows rather than solved: the curves make t_cpu - t_stage
+	 * piecewise, and the answer must be a tail on which staging always wins (the engine
+	 * stages at n >= the answer), whatever the shape between the points. */
+	int64_t r = max_rows;
+	while (r >= 1 &&
+	       moet_cost_stage_ms(in, (double)r) < moet_cost_call_ms(in, false, (double)r))
+		r--;
+	return r == max_rows ? 0 : r + 1;
+}

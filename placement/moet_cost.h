@@ -260,4 +260,27 @@ int moet_cost_predict_owners(const moet_config *cf, const moet_placement_sizes *
 			     const int16_t *owner, int n_gpus, const moet_profile *prof,
 			     int phase, const moet_cost_hw *hw, int64_t batch, moet_cost_pred *out);
 
+/*
+ * Prefill staging (runtime/hybrid.c, docs/hybrid.md): a cold (CPU-owned) expert with `rows`
+ * tokens in one MoE layer call may instead be copied to a staging slot of GPU 0 and computed
+ * there by the same contract kernel. What that costs, and the CPU tier's call it replaces:
+ *
+ *   t_stage(r) = pcie_latency + expert_bytes / pcie + GPU t(r)       (r >= 1; 0 at r = 0)
+ *   t_cpu(r)   = CPU t(r)                                            (moet_cost_call_ms)
+ *
+ * Simplifications, said so: the copy of one slot overlaps the previous expert's compute in
+ * the engine, which the sum ignores (pessimistic for staging by up to min(copy, GPU t)); the
+ * copy is priced at the pinned link's rate, while the engine copies from the mapped
+ * checkpoint (pageable: the driver stages it; slower, optimistic for staging); the CPU tier's
+ * own overlap with the GPU's other work is not counted (the CPU's call is what staging frees).
+ */
+double moet_cost_stage_ms(const moet_cost_in *in, double rows);
+
+#define MOET_COST_STAGE_MAX_ROWS 65536 /* the scan's upper end, tokens per expert */
+
+/* The crossover: the smallest r in 1 .. max_rows such that t_stage(r') < t_cpu(r') for every
+ * r' in r .. max_rows (whole tokens), or 0 when staging does not win at max_rows (never
+ * stage). So "stage when n >= the crossover" is monotonic in n. Work: O(max_rows). */
+int64_t moet_cost_stage_min_rows(const moet_cost_in *in, int64_t max_rows);
+
 #endif

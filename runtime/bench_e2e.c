@@ -21,7 +21,9 @@
  *   prefill P    one sequence of P random tokens in one call, last logits to the host
  *
  * Rows: decode-<mode> (tokens = B, median step), prefill-<mode> (tokens = P); the split and
- * the overlap figures go to a "steps" array of the record. --op-times (MOET_OP_TIMES) adds a
+ * the overlap figures go to a "steps" array of the record, each prefill's staged cold experts
+ * (MOET_PREFILL_STAGE) and hidden rows moved to a "prefills" array. --op-times
+ * (MOET_OP_TIMES) adds a
  * table per decode batch of where the step's time goes op by op; every op is then waited for,
  * so that run's step times are not the engine's (run it on its own).
  */
@@ -410,10 +412,31 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			moet_bench_row r = { .name = name, .tokens = P, .ceiling = "" };
 			r.st = (moet_bench_stats){ t, t, t, 1 };
 			rc = moet_bench_add_row(rec, &r);
-			fprintf(out, "%-7s %-9s %6lld %11.3f %10.1f %10.3f %10.3f %10.3f\n",
+			fprintf(out, "%-7s %-9s %6lld %11.3f %10.1f %10.3f %10.3f %10.3f   staged %llu "
+				"experts (%llu pairs, %.1f MB, %.3f ms), rows down %.1f MB\n",
 				mode_name[mode], "prefill", (long long)P, 1e3 * t, (double)P / t,
 				(double)hs.ns_cpu / 1e6, (double)hs.ns_wait / 1e6,
-				(double)(hs.ns_d2h + hs.ns_h2d) / 1e6);
+				(double)(hs.ns_d2h + hs.ns_h2d) / 1e6,
+				(unsigned long long)hs.staged_experts,
+				(unsigned long long)hs.staged_pairs, (double)hs.bytes_staged / 1e6,
+				(double)hs.ns_stage / 1e6, (double)hs.bytes_d2h / 1e6);
+			/* the staging of cold experts (MOET_PREFILL_STAGE) and the rows moved */
+			json_t *pf = json_object_get(rec, "prefills");
+			if (!pf && (pf = json_array()))
+				json_object_set_new(rec, "prefills", pf);
+			json_t *pj = json_pack("{s:s, s:I, s:f, s:I, s:I, s:I, s:I, s:f, s:I, s:I}",
+					       "mode", mode_name[mode], "tokens", (json_int_t)P,
+					       "prefill_s", t, "cpu_pairs", (json_int_t)hs.cpu_pairs,
+					       "staged_experts", (json_int_t)hs.staged_experts,
+					       "staged_pairs", (json_int_t)hs.staged_pairs,
+					       "staged_bytes", (json_int_t)hs.bytes_staged,
+					       "stage_s", (double)hs.ns_stage / 1e9,
+					       "d2h_bytes", (json_int_t)hs.bytes_d2h,
+					       "d2h_copies", (json_int_t)hs.d2h_copies);
+			if (!pf)
+				json_decref(pj);
+			if ((!pf || !pj || json_array_append_new(pf, pj)) && !rc)
+				rc = moet_err(MOET_ENOMEM, "bench e2e: prefill record");
 			fflush(out);
 		}
 		if (rr && !rc) {

@@ -19,6 +19,14 @@
  * is the GPU itself (its experts bound there by moet_model_bind_experts); on the CPU backend
  * the devices are simulated.
  *
+ * Long prefills: a cold expert with at least moet_hybrid_stage_min tokens in the call is
+ * staged instead (hybrid.c: its bytes copied to a slot of the backend, the backend's kernel):
+ *
+ *   y rows:  device 0 | device 1 | ... | staged cold experts | the CPU tier
+ *
+ * The staged pairs are computed last, after the device tiers are queued (the copies then run
+ * beside the GPU's own experts, the CPU tier beside everything).
+ *
  * NOTE: simulated devices (moet_sim_device) are the CI's test double for GPUs: on the CPU
  * backend, each owns a private copy of the bytes of the experts placed on it and computes them
  * with the backend's kernels, so a wrong routing of pairs or bytes shows as a different bit.
@@ -157,6 +165,16 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 	m->n_devices = n_devices;
 	if ((rc = moet_hybrid_create(m->be, c, &m->hy)))
 		goto fail;
+	uint64_t expert_bytes = 0; /* every routed expert has one size */
+	for (int64_t l = 0; l < L && !expert_bytes; l++) {
+		const moet_ffn_w *w = m->layers[l].is_moe ? &m->layers[l].experts_host[0] : NULL;
+		for (int i = 0; w && i < 3; i++) {
+			const moet_mat *x = i == 0 ? &w->gate : i == 1 ? &w->up : &w->down;
+			expert_bytes += moet_mat_data_bytes(x) + moet_mat_scale_bytes(x);
+		}
+	}
+	if ((rc = moet_hybrid_stage_setup(m->hy, c, expert_bytes)))
+		goto fail;
 	if (!host) {
 		if ((rc = moet_model_bind_experts(m, owner)))
 			goto fail;
@@ -245,7 +263,10 @@ static int ensure_pairs_h(moet_model *m, int64_t P)
 	int32_t *d = realloc(m->slot_h, (size_t)P * sizeof(*d));
 	if (d)
 		m->slot_h = d;
-	if (!a || !b || !c || !d)
+	moet_expert_pair *e = realloc(m->stage_list, (size_t)P * sizeof(*e));
+	if (e)
+		m->stage_list = e;
+	if (!a || !b || !c || !d || !e)
 		return moet_err(MOET_ENOMEM, "dispatch tables of %lld pairs", (long long)P);
 	m->cap_pairs = P;
 	return 0;
@@ -257,7 +278,8 @@ void moet_model_free_dispatch(moet_model *m)
 	free(m->tier_list);
 	free(m->ids_h);
 	free(m->slot_h);
-	m->pairs = m->tier_list = NULL;
+	free(m->stage_list);
+	m->pairs = m->tier_list = m->stage_list = NULL;
 	m->ids_h = m->slot_h = NULL;
 	m->cap_pairs = 0;
 }
@@ -353,16 +375,34 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 		return rc;
 	if (!m->owner)
 		return run_all(m, l, P, k, h, n, y, slot);
-	/* The CPU tier's rows come last in y: count the devices' pairs first. */
-	int64_t cpu_row = 0, cpu_cnt = 0;
-	for (int64_t q = 0; q < P; q++)
+	/* The cold pairs' rows come last in y, the staged ones first: count the devices' pairs
+	 * and the staged pairs first. A cold expert's pairs are one run of the sorted pairs. */
+	const int64_t st_min = m->xtier ? 0 : moet_hybrid_stage_min(m->hy);
+	int64_t st_row = 0, st_cnt = 0, cpu_cnt = 0;
+	for (int64_t q = 0, r = 1; q < P; q += r) {
+		for (r = 1; q + r < P && m->pairs[q + r].expert == m->pairs[q].expert; r++)
+			;
 		if (m->owner[l * E + m->pairs[q].expert] >= 0)
-			cpu_row++;
-	for (int64_t q = 0; q < P; q++) {
-		const moet_expert_pair *pq = &m->pairs[q];
-		if (m->owner[l * E + pq->expert] < 0) {
-			m->slot_h[pq->pair] = (int32_t)(cpu_row + cpu_cnt);
-			m->tier_list[cpu_cnt++] = *pq;
+			st_row += r;
+		else if (st_min && r >= st_min)
+			st_cnt += r;
+	}
+	const int64_t cpu_row = st_row + st_cnt;
+	for (int64_t q = 0, r = 1, s_at = 0; q < P; q += r) {
+		for (r = 1; q + r < P && m->pairs[q + r].expert == m->pairs[q].expert; r++)
+			;
+		if (m->owner[l * E + m->pairs[q].expert] >= 0)
+			continue;
+		const int staged = st_min && r >= st_min;
+		for (int64_t i = q; i < q + r; i++) {
+			const moet_expert_pair *pq = &m->pairs[i];
+			if (staged) {
+				m->slot_h[pq->pair] = (int32_t)(st_row + s_at);
+				m->stage_list[s_at++] = *pq;
+			} else {
+				m->slot_h[pq->pair] = (int32_t)(cpu_row + cpu_cnt);
+				m->tier_list[cpu_cnt++] = *pq;
+			}
 		}
 	}
 	if (cpu_cnt) {
@@ -372,17 +412,20 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 						      y + cpu_row * c->hidden_size);
 		if (rc)
 			return rc;
-		m->tier_pairs[0] += (uint64_t)cpu_cnt;
 		if (m->shadow)
 			moet_shadow_pick(m->shadow, m->mb_slot, l, m->tier_list, cpu_cnt, cpu_row, h,
 					 n, y);
 	}
 	/* NOTE: the device tiers reuse tier_list from its start; the CPU tier's copy of its
 	 * pairs was taken at begin (its jobs). */
+	m->tier_pairs[0] += (uint64_t)(cpu_cnt + st_cnt); /* the cold pairs, staged or not */
 	for (int g = 0; g < m->n_devices && !rc; g++)
 		rc = run_tier(m, l, g, m->be->ops->host_memory ? m->sim[g].table + l * E
 							       : lw->experts,
 			      P, k, h, n, y, &row);
+	if (!rc && st_cnt)
+		rc = moet_hybrid_stage_run(m->hy, m->be, lw->experts_host, m->stage_list, st_cnt,
+					   k, h, n, y + st_row * c->hidden_size);
 	if (!rc)
 		rc = m->be->ops->upload(m->be, slot, m->slot_h, (size_t)P * sizeof(int32_t));
 	if (rc)

@@ -3,9 +3,12 @@
  * CPU, computed by the expert executor's pinned team from the checkpoint's mapped bytes while
  * the backend (a GPU) computes everything else.
  *
- *   begin   h rows (backend memory) -> staging (host_alloc: pinned on CUDA) in one copy;
- *           each CPU-tier pair's row gathered into y staging, expert by expert (the sorted
- *           order of moet_expert_pairs_sort); jobs submitted to the executor; returns at once
+ *   begin   the h rows (backend memory) the tier's pairs use -> staging (host_alloc: pinned
+ *           on CUDA), in ranges: rows no pair uses stay on the device unless the gap between
+ *           two ranges costs less than a copy's latency (gap bytes < pcie_latency x pcie, the
+ *           cost model's figures: one copy instead of two); each pair's row gathered into y
+ *           staging, expert by expert (the sorted order of moet_expert_pairs_sort); jobs
+ *           submitted to the executor; returns at once
  *   ...     the caller queues the device tier and the shared experts on the backend
  *   finish  waits for the executor; the y staging rows go to the backend's y in one copy
  *
@@ -19,6 +22,13 @@
  * MOET_HYBRID_SLOTS calls may be in flight at once, one per slot (forward.c's micro-batches);
  * the executor runs their batches in submission order.
  *
+ * Prefill staging (MOET_PREFILL_STAGE, docs/hybrid.md): a cold expert with many tokens in a
+ * call can be cheaper on the GPU even counting the copy of its bytes (the cost model's
+ * crossover, moet_cost_stage_min_rows). dispatch.c takes such experts out of the tier's
+ * pairs and hands them to moet_hybrid_stage_run, which computes them from a ring of
+ * staging slots (stage.c, the shadow check's mechanism) with the backend's kernel: the same
+ * bits. The ring is made at the first staged expert and kept.
+ *
  * NOTE: the team is the executor of cpu/exec.c made for this model (MOET_CPU_THREADS, else
  * every core but one on a GPU backend: the thread that drives the GPU needs a core too). On
  * the CPU backend it stands beside the backend's own team (a test setting: the cores are
@@ -29,6 +39,7 @@
 #include <time.h>
 
 #include "model_int.h"
+#include "moet_cost.h"
 #include "moet_cpuexec.h"
 #include "moet_err.h"
 #include "moet_topo.h"
@@ -36,12 +47,16 @@
 #define HY_MAX_TOK 512   /* tokens per executor batch */
 #define HY_MAX_JOBS 256  /* jobs per executor batch */
 #define HY_MAX_PENDING 8 /* batches in flight */
+#define HY_STAGE_SLOTS 3 /* staging ring: one computing, one copying, one spare */
+
+enum { HY_STAGE_AUTO, HY_STAGE_NEVER, HY_STAGE_ALWAYS };
 
 /* One call of the tier: a micro-batch of the pass (forward.c pipelines two). */
 typedef struct hy_call {
 	float *h_stage;           /* [cap_rows][H] host_alloc */
 	float *y_stage;           /* [cap_pairs][H] host_alloc */
 	int64_t cap_rows, cap_pairs;
+	unsigned char *mark;      /* [cap_rows]: rows the pairs use */
 	moet_cpuexec_job *jobs;   /* [cap_pairs] */
 	uint64_t tickets[HY_MAX_PENDING];
 	int n_tickets;
@@ -59,6 +74,11 @@ struct moet_hybrid {
 	int64_t H, max_inter;
 	hy_call call[MOET_HYBRID_SLOTS];
 	moet_hybrid_stats st;
+	size_t gap_bytes;         /* merge two row ranges when the gap is smaller */
+	int stage_mode;           /* HY_STAGE_* (MOET_PREFILL_STAGE) */
+	int64_t stage_min;        /* tokens from which a cold expert is staged; 0: never */
+	int64_t n_experts;
+	moet_stage *ring;         /* staging slots, made at the first staged expert */
 };
 
 static uint64_t now_ns(void)
@@ -76,6 +96,8 @@ int moet_hybrid_create(moet_backend *be, const moet_config *c, moet_hybrid **out
 		return moet_err(MOET_ENOMEM, "hybrid engine");
 	hy->H = c->hidden_size;
 	hy->max_inter = c->moe_intermediate_size;
+	hy->n_experts = c->n_routed_experts;
+	hy->stage_mode = HY_STAGE_NEVER; /* until moet_hybrid_stage_setup */
 	hy->kern = moet_cpu_kernels_get();
 	const char *ov = getenv("MOET_HYBRID_OVERLAP");
 	hy->overlap = !(ov && !strcmp(ov, "0"));
@@ -117,10 +139,12 @@ void moet_hybrid_destroy(moet_hybrid *hy, moet_backend *be)
 	if (!hy)
 		return;
 	moet_cpuexec_destroy(hy->ex); /* finishes anything in flight first */
+	moet_stage_destroy(hy->ring, be);
 	for (int i = 0; i < MOET_HYBRID_SLOTS; i++) {
 		be->ops->host_free(be, hy->call[i].h_stage);
 		be->ops->host_free(be, hy->call[i].y_stage);
 		free(hy->call[i].jobs);
+		free(hy->call[i].mark);
 	}
 	free(hy->scratch);
 	free(hy);
@@ -133,8 +157,12 @@ static int grow(const moet_hybrid *hy, hy_call *cl, moet_backend *be, int64_t ro
 	int rc;
 	if (rows > cl->cap_rows) {
 		be->ops->host_free(be, cl->h_stage);
+		free(cl->mark);
 		cl->h_stage = NULL;
 		cl->cap_rows = 0;
+		if (!(cl->mark = malloc((size_t)rows)))
+			return moet_err(MOET_ENOMEM, "hybrid engine: row marks of %lld rows",
+					(long long)rows);
 		if ((rc = be->ops->host_alloc(be, (size_t)rows * row_bytes, (void **)&cl->h_stage)))
 			return moet_err_prefix(rc, "hybrid engine: staging of %lld rows",
 					       (long long)rows);
@@ -196,6 +224,36 @@ static int submit_jobs(moet_hybrid *hy, hy_call *cl, int64_t n_jobs)
 	return rc;
 }
 
+/* The rows of h that pairs use, into h_stage at their own row index: ranges of used rows, two
+ * ranges merged when the rows between them are fewer bytes than gap_bytes. */
+static int download_rows(moet_hybrid *hy, hy_call *cl, moet_backend *be,
+			 const moet_expert_pair *pairs, int64_t cnt, int64_t top_k, const float *h,
+			 int64_t n)
+{
+	const size_t row_bytes = (size_t)hy->H * sizeof(float);
+	const int64_t gap = (int64_t)(hy->gap_bytes / row_bytes); /* rows a gap may span */
+	memset(cl->mark, 0, (size_t)n);
+	for (int64_t q = 0; q < cnt; q++)
+		cl->mark[pairs[q].pair / top_k] = 1;
+	int rc = 0;
+	for (int64_t a = 0; a < n && !rc;) {
+		if (!cl->mark[a]) {
+			a++;
+			continue;
+		}
+		int64_t b = a + 1; /* [a, b): a range ending on a used row */
+		for (int64_t t = b; t < n && t - b <= gap; t++)
+			if (cl->mark[t])
+				b = t + 1;
+		const size_t bytes = (size_t)(b - a) * row_bytes;
+		rc = be->ops->download(be, cl->h_stage + a * hy->H, h + a * hy->H, bytes);
+		hy->st.bytes_d2h += bytes;
+		hy->st.d2h_copies++;
+		a = b;
+	}
+	return rc;
+}
+
 int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moet_ffn_w *table,
 			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
 			  const float *h, int64_t n, float *y_dst)
@@ -213,10 +271,9 @@ int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moe
 	if ((rc = grow(hy, cl, be, n, cnt)))
 		return rc;
 	uint64_t t0 = now_ns();
-	if ((rc = be->ops->download(be, cl->h_stage, h, (size_t)n * row_bytes)))
+	if ((rc = download_rows(hy, cl, be, pairs, cnt, top_k, h, n)))
 		return rc;
 	uint64_t t1 = now_ns();
-	hy->st.bytes_d2h += (uint64_t)n * row_bytes;
 	hy->st.ns_d2h += t1 - t0;
 	int64_t n_jobs = 0;
 	for (int64_t q = 0; q < cnt;) {
@@ -298,4 +355,67 @@ void moet_hybrid_reset_stats(moet_hybrid *hy)
 {
 	if (hy)
 		memset(&hy->st, 0, sizeof(hy->st));
+}
+
+int moet_hybrid_stage_setup(moet_hybrid *hy, const moet_config *c, uint64_t expert_bytes)
+{
+	const char *mode = getenv("MOET_PREFILL_STAGE"), *min = getenv("MOET_PREFILL_STAGE_MIN");
+	const char *hw_file = getenv("MOET_HARDWARE");
+	moet_cost_in in = { .batch = 1, .top_k = c->num_experts_per_tok, .d_model = c->hidden_size,
+			    .expert_bytes = expert_bytes, .n_gpus = 1,
+			    .moe_inter = c->moe_intermediate_size };
+	int rc;
+	if (!mode || !mode[0] || !strcmp(mode, "auto"))
+		hy->stage_mode = HY_STAGE_AUTO;
+	else if (!strcmp(mode, "0"))
+		hy->stage_mode = HY_STAGE_NEVER;
+	else if (!strcmp(mode, "1"))
+		hy->stage_mode = HY_STAGE_ALWAYS;
+	else
+		return moet_err(MOET_EINVAL, "MOET_PREFILL_STAGE='%s': expected auto, 0 or 1",
+				mode);
+	long long at_least = 0;
+	if (min && min[0]) {
+		char *end = NULL;
+		at_least = strtoll(min, &end, 10);
+		if (*end || at_least < 1 || at_least > MOET_COST_STAGE_MAX_ROWS)
+			return moet_err(MOET_EINVAL, "MOET_PREFILL_STAGE_MIN='%s': expected tokens "
+					"per expert, 1 .. %d", min, MOET_COST_STAGE_MAX_ROWS);
+	}
+	moet_cost_hw_defaults(&in.hw);
+	if (hw_file && hw_file[0] && (rc = moet_cost_hw_load(hw_file, &in.hw)))
+		return moet_err_prefix(rc, "MOET_HARDWARE");
+	/* NOTE: a gap is worth copying when its bytes cross the link faster than a second
+	 * copy's latency (0 latency: only the rows used) */
+	hy->gap_bytes = (size_t)(in.hw.pcie_latency_us * in.hw.pcie_gbps * 1e3);
+	if (hy->stage_mode == HY_STAGE_NEVER)
+		hy->stage_min = 0;
+	else if (hy->stage_mode == HY_STAGE_ALWAYS)
+		hy->stage_min = 1;
+	else
+		hy->stage_min = at_least ? at_least
+					 : moet_cost_stage_min_rows(&in, MOET_COST_STAGE_MAX_ROWS);
+	return 0;
+}
+
+int64_t moet_hybrid_stage_min(const moet_hybrid *hy)
+{
+	return hy ? hy->stage_min : 0;
+}
+
+int moet_hybrid_stage_run(moet_hybrid *hy, moet_backend *be, const moet_ffn_w *table,
+			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
+			  const float *h, int64_t n, float *y)
+{
+	int rc;
+	if (cnt <= 0)
+		return 0;
+	if (!hy->ring && (rc = moet_stage_create(be, HY_STAGE_SLOTS, hy->n_experts, &hy->ring)))
+		return moet_err_prefix(rc, "prefill staging");
+	uint64_t t0 = now_ns();
+	rc = moet_stage_run(hy->ring, be, table, pairs, cnt, top_k, h, n, y, hy->H,
+			    &hy->st.bytes_staged, &hy->st.staged_experts);
+	hy->st.ns_stage += now_ns() - t0;
+	hy->st.staged_pairs += (uint64_t)cnt;
+	return rc ? moet_err_prefix(rc, "prefill staging") : 0;
 }

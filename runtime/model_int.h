@@ -62,8 +62,35 @@ int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moe
 /* Waits for the call in flight (if any) and copies its rows to the backend. */
 int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be);
 void moet_hybrid_get_stats(const moet_hybrid *hy, moet_hybrid_stats *out);
+/* Prefill staging of cold experts (MOET_PREFILL_STAGE, docs/hybrid.md): reads the switches
+ * and, for auto, the crossover of the cost model (placement/moet_cost.h) for experts of
+ * expert_bytes on the hardware of MOET_HARDWARE (a configs/hardware-*.yaml file) or the
+ * defaults. MOET_EINVAL naming a malformed switch; the hardware file's own errors. */
+int moet_hybrid_stage_setup(moet_hybrid *hy, const moet_config *c, uint64_t expert_bytes);
+/* The tokens from which a cold expert of a call is staged (0: never). */
+int64_t moet_hybrid_stage_min(const moet_hybrid *hy);
+/* Computes cold pairs (sorted by expert; table: host views by expert) on the backend from
+ * the engine's staging slots (stage.c) into y (backend, cnt rows of H); counts them. */
+int moet_hybrid_stage_run(moet_hybrid *hy, moet_backend *be, const moet_ffn_w *table,
+			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
+			  const float *h, int64_t n, float *y);
 void moet_hybrid_set_overlap(moet_hybrid *hy, int on);
 void moet_hybrid_reset_stats(moet_hybrid *hy);
+
+/* stage.c: experts computed by the backend from staging slots (copies of their host bytes
+ * in backend memory), the copy of the next in flight while the current one computes. */
+typedef struct moet_stage moet_stage;
+#define MOET_STAGE_MAX_SLOTS 4
+int moet_stage_create(moet_backend *be, int n_slots, int64_t n_experts, moet_stage **out);
+/* Waits for anything in flight; accepts NULL. */
+void moet_stage_destroy(moet_stage *s, moet_backend *be);
+/* y[q] (backend, rows of H floats) = expert pairs[q].expert of host[] (host views: copied
+ * to a slot, then the backend's experts_grouped) on h (backend, n rows), q < cnt, pairs
+ * sorted by expert. Adds the bytes copied and the experts computed to the counters. On
+ * return the work is queued on the backend (its stream), the slots' copies all done. */
+int moet_stage_run(moet_stage *s, moet_backend *be, const moet_ffn_w *host,
+		   const moet_expert_pair *pairs, int64_t cnt, int64_t top_k, const float *h,
+		   int64_t n, float *y, int64_t H, uint64_t *out_bytes, uint64_t *out_experts);
 
 /* remote.c: the expert tier of a GPU beyond the backend's own (placement device g >= 1). */
 typedef struct moet_remote moet_remote;
@@ -139,6 +166,7 @@ struct moet_model {
 	uint64_t *tier_pairs;     /* [1 + n_devices]: pairs served, CPU tier first */
 	moet_expert_pair *pairs;  /* host scratch of the dispatch, grown */
 	moet_expert_pair *tier_list;
+	moet_expert_pair *stage_list; /* the cold pairs staged to the backend (hybrid.c) */
 	int32_t *ids_h, *slot_h;
 	int64_t cap_pairs;
 	moet_fwd_bufs bufs[2];    /* per micro-batch of a pass (forward.c) */

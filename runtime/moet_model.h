@@ -160,6 +160,14 @@ typedef struct moet_hybrid_stats {
 	uint64_t bytes_h2d;  /* expert outputs copied back to the backend */
 	uint64_t ns_d2h, ns_h2d;
 	uint64_t split_passes; /* forward passes run as two pipelined micro-batches */
+	uint64_t d2h_copies; /* copies of hidden rows: only the rows the CPU tier's pairs use, in
+				ranges (gaps merged when cheaper than a copy's latency) */
+	uint64_t staged_experts; /* cold experts computed on the backend (GPU 0) from a staging
+				    slot instead (MOET_PREFILL_STAGE; counted in the CPU's
+				    tier_counts, not in cpu_pairs) */
+	uint64_t staged_pairs;   /* their routing pairs */
+	uint64_t bytes_staged;   /* their weights' bytes copied host -> backend */
+	uint64_t ns_stage;       /* the driving thread's time staging (copies, waits, launches) */
 } moet_hybrid_stats;
 
 /* The CPU tier's counters (zeros without a placement); reset clears them after reading. */

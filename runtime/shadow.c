@@ -6,9 +6,10 @@
  *             experts of this layer is picked (a counter-based draw: the same calls are
  *             checked in every run); its pairs and the rows they fill are noted
  *   finish    after the CPU tier's rows have reached y: the expert's bytes are copied into a
- *             staging slot of the backend (device memory on a GPU: one expert's worth,
- *             allocated once), the backend's own kernel computes the same pairs into a scratch,
- *             and both results come back to the host and are compared bit for bit
+ *             staging slot of the backend (stage.c, the mechanism the prefill staging uses
+ *             too: device memory on a GPU, one expert's worth, allocated once), the backend's
+ *             own kernel computes the same pairs into a scratch, and both results come back
+ *             to the host and are compared bit for bit
  *
  * Under the contract the two are equal; a mismatch (counted, its layer and expert in the
  * detail) means a broken kernel, a corrupted copy or a floating-point environment gone wrong.
@@ -26,9 +27,8 @@
 struct moet_shadow {
 	double rate;
 	uint64_t draws;               /* calls considered so far (the draw's counter) */
-	moet_ffn_w *table;            /* [E]: only the staged expert's entry is used */
-	void *slot[6];                /* backend memory: gate, up, down codes and scales */
-	size_t slot_bytes[6];
+	moet_stage *ring;             /* one staging slot (stage.c), made at the first check */
+	uint64_t bytes, experts;      /* what the slot received (not reported) */
 	float *y_b;                   /* backend [cap][H]: the backend's rows */
 	float *y_h, *y_c;             /* host [cap][H]: both results */
 	int64_t cap;
@@ -55,16 +55,13 @@ void moet_shadow_destroy(moet_shadow *s, moet_backend *be)
 {
 	if (!s)
 		return;
-	for (int i = 0; i < 6; i++)
-		if (s->slot[i])
-			be->ops->free(be, s->slot[i]);
+	moet_stage_destroy(s->ring, be);
 	if (s->y_b)
 		be->ops->free(be, s->y_b);
 	for (int i = 0; i < MOET_HYBRID_SLOTS; i++)
 		free(s->pick[i].pairs);
 	free(s->y_h);
 	free(s->y_c);
-	free(s->table);
 	free(s);
 }
 
@@ -77,10 +74,8 @@ int moet_model_set_shadow(moet_model *m, double rate)
 	if (rate == 0)
 		return 0;
 	moet_shadow *s = calloc(1, sizeof(*s));
-	if (!s || !(s->table = calloc((size_t)m->cfg.n_routed_experts, sizeof(*s->table)))) {
-		free(s);
+	if (!s)
 		return moet_err(MOET_ENOMEM, "shadow checker");
-	}
 	s->rate = rate;
 	m->shadow = s;
 	return 0;
@@ -128,37 +123,6 @@ void moet_shadow_pick(moet_shadow *s, int slot, int64_t l, const moet_expert_pai
 	s->pick[slot].y = y;
 }
 
-/* The expert's bytes into the staging slot; *out the views of them. */
-static int stage(moet_shadow *s, moet_backend *be, const moet_ffn_w *src, moet_ffn_w *out)
-{
-	const moet_mat *in[3] = { &src->gate, &src->up, &src->down };
-	moet_mat *o[3] = { &out->gate, &out->up, &out->down };
-	int rc = 0;
-	for (int i = 0; i < 3 && !rc; i++) {
-		size_t bytes[2] = { moet_mat_data_bytes(in[i]), moet_mat_scale_bytes(in[i]) };
-		const void *from[2] = { in[i]->data, in[i]->scale_inv };
-		*o[i] = *in[i];
-		for (int j = 0; j < 2 && !rc; j++) {
-			void **sl = &s->slot[2 * i + j];
-			if (!bytes[j])
-				continue;
-			if (bytes[j] > s->slot_bytes[2 * i + j]) {
-				if (*sl)
-					be->ops->free(be, *sl);
-				*sl = NULL;
-				s->slot_bytes[2 * i + j] = 0;
-				if ((rc = be->ops->alloc(be, bytes[j], sl)))
-					break;
-				s->slot_bytes[2 * i + j] = bytes[j];
-			}
-			rc = be->ops->upload(be, *sl, from[j], bytes[j]);
-		}
-		o[i]->data = s->slot[2 * i];
-		o[i]->scale_inv = in[i]->scale_inv ? s->slot[2 * i + 1] : NULL;
-	}
-	return rc;
-}
-
 int moet_shadow_check(moet_model *m, int slot)
 {
 	moet_shadow *s = m->shadow;
@@ -184,11 +148,12 @@ int moet_shadow_check(moet_model *m, int slot)
 		if (!rc && !(rc = be->ops->alloc(be, bytes, (void **)&s->y_b)))
 			s->cap = cnt;
 	}
+	if (!rc && !s->ring)
+		rc = moet_stage_create(be, 1, m->cfg.n_routed_experts, &s->ring);
 	if (!rc)
-		rc = stage(s, be, &m->layers[l].experts_host[e], &s->table[e]);
-	if (!rc)
-		rc = be->ops->experts_grouped(be, s->table, s->pick[slot].pairs, cnt, k,
-					      s->pick[slot].h, s->pick[slot].n, s->y_b);
+		rc = moet_stage_run(s->ring, be, m->layers[l].experts_host, s->pick[slot].pairs,
+				    cnt, k, s->pick[slot].h, s->pick[slot].n, s->y_b, H, &s->bytes,
+				    &s->experts);
 	if (!rc)
 		rc = be->ops->download(be, s->y_h, s->y_b, bytes);
 	if (!rc)

@@ -7,7 +7,9 @@
  *   - ragged batches of prefill and decode give logits equal to the reference bit for bit,
  *     batched and one sequence per call;
  *   - the tier counts add up, the random placement sends >= 25% of routings to the CPU;
- *   - the CPU tier's counters agree with the tier counts (pairs, bytes copied back).
+ *   - the CPU tier's counters agree with the tier counts (pairs, bytes copied back);
+ *   - prefill staging of cold experts (MOET_PREFILL_STAGE=0, 1, auto at 4 tokens): a 64-token
+ *     prompt's logits equal the CPU reference's, experts staged and not as switched.
  * Skips (77) without a CUDA device.
  */
 #include <stdint.h>
@@ -128,6 +130,55 @@ int main(void)
 	       (unsigned long long)shs.checks, (unsigned long long)shs.pairs,
 	       (unsigned long long)shs.mismatches);
 	moet_model_set_shadow(gpu, 0);
+
+	/* prefill staging: cold experts copied to GPU slots and computed there, the same bits */
+	{
+		enum { NP = 64 };
+		int64_t tk[NP];
+		float *lr = malloc((size_t)NP * (size_t)V * sizeof(float));
+		float *lg = malloc((size_t)NP * (size_t)V * sizeof(float));
+		moet_kv *kv = NULL;
+		for (int i = 0; i < NP; i++)
+			tk[i] = (i * 97 + 13) % V;
+		CHECK(lr && lg && moet_kv_create(cpu, NP, &kv) == 0 &&
+		      moet_model_forward(cpu, kv, tk, NP, lr) == 0, "staging reference");
+		moet_kv_destroy(kv);
+		const char *mode[3] = { "0", "1", "auto" };
+		for (int md = 0; lr && lg && md < 3; md++) {
+			setenv("MOET_PREFILL_STAGE", mode[md], 1);
+			if (md == 2)
+				setenv("MOET_PREFILL_STAGE_MIN", "4", 1);
+			CHECK(moet_model_set_placement(gpu, own, 1) == 0, "staging %s: %s", mode[md],
+			      moet_errmsg());
+			unsetenv("MOET_PREFILL_STAGE");
+			unsetenv("MOET_PREFILL_STAGE_MIN");
+			moet_hybrid_stats hs;
+			moet_model_hybrid_stats(gpu, &hs, 1);
+			memset(lg, 0xCD, (size_t)NP * (size_t)V * sizeof(float));
+			kv = NULL;
+			CHECK(moet_kv_create(gpu, NP, &kv) == 0 &&
+			      moet_model_forward(gpu, kv, tk, NP, lg) == 0, "staging %s: %s",
+			      mode[md], moet_errmsg());
+			moet_kv_destroy(kv);
+			CHECK(memcmp(lr, lg, (size_t)NP * (size_t)V * sizeof(float)) == 0,
+			      "MOET_PREFILL_STAGE=%s: logits differ from the CPU reference", mode[md]);
+			moet_model_hybrid_stats(gpu, &hs, 1);
+			CHECK(md == 0 ? hs.staged_experts == 0 : hs.staged_experts > 0,
+			      "staging %s: %llu experts staged", mode[md],
+			      (unsigned long long)hs.staged_experts);
+			CHECK(md != 1 ? hs.cpu_pairs > 0 : hs.cpu_pairs == 0 && hs.bytes_d2h == 0,
+			      "staging %s: %llu CPU pairs", mode[md],
+			      (unsigned long long)hs.cpu_pairs);
+			printf("staging %-4s: %llu experts (%llu pairs, %.1f MB) staged in %.3f ms, "
+			       "CPU tier %llu pairs, %.1f KB down: logits equal\n", mode[md],
+			       (unsigned long long)hs.staged_experts,
+			       (unsigned long long)hs.staged_pairs, hs.bytes_staged / 1e6,
+			       hs.ns_stage / 1e6, (unsigned long long)hs.cpu_pairs,
+			       hs.bytes_d2h / 1e3);
+		}
+		free(lr);
+		free(lg);
+	}
 
 	/* the upload's reference path: every matrix through the driver's pageable copy */
 	setenv("MOET_UPLOAD", "plain", 1);
