@@ -459,7 +459,7 @@ double moet_cost_stage_ms(const moet_cost_in *in, double rows)
 	if (!(rows > 0))
 		return 0;
 	const moet_cost_hw *h = &in->hw;
-	return h->pcie_latency_us * 1e-3 + (double)in->expert_bytes / (h->pcie_gbps * 1e6) +
+	return h->pcie_latency_us * 1e-3 + (double)in->expert_bytes / (h->stage_copy_gbps * 1e6) +
 	       moet_cost_call_ms(in, true, rows);
 }
 

@@ -96,6 +96,8 @@ typedef struct moet_cost_hw {
 	double gpu_read_gbps;        /* one GPU's expert kernel at decode, GB/s */
 	double pcie_gbps;            /* pinned host <-> device, one direction, GB/s */
 	double pcie_latency_us;      /* per copy */
+	double stage_copy_gbps;      /* a cold expert's bytes from the mapped checkpoint to a
+				      * device slot (pageable: the driver stages them), GB/s */
 	double cpu_overhead_us;      /* per MoE layer and step when the CPU tier works */
 	double gpu_overhead_us;      /* per MoE layer and step per GPU that works */
 	double act_bytes;            /* bytes per activation element copied (4: binary32) */
@@ -270,8 +272,8 @@ int moet_cost_predict_owners(const moet_config *cf, const moet_placement_sizes *
  *
  * Simplifications, said so: the copy of one slot overlaps the previous expert's compute in
  * the engine, which the sum ignores (pessimistic for staging by up to min(copy, GPU t)); the
- * copy is priced at the pinned link's rate, while the engine copies from the mapped
- * checkpoint (pageable: the driver stages it; slower, optimistic for staging); the CPU tier's
+ * copy is priced at stage_copy_gbps (the engine copies from the mapped checkpoint: pageable,
+ * the driver stages it; about 5 GB/s measured, a tenth of the pinned link); the CPU tier's
  * own overlap with the GPU's other work is not counted (the CPU's call is what staging frees).
  */
 double moet_cost_stage_ms(const moet_cost_in *in, double rows);

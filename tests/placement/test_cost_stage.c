@@ -29,7 +29,7 @@ static double own_stage(const moet_cost_in *in, double r)
 	const moet_cost_hw *h = &in->hw;
 	const double F = 6.0 * (double)in->d_model * (double)in->moe_inter;
 	const double B = (double)in->expert_bytes;
-	return h->pcie_latency_us / 1e3 + B / (h->pcie_gbps * 1e6) +
+	return h->pcie_latency_us / 1e3 + B / (h->stage_copy_gbps * 1e6) +
 	       mx(B / (h->gpu_read_gbps * 1e6),
 		  r * F / (h->gpu_sgemm_frac.frac[0] * h->gpu_sgemm_gflops * 1e6));
 }
@@ -55,7 +55,7 @@ static void closed_form(void)
 	in.batch = 1;
 	in.n_gpus = 1;
 	moet_cost_hw *h = &in.hw;
-	h->cpu_read_gbps = 100, h->gpu_read_gbps = 1000, h->pcie_gbps = 10;
+	h->cpu_read_gbps = 100, h->gpu_read_gbps = 1000, h->stage_copy_gbps = 10;
 	h->pcie_latency_us = 10, h->cpu_fma_gflops = 1000, h->gpu_sgemm_gflops = 10000;
 	h->cpu_fma_frac = (moet_cost_curve){ .n = 1, .tokens = { 4 }, .frac = { 0.5 } };
 	h->gpu_sgemm_frac = (moet_cost_curve){ .n = 1, .tokens = { 4 }, .frac = { 0.5 } };
@@ -96,7 +96,9 @@ static void h200(void)
 	in.batch = 1;
 	in.n_gpus = 1;
 	const int64_t r0 = moet_cost_stage_min_rows(&in, MOET_COST_STAGE_MAX_ROWS);
-	CHECK(r0 >= 2 && r0 <= 64, "H200 crossover %lld tokens", (long long)r0);
+	/* the copy at the pageable 5 GB/s: 44 MB take ~8.8 ms, which the CPU's t(r) passes in
+	 * the tens of tokens (the issue's 10-20 at the pinned link's rate) */
+	CHECK(r0 >= 16 && r0 <= 256, "H200 crossover %lld tokens", (long long)r0);
 	for (int64_t r = r0; r <= 4096; r++)
 		if (!(moet_cost_stage_ms(&in, r) < moet_cost_call_ms(&in, false, r))) {
 			CHECK(0, "H200: staging loses at %lld tokens above the crossover %lld",
@@ -115,7 +117,7 @@ static void h200(void)
 	/* a faster link, or a slower CPU, never stages later */
 	int64_t prev = 0;
 	for (double link = 4; link <= 256; link *= 2) {
-		in.hw.pcie_gbps = link;
+		in.hw.stage_copy_gbps = link;
 		int64_t r = moet_cost_stage_min_rows(&in, MOET_COST_STAGE_MAX_ROWS);
 		CHECK(r >= 1 && (!prev || r <= prev), "link %g GB/s: crossover %lld after %lld",
 		      link, (long long)r, (long long)prev);
