@@ -247,7 +247,7 @@ static const struct {
 	{ "gpu-experts", gpu_experts, "CUDA expert kernel vs copy bandwidth and SGEMM rate" },
 	{ "e2e", moet_cli_bench_e2e, "the whole model per placement: decode, prefill, overlap" },
 	{ "load", moet_cli_bench_load, "io_uring load of the CPU tier vs disk and h2d bandwidth" },
-	{ "serve", moet_cli_bench_serve, "server overhead vs the bare decode step at 16 streams" },
+	{ "serve", moet_cli_bench_serve, "server overhead vs the same steps replayed bare; N streams vs 1" },
 };
 
 static void usage(FILE *f)
