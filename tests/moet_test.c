@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "moet_err.h"
+#include "moet_gen.h"
 #include "moet_model.h"
 
 int moet_test_failures;
@@ -95,6 +96,75 @@ int moet_test_write_file(const char *path, const void *data, size_t n)
 		return -1;
 	size_t w = fwrite(data, 1, n, f);
 	return (fclose(f) == 0 && w == n) ? 0 : -1;
+}
+
+void *moet_test_read_file(const char *path, size_t *out_n)
+{
+	*out_n = 0;
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return NULL;
+	/* NOTE: fstat, not fseek/ftell: a directory opens, and its "size" is no byte count */
+	struct stat st;
+	size_t len = 0;
+	unsigned char *b = NULL;
+	if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode)) {
+		len = (size_t)st.st_size;
+		b = malloc(len + 1);
+	}
+	if (b && fread(b, 1, len, f) != len) {
+		free(b);
+		b = NULL;
+	}
+	fclose(f);
+	if (b) {
+		b[len] = 0;
+		*out_n = len;
+	}
+	return b;
+}
+
+uint64_t moet_test_xorshift64(uint64_t *state)
+{
+	uint64_t x = *state;
+	x ^= x << 13;
+	x ^= x >> 7;
+	x ^= x << 17;
+	return *state = x;
+}
+
+char *moet_test_gen(const char *tag, const moet_gen_params *gp)
+{
+	char *dir = moet_test_mkdtemp(tag);
+	CHECK(dir, "%s: no scratch directory under %s", tag, moet_test_tmp_dir());
+	if (!dir)
+		return NULL;
+	int rc = moet_gen_checkpoint(dir, gp);
+	CHECK(rc == 0, "%s: gen: %s", tag, moet_errmsg());
+	if (rc) {
+		free(dir);
+		return NULL;
+	}
+	return dir;
+}
+
+moet_model *moet_test_gen_open_on(const char *tag, const moet_gen_params *gp, const char *device,
+				  char **out_dir)
+{
+	moet_model *m = NULL;
+	char *dir = moet_test_gen(tag, gp);
+	*out_dir = dir;
+	if (!dir)
+		return NULL;
+	int rc = device ? moet_model_open_on(dir, device, &m) : moet_model_open(dir, &m);
+	CHECK(rc == 0, "%s: open%s%s: %s", tag, device ? " " : "", device ? device : "",
+	      moet_errmsg());
+	return rc ? NULL : m;
+}
+
+moet_model *moet_test_gen_open(const char *tag, const moet_gen_params *gp, char **out_dir)
+{
+	return moet_test_gen_open_on(tag, gp, NULL, out_dir);
 }
 
 int moet_test_cli(char **out, const char *fmt, ...)

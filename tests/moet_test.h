@@ -5,6 +5,7 @@
 #ifndef MOET_TEST_H
 #define MOET_TEST_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -52,7 +53,37 @@ void moet_test_cli_expect(const char *args, int want_rc, const char *want_text);
 /* Writes n bytes to path. 0 or -1. */
 int moet_test_write_file(const char *path, const void *data, size_t n);
 
+/* The whole file at path, malloc'd with one NUL byte after its *out_n bytes (so text files
+ * read as strings); NULL when it cannot be opened, is not a regular file, or cannot be fully
+ * read (*out_n then 0). */
+void *moet_test_read_file(const char *path, size_t *out_n);
+
+/* One step of xorshift64 (13, 7, 17) on *state, which must not be 0; returns the new state.
+ * The tests' reproducible random numbers: each test keeps its own seeded state. */
+uint64_t moet_test_xorshift64(uint64_t *state);
+
 typedef struct moet_model moet_model;
+typedef struct moet_gen_params moet_gen_params;
+
+/*
+ * The "tiny checkpoint" preamble of many tests: a fresh directory moet_test_mkdtemp(tag),
+ * moet_gen_checkpoint(dir, gp) into it, each step CHECKed with the error text
+ * ("TAG: gen: ..."). Returns the malloc'd directory (the caller frees it), or NULL with the
+ * failure counted.
+ */
+char *moet_test_gen(const char *tag, const moet_gen_params *gp);
+
+/*
+ * moet_test_gen, then the checkpoint opened with moet_model_open_on(dir, device) (device NULL:
+ * moet_model_open, the CPU backend), CHECKed ("TAG: open DEVICE: ..."). Returns the model, or
+ * NULL with the failure counted. *out_dir gets the directory whenever it was generated (also
+ * when the open failed), else NULL; the caller frees it and closes the model.
+ */
+moet_model *moet_test_gen_open_on(const char *tag, const moet_gen_params *gp, const char *device,
+				  char **out_dir);
+
+/* moet_test_gen_open_on on the CPU backend. */
+moet_model *moet_test_gen_open(const char *tag, const moet_gen_params *gp, char **out_dir);
 
 /* Sequences 0..seqs-1 with prompts of 2 (seqs - s) + 1 tokens (fixed ids), prefilled together
  * (batched) or one per call, then `steps` decode steps; out gets the last row's logits of

@@ -28,10 +28,7 @@ static uint64_t rng = 0x9E3779B97F4A7C15ull;
 
 static uint64_t next_u64(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
+	return moet_test_xorshift64(&rng);
 }
 
 static float uniform(float lo, float hi)

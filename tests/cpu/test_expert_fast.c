@@ -47,10 +47,7 @@ static uint64_t rng = 0x243F6A8885A308D3ull;
 
 static double uni(void) /* [0, 1) */
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (double)(rng >> 11) * 0x1p-53;
+	return (double)(moet_test_xorshift64(&rng) >> 11) * 0x1p-53;
 }
 
 static double gauss(void)

@@ -38,10 +38,7 @@ static int reported; /* mismatches printed so far (the first few of the run) */
 
 static uint64_t next_u64(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
+	return moet_test_xorshift64(&rng);
 }
 static int rnd(int n) { return (int)(next_u64() % (uint64_t)n); }
 static double unif(void) { return (double)(next_u64() >> 11) * 0x1p-53; }

@@ -32,11 +32,7 @@
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
 static uint64_t rnd(void)
 {
-	uint64_t x = rng_state;
-	x ^= x << 13;
-	x ^= x >> 7;
-	x ^= x << 17;
-	return rng_state = x;
+	return moet_test_xorshift64(&rng_state);
 }
 static float rnd_unit(void) /* [-1, 1) */
 {

@@ -40,11 +40,7 @@ static const char *const variant[N_VARIANTS] = { "ref", "wide" };
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint64_t rnd(void)
 {
-	uint64_t x = rng_state;
-	x ^= x << 13;
-	x ^= x >> 7;
-	x ^= x << 17;
-	return rng_state = x;
+	return moet_test_xorshift64(&rng_state);
 }
 static float rnd_unit(void) /* [-1, 1) */
 {

@@ -29,8 +29,7 @@
 static uint64_t rng = 0x243F6A8885A308D3ull;
 static uint64_t next(void)
 {
-	rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-	return rng;
+	return moet_test_xorshift64(&rng);
 }
 
 /* Prefill of ragged prompts then STEPS decode steps; last-row logits of every call. */
@@ -49,15 +48,13 @@ int main(void)
 	/* the staged upload even for this small model (by default it takes the plain path
 	 * below 256 MiB); MOET_UPLOAD=plain is compared with it below */
 	setenv("MOET_UPLOAD", "staged", 1);
-	char *dir = moet_test_mkdtemp("gpu-hybrid");
 	moet_gen_params gp;
 	moet_gen_params_init(&gp);
 	gp.seed = 11;
 	gp.n_layers = 4;
-	CHECK(dir && moet_gen_checkpoint(dir, &gp) == 0, "gen: %s", moet_errmsg());
-	moet_model *cpu = NULL, *gpu = NULL;
-	CHECK(moet_model_open_on(dir, "cpu", &cpu) == 0, "open cpu: %s", moet_errmsg());
-	CHECK(moet_model_open_on(dir, "cuda", &gpu) == 0, "open cuda: %s", moet_errmsg());
+	char *dir = NULL;
+	moet_model *cpu = moet_test_gen_open_on("gpu-hybrid", &gp, "cpu", &dir), *gpu = NULL;
+	CHECK(dir && moet_model_open_on(dir, "cuda", &gpu) == 0, "open cuda: %s", moet_errmsg());
 	if (!cpu || !gpu)
 		return moet_test_done("test_gpu_hybrid");
 	const moet_config *c = moet_model_config(cpu);

@@ -38,10 +38,7 @@
 static uint64_t rng = 0x243F6A8885A308D3ull;
 static uint64_t rnd(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
+	return moet_test_xorshift64(&rng);
 }
 static double unit(void) /* [0, 1) */
 {

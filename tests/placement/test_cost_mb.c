@@ -43,10 +43,7 @@ static char *tmp;
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
 static double uniform(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (double)(rng >> 11) / 9007199254740992.0;
+	return (double)(moet_test_xorshift64(&rng) >> 11) / 9007199254740992.0;
 }
 
 enum { E = 64, K = 8 };

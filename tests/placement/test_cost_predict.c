@@ -88,10 +88,7 @@ static void test_records(void)
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static double uniform(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (double)(rng >> 11) / 9007199254740992.0;
+	return (double)(moet_test_xorshift64(&rng) >> 11) / 9007199254740992.0;
 }
 
 /* A random curve the reader accepts, through the reader. */

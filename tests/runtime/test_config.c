@@ -356,9 +356,7 @@ static void test_mutations(void)
 		memcpy(m, deepseek_v3, n0 + 1);
 		size_t n = n0;
 		for (int k = 0; k < 1 + it % 3; k++) {
-			x ^= x << 13;
-			x ^= x >> 7;
-			x ^= x << 17;
+			moet_test_xorshift64(&x);
 			if (x % 5 == 0)
 				n = (size_t)(x >> 8) % (n + 1);
 			else

@@ -33,27 +33,6 @@
 
 /* ---- small helpers ---- */
 
-static uint8_t *read_file(const char *path, size_t *n)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	long len = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	uint8_t *b = malloc((size_t)len + 1);
-	if (b && fread(b, 1, (size_t)len, f) != (size_t)len) {
-		free(b);
-		b = NULL;
-	}
-	fclose(f);
-	if (b) {
-		b[len] = 0;
-		*n = (size_t)len;
-	}
-	return b;
-}
-
 /* Files of dir, sorted, as a NULL-terminated malloc'd array. */
 static char **list_dir(const char *dir, int *count)
 {
@@ -100,7 +79,7 @@ static int same_dirs(const char *a, const char *b)
 		}
 		snprintf(pa, sizeof(pa), "%s/%s", a, la[i]);
 		snprintf(pb, sizeof(pb), "%s/%s", b, lb[i]);
-		uint8_t *x = read_file(pa, &sa), *y = read_file(pb, &sb);
+		uint8_t *x = moet_test_read_file(pa, &sa), *y = moet_test_read_file(pb, &sb);
 		if (!x || !y || sa != sb || memcmp(x, y, sa)) {
 			fprintf(stderr, "  %s differs\n", la[i]);
 			same = 0;
@@ -131,7 +110,7 @@ static int gen(const char *dir, uint64_t seed, int threads, int64_t shard_mb)
 static void check_raw_shard(const char *path, uint64_t *sum_bytes)
 {
 	size_t n = 0;
-	uint8_t *b = read_file(path, &n);
+	uint8_t *b = moet_test_read_file(path, &n);
 	CHECK(b && n >= 8, "%s: unreadable", path);
 	if (!b || n < 8)
 		return;
@@ -321,7 +300,7 @@ static void check_layout(const char *dir)
 	char path[1024];
 	size_t n = 0;
 	snprintf(path, sizeof(path), "%s/model.safetensors.index.json", dir);
-	uint8_t *ib = read_file(path, &n);
+	uint8_t *ib = moet_test_read_file(path, &n);
 	json_t *ij = ib ? json_loads((const char *)ib, 0, NULL) : NULL;
 	json_int_t total = json_integer_value(
 		json_object_get(json_object_get(ij, "metadata"), "total_size"));
@@ -589,7 +568,8 @@ int main(void)
 			size_t na = 0, nc = 0;
 			snprintf(pa, sizeof(pa), "%s/%s", a, la[i]);
 			snprintf(pc, sizeof(pc), "%s/%s", c, lc[i]);
-			uint8_t *x = read_file(pa, &na), *y = read_file(pc, &nc);
+			uint8_t *x = moet_test_read_file(pa, &na);
+			uint8_t *y = moet_test_read_file(pc, &nc);
 			pairs++;
 			diff += x && y && (na != nc || memcmp(x, y, na) != 0);
 			free(x);

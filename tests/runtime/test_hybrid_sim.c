@@ -20,10 +20,7 @@
 static uint64_t rng = 88172645463325252ull;
 static uint64_t next(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
+	return moet_test_xorshift64(&rng);
 }
 
 /* Prefill of ragged lengths then STEPS decode steps; all logits into out (per sequence, per
@@ -63,13 +60,11 @@ static size_t run(moet_model *m, int batched, float *out)
 
 int main(void)
 {
-	char *dir = moet_test_mkdtemp("hybrid-sim");
 	moet_gen_params gp;
 	moet_gen_params_init(&gp);
 	gp.seed = 5;
-	CHECK(dir && moet_gen_checkpoint(dir, &gp) == 0, "gen: %s", moet_errmsg());
-	moet_model *m = NULL;
-	CHECK(moet_model_open(dir, &m) == 0, "open: %s", moet_errmsg());
+	char *dir = NULL;
+	moet_model *m = moet_test_gen_open("hybrid-sim", &gp, &dir);
 	if (!m)
 		return moet_test_done("test_hybrid_sim");
 	const moet_config *c = moet_model_config(m);

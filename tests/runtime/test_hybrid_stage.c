@@ -123,13 +123,11 @@ static expect expected(const routes *r, const moet_config *c, const int16_t *own
 
 int main(void)
 {
-	char *dir = moet_test_mkdtemp("hybrid-stage");
 	moet_gen_params gp;
 	moet_gen_params_init(&gp);
 	gp.seed = 11;
-	CHECK(dir && moet_gen_checkpoint(dir, &gp) == 0, "gen: %s", moet_errmsg());
-	moet_model *m = NULL;
-	CHECK(moet_model_open(dir, &m) == 0, "open: %s", moet_errmsg());
+	char *dir = NULL;
+	moet_model *m = moet_test_gen_open("hybrid-stage", &gp, &dir);
 	if (!m)
 		return moet_test_done("test_hybrid_stage");
 	const moet_config *c = moet_model_config(m);
@@ -173,7 +171,7 @@ int main(void)
 	for (int pl = 0; pl < 3; pl++) {
 		const int n_dev = pl;
 		for (int64_t i = 0; i < L * E; i++) {
-			rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+			moet_test_xorshift64(&rng);
 			own[i] = (int16_t)(pl == 0 || rng % 2 ? -1 : (int)((rng >> 8) % n_dev));
 		}
 		/* the threshold: the median of the cold experts' positive token counts, so that

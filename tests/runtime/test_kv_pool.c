@@ -343,12 +343,11 @@ static void test_fit(moet_model *m, const char *form)
 
 int main(void)
 {
-	char *dir = moet_test_mkdtemp("kv-pool");
 	moet_gen_params gp;
 	moet_gen_params_init(&gp);
 	gp.seed = 5;
-	CHECK(dir && moet_gen_checkpoint(dir, &gp) == 0, "gen: %s", moet_errmsg());
-	if (moet_test_failures)
+	char *dir = moet_test_gen("kv-pool", &gp);
+	if (!dir)
 		return moet_test_done("test_kv_pool");
 	moet_model *m[2] = { 0 };
 	const char *forms[2] = { "expanded", "absorbed" };

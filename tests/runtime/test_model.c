@@ -201,17 +201,12 @@ static void test_batch(moet_model *m, const int64_t *tok)
 
 int main(void)
 {
-	char *dir = moet_test_mkdtemp("model-tiny");
 	moet_gen_params gp;
 	moet_gen_params_init(&gp);
 	gp.seed = 7;
 	gp.shard_mb = 1; /* several shards */
-	CHECK(dir && moet_gen_checkpoint(dir, &gp) == 0, "gen: %s", moet_errmsg());
-	if (moet_test_failures)
-		return moet_test_done("test_model");
-
-	moet_model *m = NULL;
-	CHECK(moet_model_open(dir, &m) == 0, "open: %s", moet_errmsg());
+	char *dir = NULL;
+	moet_model *m = moet_test_gen_open("model-tiny", &gp, &dir);
 	if (!m)
 		return moet_test_done("test_model");
 	const int64_t V = moet_model_config(m)->vocab_size;

@@ -157,7 +157,7 @@ static void model_logits(const char *dir)
 	int16_t *own = malloc((size_t)(L * E) * sizeof(*own));
 	uint64_t r = 12345;
 	for (int64_t i = 0; i < L * E; i++) {
-		r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+		moet_test_xorshift64(&r);
 		own[i] = (int16_t)((int)(r % 3) - 1); /* CPU, device 0, device 1 */
 	}
 	setenv("MOET_UPLOAD", "staged", 1);
@@ -191,14 +191,13 @@ static void model_logits(const char *dir)
 
 int main(void)
 {
-	char *dir = moet_test_mkdtemp("upload-uring");
 	moet_gen_params gp;
 	moet_gen_params_init(&gp);
 	gp.seed = 9;
 	gp.shard_mb = 1; /* several shards */
-	CHECK(dir && moet_gen_checkpoint(dir, &gp) == 0, "gen: %s", moet_errmsg());
+	char *dir = moet_test_gen("upload-uring", &gp);
 	moet_ckpt *ck = NULL;
-	CHECK(moet_ckpt_open(dir, &ck) == 0, "ckpt: %s", moet_errmsg());
+	CHECK(dir && moet_ckpt_open(dir, &ck) == 0, "ckpt: %s", moet_errmsg());
 	if (!ck)
 		return moet_test_done("test_upload_uring");
 	CHECK(moet_ckpt_shard_count(ck) > 1, "%d shards", moet_ckpt_shard_count(ck));

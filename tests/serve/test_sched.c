@@ -481,17 +481,16 @@ static void test_demo_tokenizer(void)
 
 int main(void)
 {
-	char *dir = moet_test_mkdtemp("sched-tiny");
 	moet_gen_params gp;
 	moet_gen_params_init(&gp);
 	gp.seed = 3;
 	gp.n_layers = 2;
-	CHECK(dir && moet_gen_checkpoint(dir, &gp) == 0, "gen: %s", moet_errmsg());
+	char *dir = NULL;
+	M = moet_test_gen_open("sched-tiny", &gp, &dir);
 	char *tj = NULL, *cj = NULL;
 	CHECK(moet_gen_tokenizer_text(1024, &tj, &cj) == 0, "tokenizer: %s", moet_errmsg());
 	CHECK(tj && moet_tokenizer_load_text(tj, strlen(tj), "demo tokenizer.json", &TOK) == 0,
 	      "load: %s", moet_errmsg());
-	CHECK(moet_model_open(dir, &M) == 0, "open: %s", moet_errmsg());
 	free(tj);
 	free(cj);
 	if (M && TOK) {

@@ -23,24 +23,6 @@ static void path_of(char *buf, size_t n, const char *name)
 	snprintf(buf, n, "%s/%s", g_dir, name);
 }
 
-static unsigned char *slurp(const char *path, size_t *n)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	long sz = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	unsigned char *b = malloc((size_t)sz + 1);
-	if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) {
-		free(b);
-		b = NULL;
-	}
-	fclose(f);
-	*n = (size_t)sz;
-	return b;
-}
-
 static void round_trip(const char *name, moet_dtype dt, int ndim, const int64_t *shape)
 {
 	char path[1024];
@@ -67,7 +49,7 @@ static void round_trip(const char *name, moet_dtype dt, int ndim, const int64_t 
 	CHECK(rc == 0, "%s: write: %s", name, moet_errmsg());
 
 	size_t n = 0;
-	unsigned char *b = slurp(path, &n);
+	unsigned char *b = moet_test_read_file(path, &n);
 	CHECK(b != NULL, "%s: cannot read back", name);
 	if (b) {
 		CHECK(n >= 10 && memcmp(b, "\x93NUMPY\x01\x00", 8) == 0, "%s: magic/version", name);
@@ -131,7 +113,7 @@ static void expect_refused(const char *name, int code, const char *frag)
 
 	/* The in-memory parser must agree. */
 	size_t n = 0;
-	unsigned char *b = slurp(path, &n);
+	unsigned char *b = moet_test_read_file(path, &n);
 	if (b) {
 		int rc2 = moet_npy_parse(path, b, n, &a);
 		CHECK(rc2 == rc, "%s: parse gives %d, read gave %d", name, rc2, rc);
@@ -234,7 +216,7 @@ static void malformed(void)
 	path_of(path, sizeof(path), "whole.npy");
 	CHECK(moet_npy_write(path, MOET_DT_F32, 2, shape, v) == 0, "%s", moet_errmsg());
 	size_t n = 0;
-	unsigned char *whole = slurp(path, &n);
+	unsigned char *whole = moet_test_read_file(path, &n);
 	for (size_t cut = 0; whole && cut < n; cut++) {
 		moet_npy t;
 		int rc = moet_npy_parse("cut.npy", whole, cut, &t);

@@ -30,10 +30,7 @@
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
 static uint64_t next(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
+	return moet_test_xorshift64(&rng);
 }
 
 typedef struct check_ctx {
@@ -329,14 +326,13 @@ static void tmpfs_file(void)
 
 int main(void)
 {
-	char *dir = moet_test_mkdtemp("uring");
 	moet_gen_params gp;
 	moet_gen_params_init(&gp);
 	gp.seed = 11;
 	gp.shard_mb = 1;
-	CHECK(dir && moet_gen_checkpoint(dir, &gp) == 0, "gen: %s", moet_errmsg());
+	char *dir = moet_test_gen("uring", &gp);
 	moet_ckpt *ck = NULL;
-	CHECK(moet_ckpt_open(dir, &ck) == 0, "open: %s", moet_errmsg());
+	CHECK(dir && moet_ckpt_open(dir, &ck) == 0, "open: %s", moet_errmsg());
 	if (!ck)
 		return moet_test_done("test_uring");
 	int n = moet_ckpt_shard_count(ck);

@@ -149,7 +149,6 @@ static void fault(moet_model *m, size_t bytes, int kind, const char *text, int n
 
 int main(void)
 {
-	char *dir = moet_test_mkdtemp("xtier");
 	moet_gen_params gp;
 	moet_gen_params_init(&gp);
 	gp.seed = 7;
@@ -157,9 +156,8 @@ int main(void)
 	gp.hot_count = 8;
 	gp.hot_share = 0.85;
 	gp.shard_mb = 1;
-	CHECK(dir && moet_gen_checkpoint(dir, &gp) == 0, "gen: %s", moet_errmsg());
-	moet_model *m = NULL;
-	CHECK(moet_model_open(dir, &m) == 0, "open: %s", moet_errmsg());
+	char *dir = NULL;
+	moet_model *m = moet_test_gen_open("xtier", &gp, &dir);
 	if (!m)
 		return moet_test_done("test_xtier");
 	const moet_config *c = moet_model_config(m);

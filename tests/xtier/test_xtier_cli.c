@@ -10,20 +10,6 @@
 
 #include "moet_test.h"
 
-static char *slurp(const char *path, size_t *n)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	long sz = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	char *b = malloc((size_t)sz + 1);
-	*n = b ? fread(b, 1, (size_t)sz, f) : 0;
-	fclose(f);
-	return b;
-}
-
 int main(void)
 {
 	char *dir = moet_test_mkdtemp("xtier-cli");
@@ -70,7 +56,7 @@ int main(void)
 	      moet_test_cli(NULL, "logits --model %s --tokens 1,2,3,4 --out %s --ram-budget-gb 10%%",
 			    ck, b) == 0, "logits");
 	size_t na = 0, nb = 0;
-	char *da = slurp(a, &na), *db = slurp(b, &nb);
+	char *da = moet_test_read_file(a, &na), *db = moet_test_read_file(b, &nb);
 	CHECK(da && db && na == nb && na > 0 && !memcmp(da, db, na), "logits files equal");
 	free(da);
 	free(db);

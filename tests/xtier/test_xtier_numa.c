@@ -174,15 +174,13 @@ int main(void)
 {
 	decide_tests();
 
-	char *dir = moet_test_mkdtemp("xtier-numa");
 	moet_gen_params gp;
 	moet_gen_params_init(&gp);
 	gp.seed = 11;
 	gp.n_layers = 3;
 	gp.shard_mb = 1;
-	CHECK(dir && moet_gen_checkpoint(dir, &gp) == 0, "gen: %s", moet_errmsg());
-	moet_model *m = NULL;
-	CHECK(moet_model_open(dir, &m) == 0, "open: %s", moet_errmsg());
+	char *dir = NULL;
+	moet_model *m = moet_test_gen_open("xtier-numa", &gp, &dir);
 	if (!m)
 		return moet_test_done("test_xtier_numa");
 	const int64_t V = moet_model_config(m)->vocab_size;
