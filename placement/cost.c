@@ -16,8 +16,14 @@
  * and converted with strtod, whatever their YAML tag. A curve is checked whole when read
  * (tokens increasing, fractions in (0, 1], tokens / fraction never falling), so that the
  * model can rely on t(r) never falling as r grows.
+ *
+ * The writer (moet_cost_hw_save, for `bench e2e --hardware-out`) writes the figures it is
+ * told to, each under its comment, in the same format: numbers in the fewest digits that
+ * read back to the same double, curves in block style. It reads its own text back with the
+ * parser before the file is created, so a file it writes always loads, figure for figure.
  */
 #include <inttypes.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -287,3 +293,181 @@ int moet_cost_hw_load(const char *path, moet_cost_hw *out)
 	return rc;
 }
 
+
+/* ---- the writer --------------------------------------------------------------------------- */
+
+/* A growing text buffer; err latches the first allocation failure. */
+typedef struct hw_text {
+	char *p;
+	size_t n, cap;
+	int err;
+} hw_text;
+
+static void hw_put(hw_text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void hw_put(hw_text *t, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int k = vsnprintf(NULL, 0, fmt, ap);
+	va_end(ap);
+	if (t->err || k < 0) {
+		t->err = 1;
+		return;
+	}
+	if (t->n + (size_t)k + 1 > t->cap) {
+		size_t cap = (t->cap ? t->cap * 2 : 4096) + (size_t)k;
+		char *q = realloc(t->p, cap);
+		if (!q) {
+			t->err = 1;
+			return;
+		}
+		t->p = q;
+		t->cap = cap;
+	}
+	va_start(ap, fmt);
+	vsnprintf(t->p + t->n, t->cap - t->n, fmt, ap);
+	va_end(ap);
+	t->n += (size_t)k;
+}
+
+/* x in the fewest significant digits (at most 17) that strtod reads back as x. */
+static void hw_num(char *buf, size_t n, double x)
+{
+	for (int prec = 1; prec <= 17; prec++) {
+		snprintf(buf, n, "%.*g", prec, x);
+		if (strtod(buf, NULL) == x)
+			return;
+	}
+}
+
+/* Comment text as '# ' lines: broken at '\n' and wrapped at spaces before 96 columns. */
+static void hw_comment(hw_text *t, const char *c)
+{
+	while (c && *c) {
+		size_t len = strcspn(c, "\n");
+		if (len > 94) {
+			size_t cut = 94;
+			while (cut > 0 && c[cut] != ' ')
+				cut--;
+			len = cut ? cut : len;
+		}
+		hw_put(t, "#%s%.*s\n", len ? " " : "", (int)len, c);
+		c += len;
+		while (*c == ' ')
+			c++;
+		if (*c == '\n')
+			c++;
+	}
+}
+
+/* The index of a key in seen[] (as hw_entry), -1 when unknown. */
+static int hw_key_idx(const char *key)
+{
+	if (!strcmp(key, "name"))
+		return HW_NAME_IDX;
+	for (int i = 0; i < N_HW_KEYS; i++)
+		if (!strcmp(key, hw_keys[i].name))
+			return i;
+	for (int i = 0; i < N_HW_CURVES; i++)
+		if (!strcmp(key, hw_curves[i].name))
+			return N_HW_KEYS + i;
+	return -1;
+}
+
+/* Do the figure idx of a and b agree bit for bit? */
+static bool hw_same(const moet_cost_hw *a, const moet_cost_hw *b, int idx)
+{
+	if (idx == HW_NAME_IDX)
+		return !strcmp(a->name, b->name);
+	if (idx < N_HW_KEYS)
+		return *(const double *)((const char *)a + hw_keys[idx].off) ==
+		       *(const double *)((const char *)b + hw_keys[idx].off);
+	const size_t off = hw_curves[idx - N_HW_KEYS].off;
+	const moet_cost_curve *ca = (const void *)((const char *)a + off);
+	const moet_cost_curve *cb = (const void *)((const char *)b + off);
+	if (ca->n != cb->n)
+		return false;
+	for (int i = 0; i < ca->n; i++)
+		if (ca->tokens[i] != cb->tokens[i] || ca->frac[i] != cb->frac[i])
+			return false;
+	return true;
+}
+
+/* One entry's text: its comment, then the key and its value from hw. */
+static int hw_write_entry(const char *path, hw_text *t, const moet_cost_hw *hw,
+			  const moet_cost_hw_entry *e, int idx)
+{
+	char num[40], num2[40];
+	hw_comment(t, e->comment);
+	if (idx < 0)
+		return 0;
+	if (idx == HW_NAME_IDX) {
+		for (const char *c = hw->name; *c; c++)
+			if ((unsigned char)*c < 0x20 || *c == '"' || *c == '\\')
+				return moet_err(MOET_EINVAL, "%s: name '%s': no quotes, "
+						"backslashes or control characters", path,
+						hw->name);
+		hw_put(t, "name: \"%s\"\n", hw->name);
+		return 0;
+	}
+	if (idx < N_HW_KEYS) {
+		hw_num(num, sizeof(num), *(const double *)((const char *)hw + hw_keys[idx].off));
+		hw_put(t, "%s: %s\n", hw_keys[idx].name, num);
+		return 0;
+	}
+	const moet_cost_curve *c = (const void *)((const char *)hw +
+						  hw_curves[idx - N_HW_KEYS].off);
+	if (c->n < 0 || c->n > MOET_COST_MAX_POINTS)
+		return moet_err(MOET_EINVAL, "%s: %s: %d points", path, e->key, c->n);
+	hw_put(t, "%s:%s\n", e->key, c->n ? "" : " {}");
+	for (int i = 0; i < c->n; i++) {
+		hw_num(num, sizeof(num), c->tokens[i]);
+		hw_num(num2, sizeof(num2), c->frac[i]);
+		hw_put(t, "  %s: %s\n", num, num2);
+	}
+	return 0;
+}
+
+int moet_cost_hw_save(const char *path, const moet_cost_hw *hw, const char *header,
+		      const moet_cost_hw_entry *entries, int n_entries)
+{
+	hw_text t = { 0 };
+	int seen[HW_NAME_IDX + 1] = { 0 };
+	moet_cost_hw back;
+	FILE *f = NULL;
+	int rc = 0;
+	hw_comment(&t, header);
+	for (int i = 0; !rc && i < n_entries; i++) {
+		const moet_cost_hw_entry *e = &entries[i];
+		const int idx = e->key ? hw_key_idx(e->key) : -1;
+		if (e->key && idx < 0)
+			rc = moet_err(MOET_EINVAL, "%s: unknown key '%s' (" HW_KEY_LIST ")", path,
+				      e->key);
+		else if (idx >= 0 && seen[idx]++)
+			rc = moet_err(MOET_EINVAL, "%s: %s given twice", path, e->key);
+		else {
+			if (i || header)
+				hw_put(&t, "\n");
+			rc = hw_write_entry(path, &t, hw, e, idx);
+		}
+	}
+	if (!rc && (t.err || !t.p))
+		rc = moet_err(MOET_ENOMEM, "%s: hardware file text", path);
+	/* NOTE: read back before the file exists: a figure the reader refuses (a curve that
+	 * falls, a bandwidth of 0) is the caller's error, and leaves no file behind. */
+	if (!rc && moet_cost_hw_parse(path, t.p, t.n, &back))
+		rc = moet_err_prefix(MOET_EINVAL, "hardware file as written would not load");
+	for (int i = 0; !rc && i <= HW_NAME_IDX; i++)
+		if (seen[i] && !hw_same(hw, &back, i))
+			rc = moet_err(MOET_EINVAL, "%s: %s does not read back as written", path,
+				      i == HW_NAME_IDX ? "name" : i < N_HW_KEYS ? hw_keys[i].name
+						: hw_curves[i - N_HW_KEYS].name);
+	if (!rc && !(f = fopen(path, "w")))
+		rc = moet_err(MOET_EIO, "%s: cannot create: %s", path, strerror(errno));
+	if (!rc && fwrite(t.p, 1, t.n, f) != t.n)
+		rc = moet_err(MOET_EIO, "%s: write error: %s", path, strerror(errno));
+	if (f && fclose(f) && !rc)
+		rc = moet_err(MOET_EIO, "%s: write error: %s", path, strerror(errno));
+	free(t.p);
+	return rc;
+}

@@ -133,6 +133,27 @@ int moet_cost_hw_load(const char *path, moet_cost_hw *out);
 /* Like moet_cost_hw_load from text in memory; `label` stands for the path in errors. */
 int moet_cost_hw_parse(const char *label, const char *text, size_t n_bytes, moet_cost_hw *out);
 
+/* One item of a hardware file to write: a key's figure under its comment, or a comment. */
+typedef struct moet_cost_hw_entry {
+	const char *key;     /* a key moet_cost_hw_load reads (name, cpu_read_gbps, ...), or
+				NULL: the comment alone (e.g. why a figure is left out) */
+	const char *comment; /* '# ' lines above the key: '\n' breaks a line, long lines wrap;
+				NULL: none */
+} moet_cost_hw_entry;
+
+/*
+ * Writes a hardware file: `header` (comment lines, may be NULL), then each entry in order, a
+ * blank line between them, each key with its figure from hw (numbers in the fewest digits
+ * that read back to the same double; curves in block style, {} when empty). Keys not among
+ * the entries are left out, so the reader's defaults apply to them. The text is parsed back
+ * (moet_cost_hw_parse) before the file is created: it always loads, every written figure bit
+ * for bit. Errors: MOET_EINVAL (an unknown or repeated key, a name with quotes or control
+ * characters, a figure the reader refuses, naming it: nothing is written), MOET_EIO ("PATH:
+ * cannot create: ..." or a write error), MOET_ENOMEM. hw and entries are only read.
+ */
+int moet_cost_hw_save(const char *path, const moet_cost_hw *hw, const char *header,
+		      const moet_cost_hw_entry *entries, int n_entries);
+
 /* What the prediction needs besides the profile. */
 typedef struct moet_cost_in {
 	moet_cost_hw hw;

@@ -76,7 +76,14 @@ __attribute__((target("avx512f"))) static uint64_t read_avx512(const void *buf, 
 		a0 = _mm512_xor_si512(a0, _mm512_load_si512(p + i));
 	a0 = _mm512_xor_si512(_mm512_xor_si512(_mm512_xor_si512(a0, a1), _mm512_xor_si512(a2, a3)),
 			      _mm512_xor_si512(_mm512_xor_si512(a4, a5), _mm512_xor_si512(a6, a7)));
-	return (uint64_t)_mm512_reduce_add_epi64(a0);
+	/* NOTE: folded by xor in unsigned lanes, as read_scalar does: _mm512_reduce_add_epi64
+	 * adds signed long longs, which overflow (undefined; UBSan stops the program) on real
+	 * data such as a checkpoint's bytes (test_bench_read_signed_overflow). */
+	uint64_t lane[8], r = 0;
+	_mm512_storeu_si512(lane, a0);
+	for (int k = 0; k < 8; k++)
+		r ^= lane[k];
+	return r;
 }
 
 #define INIT512(j) _mm512_set1_ps(0.5f + 0.01f * (float)(j))

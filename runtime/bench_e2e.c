@@ -26,11 +26,16 @@
  * (MOET_OP_TIMES) adds a
  * table per decode batch of where the step's time goes op by op; every op is then waited for,
  * so that run's step times are not the engine's (run it on its own).
+ *
+ * For a hardware file (--hardware-out, bench_e2e_hw.c): the source read once more with the
+ * CPU tier's own team (cpu_read), and per gpu-mode batch the routing of its timed steps
+ * priced by the cost model (dense_hw): the step less that GPU expert time is the dense part.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include "moet_bench_e2e.h"
 #include "moet_ckpt.h"
@@ -38,7 +43,9 @@
 #include "moet_gpu.h"
 #include "moet_gpu_host.h"
 #include "moet_model.h"
+#include "moet_placement.h"
 #include "moet_profile.h"
+#include "moet_topo.h"
 #include "moet_upload.h"
 
 static uint64_t xs(uint64_t *s)
@@ -49,15 +56,19 @@ static uint64_t xs(uint64_t *s)
 
 /* Routing decisions of the timed decode steps into a profile (--profile-out). */
 typedef struct route_rec {
-	moet_profile *p;
+	moet_profile *p;      /* --profile-out: every batch of the first mode, or NULL */
+	moet_profile *batch;  /* this batch's alone (dense_hw), or NULL */
 	int rc;
 } route_rec;
 
 static void on_route(void *ctx, const moet_route_event *ev)
 {
 	route_rec *r = ctx;
-	if (!r->rc)
+	if (!r->rc && r->p)
 		r->rc = moet_profile_record(r->p, MOET_PROFILE_DECODE, ev->layer, ev->ids,
+					    ev->weights, ev->top_k);
+	if (!r->rc && r->batch)
+		r->rc = moet_profile_record(r->batch, MOET_PROFILE_DECODE, ev->layer, ev->ids,
 					    ev->weights, ev->top_k);
 }
 
@@ -244,6 +255,45 @@ static int source_ceiling(const char *dir, int n_threads, size_t limit, double *
 	return 0;
 }
 
+int moet_bench_e2e_tier_threads(const char *device)
+{
+	const char *env = getenv("MOET_CPU_THREADS");
+	int n = env && env[0] ? atoi(env) : 0;
+	if (n >= 1)
+		return n;
+	moet_topo *t = NULL;
+	if (moet_topo_load(&t)) {
+		long k = sysconf(_SC_NPROCESSORS_ONLN);
+		n = k > 0 ? (int)k : 1;
+	} else {
+		n = moet_topo_n_cores(t);
+		moet_topo_destroy(t);
+	}
+	if (strcmp(device, "cpu") && n > 2)
+		n--; /* beside a GPU: every core but the driving thread's */
+	return n;
+}
+
+/* The cost model's GPU expert time (ms) of one gpu-mode batch: every routed expert on GPU 0,
+ * the routing of that batch's timed steps, hardware dense_hw. */
+static int batch_expert_ms(const moet_bench_e2e_opts *o, moet_model *m, const moet_profile *p,
+			   int64_t B, double *out_ms)
+{
+	const moet_config *c = moet_model_config(m);
+	const int64_t LE = c->num_hidden_layers * c->n_routed_experts;
+	moet_placement_sizes *sz = NULL;
+	int16_t *own = calloc((size_t)(LE ? LE : 1), sizeof(*own));
+	int rc = own ? moet_placement_sizes_from_ckpt(c, moet_model_ckpt(m), &sz)
+		     : moet_err(MOET_ENOMEM, "owner table");
+	moet_cost_pred pr;
+	if (!rc && !(rc = moet_cost_predict_owners(c, sz, own, 1, p, MOET_PROFILE_DECODE,
+						   o->dense_hw, B, &pr)))
+		*out_ms = pr.gpu_expert_ms;
+	moet_placement_sizes_free(sz);
+	free(own);
+	return rc;
+}
+
 static const char *mode_name[] = { "gpu", "hybrid", "cpu" };
 
 static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
@@ -277,6 +327,24 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 				"(%d threads)\n", h2d, src, threads);
 		}
 	}
+	if (!rc && o->cpu_read) {
+		/* the cost model's cpu_read_gbps: the same read with the CPU tier's team */
+		double src = 0;
+		const int threads = moet_bench_e2e_tier_threads(o->device);
+		if (!(rc = source_ceiling(o->model_dir, threads, (size_t)16 << 30, &src)) &&
+		    !(rc = moet_bench_add_ceiling(rec, "cpu_source_read_GBps", src, "GB/s"))) {
+			json_t *cj = json_object_get(json_object_get(rec, "ceilings"),
+						     "cpu_source_read_GBps");
+			json_object_set_new(cj, "threads", json_integer(threads));
+			fprintf(out, "ceilings: source read with the CPU tier's %d threads "
+				"%.1f GB/s\n", threads, src);
+		}
+	}
+	if (!rc && o->dense_hw)
+		json_object_set_new(rec, "dense_hardware",
+				    json_pack("{s:s, s:o}", "name", o->dense_hw->name, "file",
+					      o->dense_hw_file ? json_string(o->dense_hw_file)
+							       : json_null()));
 	fprintf(out, "%-7s %-9s %6s %11s %10s %10s %10s %10s %10s\n", "mode", "what", "tokens",
 		"median_ms", "tok/s", "cpu_ms", "wait_ms", "pcie_ms", "bound_ms");
 	route_rec rrec = { 0 };
@@ -310,7 +378,17 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 		for (int bi = 0; !rc && bi < o->n_batches; bi++) {
 			const int64_t B = o->batches[bi];
 			step_split sp = { 0 };
-			if ((rc = decode_run(m, B, o->ctx, o->steps, samples, &sp, rr)))
+			route_rec brec = { rr ? rr->p : NULL, NULL, 0 };
+			if (mode == MOET_E2E_GPU && o->dense_hw &&
+			    (rc = moet_profile_create(moet_model_config(m), &brec.batch)))
+				break;
+			rc = decode_run(m, B, o->ctx, o->steps, samples, &sp,
+					brec.p || brec.batch ? &brec : NULL);
+			double expert_ms = 0;
+			if (!rc && brec.batch)
+				rc = batch_expert_ms(o, m, brec.batch, B, &expert_ms);
+			moet_profile_free(brec.batch);
+			if (rc)
 				break;
 			if (o->op_times) {
 				fprintf(out, "op times, %s decode at batch %lld, per step (each op waited "
@@ -325,6 +403,11 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			sp.step_s = r.st.median_s;
 			double bound = 0;
 			json_t *sj = split_json(mode_name[mode], B, &sp);
+			if (mode == MOET_E2E_GPU && o->dense_hw) {
+				json_object_set_new(sj, "gpu_expert_ms", json_real(expert_ms));
+				json_object_set_new(sj, "dense_ms", json_real(1e3 * sp.step_s -
+									      expert_ms));
+			}
 			if (mode != MOET_E2E_GPU && o->overlap_check && sp.cpu_pairs > 0) {
 				/* the serial reference run, one pass (no micro-batches): Tc alone, Tg =
 				 * the rest; then overlapped in one pass, to show what the

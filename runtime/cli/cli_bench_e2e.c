@@ -2,9 +2,12 @@
  * cli_bench_e2e.c: `moet-hybrid bench e2e`: options, the placement file, the record
  * (runtime/moet_bench_e2e.h does the work).
  */
+#include <errno.h>
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "moet_bench_e2e.h"
@@ -21,7 +24,8 @@ static void usage(FILE *f)
 		   "                             [--prefill 1024,8192] [--ctx N] [--steps N]\n"
 		   "                             [--no-overlap-check] [--op-times] [--profile-out FILE]\n"
 		   "                             [--ram-budgets 100%%,50%%,25%%]\n"
-		   "                             [--predict-profile P [--hardware FILE]] [--json FILE]\n\n"
+		   "                             [--predict-profile P] [--hardware FILE]\n"
+		   "                             [--hardware-out FILE] [--json FILE]\n\n"
 		   "The whole model per placement mode: gpu (every routed expert on the GPU), hybrid\n"
 		   "(the placement file's GPUs and the CPU tier), cpu (every routed expert on the\n"
 		   "CPU tier, the dense part on the GPU). Per mode: the time to ready (open and\n"
@@ -38,6 +42,12 @@ static void usage(FILE *f)
 		   "--predict-profile P [--hardware FILE]: the cost model's prediction of each\n"
 		   "measured decode step (plan --predict) from profile P (e.g. --profile-out of an\n"
 		   "earlier run: the same workload) beside the measurement, and its error.\n"
+		   "--hardware-out FILE: after the run, a hardware file for the cost model\n"
+		   "(plan --hardware) with what this run measured, each figure under a comment\n"
+		   "naming its row: cpu_read_gbps (the source read with the CPU tier's threads),\n"
+		   "pcie_gbps (pinned host-to-device, GPU runs), gpu_dense_ms (each gpu-mode step\n"
+		   "less the cost model's GPU expert time for that batch's routing, priced with\n"
+		   "--hardware or the built-in figures); the rest left out (defaults apply).\n"
 		   "--ram-budgets LIST: for the hybrid and cpu modes, decode again with the CPU\n"
 		   "tier behind the NVMe tier at each RAM budget (GiB or a share of the tier;\n"
 		   "docs/io-uring.md): rows decode-<mode>-ram<budget>, hit rate and recall.\n");
@@ -75,6 +85,34 @@ static int split_budgets(const char *s, char out[8][16], int *n)
 		p += len + (p[len] == ',');
 	}
 	return *n ? 0 : moet_err(MOET_EINVAL, "--ram-budgets: empty");
+}
+
+/* A file the run will write at its end: refused before the run when it cannot be created
+ * (a missing or read-only directory, a directory in its place). */
+static int check_out_path(const char *opt, const char *path)
+{
+	struct stat sb;
+	char dir[4096];
+	if (!*path)
+		return moet_err(MOET_EINVAL, "%s: empty path", opt);
+	if (!stat(path, &sb)) {
+		if (S_ISDIR(sb.st_mode))
+			return moet_err(MOET_EINVAL, "%s %s: is a directory", opt, path);
+		if (access(path, W_OK))
+			return moet_err(MOET_EIO, "%s %s: cannot write: %s", opt, path,
+					strerror(errno));
+		return 0;
+	}
+	snprintf(dir, sizeof(dir), "%s", path);
+	char *slash = strrchr(dir, '/');
+	if (!slash)
+		snprintf(dir, sizeof(dir), ".");
+	else
+		slash[slash == dir] = 0; /* "/x": the root */
+	if (access(dir, W_OK | X_OK))
+		return moet_err(MOET_EIO, "%s %s: cannot create: directory %s: %s", opt, path, dir,
+				strerror(errno));
+	return 0;
 }
 
 static int apply_ram(moet_model *m, const char *label)
@@ -201,6 +239,7 @@ int moet_cli_bench_e2e(int argc, char **argv)
 		{ "ram-budgets", required_argument, NULL, 'G' },
 		{ "predict-profile", required_argument, NULL, 'F' },
 		{ "hardware", required_argument, NULL, 'W' },
+		{ "hardware-out", required_argument, NULL, 'H' },
 		{ "json", required_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -210,6 +249,8 @@ int moet_cli_bench_e2e(int argc, char **argv)
 				  .prefills = def_p, .n_prefills = 2, .ctx = 64, .steps = 8,
 				  .overlap_check = 1, .modes = 7 };
 	const char *place = NULL, *json_path = NULL, *pred_prof = NULL, *hw_path = NULL;
+	const char *hw_out = NULL;
+	moet_cost_hw dense_hw;
 	int64_t *batches = NULL, *prefills = NULL;
 	int16_t *owner = NULL;
 	char ram[8][16];
@@ -249,6 +290,7 @@ int moet_cli_bench_e2e(int argc, char **argv)
 		case 'G': rc = split_budgets(optarg, ram, &o.n_ram); break;
 		case 'F': pred_prof = optarg; break;
 		case 'W': hw_path = optarg; break;
+		case 'H': hw_out = optarg; break;
 		case 'j': json_path = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
@@ -267,6 +309,16 @@ int moet_cli_bench_e2e(int argc, char **argv)
 	if (!rc && place)
 		rc = moet_cli_load_owner(o.model_dir, place, &owner, &o.n_devices);
 	o.owner = owner;
+	if (!rc && hw_out && !(rc = check_out_path("--hardware-out", hw_out))) {
+		/* the figures to measure; the hardware that prices the dense part's experts */
+		o.cpu_read = 1;
+		if (!hw_path)
+			moet_cost_hw_defaults(&dense_hw);
+		else if ((rc = moet_cost_hw_load(hw_path, &dense_hw)))
+			rc = moet_err_prefix(rc, "--hardware");
+		o.dense_hw = &dense_hw;
+		o.dense_hw_file = hw_path;
+	}
 	for (int i = 0; i < o.n_ram; i++)
 		ram_p[i] = ram[i];
 	o.ram_budgets = ram_p;
@@ -285,6 +337,11 @@ int moet_cli_bench_e2e(int argc, char **argv)
 		rc = predict(&o, pred_prof, hw_path, rec, stdout);
 	if (!rc && json_path)
 		rc = moet_bench_write(rec, json_path);
+	if (!rc && hw_out && (rc = moet_bench_e2e_hw_save(rec, json_path, hw_out)))
+		rc = moet_err_prefix(rc, "--hardware-out");
+	if (!rc && hw_out)
+		printf("hardware file: %s (what this run measured; plan --hardware %s)\n", hw_out,
+		       hw_out);
 	json_decref(rec);
 	free(batches);
 	free(prefills);
