@@ -187,8 +187,9 @@ int main(void)
 		}
 		char min_s[32];
 		snprintf(min_s, sizeof(min_s), "%lld", (long long)min_t);
-		/* modes: 0, 1, auto with min_t, auto on the cost model, 0 with the default gap */
-		const char *mode[5] = { "0", "1", "auto", NULL, "0" };
+		/* modes: 0, 1, auto with min_t, auto on the cost model, unset (the default: never)
+		 * with the default gap */
+		const char *mode[5] = { "0", "1", "auto", "auto", NULL };
 		for (int md = 0; md < 5; md++) {
 			if (mode[md])
 				setenv("MOET_PREFILL_STAGE", mode[md], 1);
