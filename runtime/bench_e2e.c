@@ -22,7 +22,9 @@
  *
  * Rows: decode-<mode> (tokens = B, median step), prefill-<mode> (tokens = P); the split and
  * the overlap figures go to a "steps" array of the record, each prefill's staged cold experts
- * (MOET_PREFILL_STAGE) and hidden rows moved to a "prefills" array. --op-times
+ * (MOET_PREFILL_STAGE) and hidden rows moved to a "prefills" array. With RAM budgets
+ * (apply_ram: the NVMe tier) decode-<mode>-ram<label> rows and a "ram" array (the tier's slots
+ * and its counters over the timed steps); ram_only runs those rows alone. --op-times
  * (MOET_OP_TIMES) adds a
  * table per decode batch of where the step's time goes op by op; every op is then waited for,
  * so that run's step times are not the engine's (run it on its own).
@@ -47,6 +49,7 @@
 #include "moet_profile.h"
 #include "moet_topo.h"
 #include "moet_upload.h"
+#include "moet_xtier.h"
 
 static uint64_t xs(uint64_t *s)
 {
@@ -106,6 +109,8 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int steps, double *samp
 			moet_hybrid_stats z;
 			moet_model_hybrid_stats(m, &z, 1);
 			moet_model_op_times(m, 1, NULL, 1); /* MOET_EINVAL when not timed: fine */
+			if (moet_model_xtier(m)) /* the tier's counters: the timed steps alone */
+				moet_xtier_stats_reset(moet_model_xtier(m));
 			if (rr)
 				moet_model_set_route_observer(m, on_route, rr);
 		}
@@ -296,6 +301,29 @@ static int batch_expert_ms(const moet_bench_e2e_opts *o, moet_model *m, const mo
 
 static const char *mode_name[] = { "gpu", "hybrid", "cpu" };
 
+/* One RAM-budget row's tier: its RAM (slots) and its counters over the timed steps. */
+static json_t *ram_json(const moet_model *m, const char *mode, const char *budget, int64_t B,
+			double step_s)
+{
+	moet_xtier_stats t;
+	moet_xtier_stats_get(moet_model_xtier(m), &t);
+	const double look = t.lookups ? (double)t.lookups : 1, act = t.actual ? (double)t.actual
+									 : 1;
+	return json_pack("{s:s, s:s, s:I, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
+			 " s:f, s:f, s:I, s:f, s:b, s:b}", "mode", mode, "budget", budget,
+			 "batch", (json_int_t)B, "step_s", step_s, "tokens_per_s",
+			 (double)B / step_s, "slots", (json_int_t)t.n_slots, "slot_bytes",
+			 (json_int_t)t.slot_bytes, "resident_bytes",
+			 (json_int_t)((size_t)t.n_slots * t.slot_bytes), "tier_experts",
+			 (json_int_t)t.tier_experts, "tier_bytes", (json_int_t)t.tier_bytes,
+			 "lookups", (json_int_t)t.lookups, "hits", (json_int_t)t.hits,
+			 "late_hits", (json_int_t)t.late_hits, "misses", (json_int_t)t.misses,
+			 "hit_rate", (double)(t.hits + t.late_hits) / look, "recall",
+			 (double)t.predicted_hits / act, "bytes_read", (json_int_t)t.bytes_read,
+			 "wait_s", (double)t.wait_ns * 1e-9, "direct", t.direct, "registered",
+			 t.registered);
+}
+
 static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 {
 	return json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "mode", mode,
@@ -375,7 +403,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 		fprintf(out, "%-7s %-9s %6s %11.1f   upload %.2f GB in %.2f s = %.1f GB/s\n",
 			mode_name[mode], "ready", "-", 1e3 * ready_s, up_b / 1e9, up_s,
 			up_s > 0 ? up_b / up_s / 1e9 : 0.0);
-		for (int bi = 0; !rc && bi < o->n_batches; bi++) {
+		for (int bi = 0; !rc && !o->ram_only && bi < o->n_batches; bi++) {
 			const int64_t B = o->batches[bi];
 			step_split sp = { 0 };
 			route_rec brec = { rr ? rr->p : NULL, NULL, 0 };
@@ -471,6 +499,12 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 				moet_bench_row r = { .name = name, .tokens = B, .ceiling = "" };
 				moet_bench_stats_of(samples, o->steps, &r.st);
 				rc = moet_bench_add_row(rec, &r);
+				json_t *ra = json_object_get(rec, "ram");
+				if (!rc && !ra && (ra = json_array()))
+					json_object_set_new(rec, "ram", ra);
+				if (!rc && (!ra || json_array_append_new(ra, ram_json(
+						m, mode_name[mode], o->ram_budgets[ri], B, r.st.median_s))))
+					rc = moet_err(MOET_ENOMEM, "bench e2e: RAM-budget record");
 				fprintf(out, "%-7s %-9s %6lld %11.3f %10.1f   RAM budget %s\n",
 					mode_name[mode], "decode", (long long)B, 1e3 * r.st.median_s,
 					(double)B / r.st.median_s, o->ram_budgets[ri]);

@@ -36,6 +36,8 @@ typedef struct moet_bench_e2e_opts {
 	int n_ram;
 	int (*apply_ram)(moet_model *m, const char *label);
 	void (*report_ram)(const moet_model *m, FILE *f);
+	int ram_only;             /* 1: of each mode only the RAM-budget rows (no all-in-RAM
+				     decode rows, hence no overlap check) */
 	/* The figures of a hardware file (--hardware-out, moet_bench_e2e_hw_save): */
 	int cpu_read;             /* also the source read ceiling with the CPU tier's team
 				     (ceiling cpu_source_read_GBps, its "threads"), on any device */

@@ -23,7 +23,7 @@ static void usage(FILE *f)
 		   "                             [--modes gpu,hybrid,cpu] [--batches 1,4,16,64]\n"
 		   "                             [--prefill 1024,8192] [--ctx N] [--steps N]\n"
 		   "                             [--no-overlap-check] [--op-times] [--profile-out FILE]\n"
-		   "                             [--ram-budgets 100%%,50%%,25%%]\n"
+		   "                             [--ram-budgets 100%%,50%%,25%%] [--ram-only]\n"
 		   "                             [--predict-profile P] [--hardware FILE]\n"
 		   "                             [--hardware-out FILE] [--json FILE]\n\n"
 		   "The whole model per placement mode: gpu (every routed expert on the GPU), hybrid\n"
@@ -50,7 +50,10 @@ static void usage(FILE *f)
 		   "--hardware or the built-in figures); the rest left out (defaults apply).\n"
 		   "--ram-budgets LIST: for the hybrid and cpu modes, decode again with the CPU\n"
 		   "tier behind the NVMe tier at each RAM budget (GiB or a share of the tier;\n"
-		   "docs/io-uring.md): rows decode-<mode>-ram<budget>, hit rate and recall.\n");
+		   "docs/io-uring.md): rows decode-<mode>-ram<budget>, hit rate and recall (the\n"
+		   "timed steps'; the record's \"ram\" array: slots, resident bytes, counters).\n"
+		   "--ram-only: only those rows (no all-in-RAM decode rows; default modes hybrid,\n"
+		   "cpu). --prefill none: no prefill rows.\n");
 }
 
 static int parse_modes(const char *s, int *out)
@@ -237,6 +240,7 @@ int moet_cli_bench_e2e(int argc, char **argv)
 		{ "op-times", no_argument, NULL, 'o' },
 		{ "profile-out", required_argument, NULL, 'R' },
 		{ "ram-budgets", required_argument, NULL, 'G' },
+		{ "ram-only", no_argument, NULL, 'g' },
 		{ "predict-profile", required_argument, NULL, 'F' },
 		{ "hardware", required_argument, NULL, 'W' },
 		{ "hardware-out", required_argument, NULL, 'H' },
@@ -272,7 +276,11 @@ int moet_cli_bench_e2e(int argc, char **argv)
 							 4096, &batches, &o.n_batches);
 			o.batches = batches;
 			break;
-		case 'P': rc = moet_cli_parse_list("--prefill", optarg, 1,
+		case 'P': if (!strcmp(optarg, "none")) {
+				o.n_prefills = 0;
+				break;
+			}
+			rc = moet_cli_parse_list("--prefill", optarg, 1,
 							 1 << 17, &prefills, &o.n_prefills);
 			o.prefills = prefills;
 			break;
@@ -288,6 +296,7 @@ int moet_cli_bench_e2e(int argc, char **argv)
 		case 'o': o.op_times = 1; break;
 		case 'R': o.profile_out = optarg; break;
 		case 'G': rc = split_budgets(optarg, ram, &o.n_ram); break;
+		case 'g': o.ram_only = 1; break;
 		case 'F': pred_prof = optarg; break;
 		case 'W': hw_path = optarg; break;
 		case 'H': hw_out = optarg; break;
@@ -304,6 +313,13 @@ int moet_cli_bench_e2e(int argc, char **argv)
 		rc = moet_err(MOET_EINVAL, "unexpected argument '%s'", argv[optind]);
 	if (!rc && !place && !modes_given)
 		o.modes &= ~(1 << MOET_E2E_HYBRID);
+	if (!rc && o.ram_only && !o.n_ram)
+		rc = moet_err(MOET_EINVAL, "--ram-only needs --ram-budgets LIST");
+	if (!rc && o.ram_only && !modes_given)
+		o.modes &= ~(1 << MOET_E2E_GPU); /* no tier there: nothing to run */
+	if (!rc && o.ram_only && (o.modes & (1 << MOET_E2E_GPU)))
+		rc = moet_err(MOET_EINVAL, "--ram-only: the gpu mode has no RAM-budget rows "
+			      "(--modes hybrid,cpu)");
 	if (!rc && !place && (o.modes & (1 << MOET_E2E_HYBRID)))
 		rc = moet_err(MOET_EINVAL, "--modes hybrid needs --placement FILE");
 	if (!rc && place)
