@@ -12,6 +12,15 @@
  * (rows_kernel for every token count) or `wide` (rows_wide.cu for experts of >= 5 tokens under
  * 16-byte staging). Both give the reference's bits (tests/gpu/test_gpu_expert.c runs each);
  * only the speed differs (docs/gpu.md).
+ *
+ * Overlap, read at every call from MOET_GPU_PDL (moet_rows_pdl; default 0): with 1, on devices
+ * of compute capability >= 9.0, the down pass's first launch is a programmatic dependent of the
+ * gate_up pass's last one (rows_int.h, MOET_ROWS_PDL_*). NOTE (why): at 1 token per expert the
+ * work is streaming weights, and the down pass's weights do not depend on gate_up, only h does;
+ * without it the down pass starts after gate_up's last block ends and the launch gap, leaving
+ * SMs idle. Its blocks now start as gate_up's last wave drains, prefetch their first weight
+ * chunks, and wait for h. Nothing else is chained (the call's first launch follows the
+ * caller's work in plain stream order). Same bits either way (the test runs both).
  */
 #include "moet_gpu.h"
 
@@ -116,8 +125,8 @@ extern "C" int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, c
 		return moet_err(MOET_EINVAL, "expert ffn: scratch of %zu bytes, %zu needed",
 				scratch_bytes, moet_gpu_expert_scratch_bytes(n_pairs, I));
 
-	int wide = 0, rc = moet_rows_variant(&wide);
-	if (rc)
+	int wide = 0, pdl = 0, rc = moet_rows_variant(&wide);
+	if (rc || (rc = moet_rows_pdl(&pdl)))
 		return rc;
 	const int idt = dt == MOET_DT_F8_E4M3 ? MOET_ROWS_F8 : MOET_ROWS_BF16;
 	const int64_t hs = (I + 3) / 4 * 4; /* h row stride: 16-byte rows for the down pass */
@@ -134,6 +143,7 @@ extern "C" int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, c
 	g.out_stride = hs;
 	g.vec = vec_up && H % 4 == 0 && aligned16(x);
 	g.wide = wide;
+	g.pdl = pdl ? MOET_ROWS_PDL_TRIGGER : 0;
 	rc = moet_rows_run(&g, get_gate_up, exps, n_exp, (cudaStream_t)stream);
 	if (rc)
 		return rc;
@@ -151,5 +161,6 @@ extern "C" int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, c
 	d.vec = vec_down && aligned16(scratch);
 	d.canon = 1;
 	d.wide = wide;
+	d.pdl = pdl ? MOET_ROWS_PDL_WAIT : 0;
 	return moet_rows_run(&d, get_down, exps, n_exp, (cudaStream_t)stream);
 }

@@ -43,6 +43,18 @@
  * so that the 8 rows a warp reads fall in different banks. Shapes whose rows are not 16-byte
  * aligned (odd K, tests) take an element-by-element staging path with the same compute.
  *
+ * Programmatic dependent launch (MOET_ROWS_PDL_*, rows_int.h; the expert call's down pass after
+ * its gate_up pass, MOET_GPU_PDL=1, sm_90+). A dependent block computes its tile, asks L2 for
+ * the weight bytes of its first NSTAGE-1 chunks (one bulk prefetch per staged row; no earlier
+ * kernel writes weights), then waits (griddepcontrol.wait) for the previous grid; everything
+ * after, the token rows and the pipeline, is the plain launch's code. A triggering block
+ * signals its dependents once it has issued its last loads. Only the time at which data
+ * arrives changes, never the data or the arithmetic.
+ * NOTE (why an L2 prefetch, not the first chunks' cp.async into shared memory before the wait):
+ * that was built first; reordering the prologue moved the F8 one-token instances from 63 and 55
+ * registers without spills to 64 with spills (ptxas, sm_90), on the decode path whether PDL is
+ * on or not. The prefetch leaves the plain path's code and registers as they were.
+ *
  *   shared memory, one stage:  [NMAT * RB rows][WSTRIDE bytes]  weights, raw
  *                              [TB tokens][XSTRIDE floats]       activations
  *   thread: j = tid % 4 (lanes 4j..4j+3); warp w: row group w % WR, token group w / WR;
@@ -144,6 +156,16 @@ static __global__ void __launch_bounds__(THREADS) rows_kernel(const __grid_const
 	const int n_rows = min(C::RB, a.rows - row0), n_toks = min(C::TB, n_e - tok0);
 	const int K = a.K, n_chunk = (K + 127) / 128;
 
+	if (a.pdl & MOET_ROWS_PDL_WAIT) {
+		/* A programmatic dependent: weights may be read before the previous grid ends. */
+		if (a.vec && tid < NMAT * C::RB && tid % C::RB < n_rows) {
+			const int m = tid / C::RB, r = tid % C::RB;
+			const unsigned bytes = (unsigned)(min(K, (C::NSTAGE - 1) * 128) * C::ESZ);
+			moet_prefetch_l2((const unsigned char *)a.w[e][m] +
+					 (size_t)(row0 + r) * K * C::ESZ, bytes);
+		}
+		moet_grid_dep_wait();
+	}
 	if (tid < C::TB) {
 		int xr = -1;
 		if (tid < n_toks) {
@@ -259,6 +281,12 @@ static __global__ void __launch_bounds__(THREADS) rows_kernel(const __grid_const
 			load(nc, nc % C::NSTAGE);
 		else
 			moet_cp_async_commit();
+		/* NOTE: the block's last loads are issued: the next grid (the down pass) may now
+		 * take SM slots as this grid's last wave drains. Rows of NSTAGE-1 chunks or fewer
+		 * (K <= 384) trigger at exit only: covering them here too changed the registers of
+		 * F8 instances (sm_90). */
+		if ((a.pdl & MOET_ROWS_PDL_TRIGGER) && nc == n_chunk - 1)
+			moet_grid_dep_trigger();
 
 		/* Block scales of my rows for this chunk (1.0f without scales or past the last row). */
 		float sc[NMAT][C::RT];
@@ -344,6 +372,52 @@ int moet_rows_variant(int *out_wide)
 	return 0;
 }
 
+/* NOTE: PDL is off by default until it has been measured on the H200 (docs/gpu.md). */
+#define DEFAULT_PDL 0
+#define PDL_DEV_MAX 64
+
+/* Compute capability major per device, + 1 (0: not asked yet). NOTE: a cache, the one mutable
+ * static of the row machinery: the property cannot change while the process runs, racing
+ * writers store the same value, accesses are atomic. Devices past PDL_DEV_MAX ask each call. */
+static int cc_major_p1[PDL_DEV_MAX];
+
+static int cc_major(int *out_major)
+{
+	int dev = 0, v = 0;
+	MOET_CUDA_TRY(cudaGetDevice(&dev));
+	const bool cached = dev >= 0 && dev < PDL_DEV_MAX;
+	if (cached && (v = __atomic_load_n(&cc_major_p1[dev], __ATOMIC_RELAXED)) > 0) {
+		*out_major = v - 1;
+		return 0;
+	}
+	MOET_CUDA_TRY(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev));
+	if (cached)
+		__atomic_store_n(&cc_major_p1[dev], v + 1, __ATOMIC_RELAXED);
+	*out_major = v;
+	return 0;
+}
+
+int moet_rows_pdl(int *out_pdl)
+{
+	const char *v = getenv("MOET_GPU_PDL");
+	int want, major = 0;
+	if (!v || !*v)
+		want = DEFAULT_PDL;
+	else if (!strcmp(v, "0"))
+		want = 0;
+	else if (!strcmp(v, "1"))
+		want = 1;
+	else
+		return moet_err(MOET_EINVAL, "MOET_GPU_PDL=%.40s (want 0 or 1)", v);
+	if (want) {
+		int rc = cc_major(&major);
+		if (rc)
+			return rc;
+	}
+	*out_pdl = want && major >= 9;
+	return 0;
+}
+
 typedef moet_rows_kernel kernel_ent;
 
 template <int DT, int NMAT, int TT, int WR> static kernel_ent ent(void)
@@ -373,6 +447,28 @@ static kernel_ent pick(int dt, int nmat, int cl)
 	return nmat == 1 ? class_ent<DT_F32, 1>(cl) : kernel_ent{ NULL, 0, 1, 1, 0 };
 }
 
+/* Queues k as a programmatic dependent of the kernel before it on the stream (cudaLaunchKernelEx
+ * with programmatic stream serialization allowed): its blocks may start before that kernel
+ * completes and wait for it themselves (a.pdl has MOET_ROWS_PDL_WAIT). */
+static cudaError_t launch_dependent(const kernel_ent &k, unsigned blocks, cudaStream_t stream,
+				    const pass_args &a)
+{
+	cudaLaunchAttribute at[1];
+	at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	at[0].val.programmaticStreamSerializationAllowed = 1;
+	cudaLaunchConfig_t lc = {};
+	lc.gridDim = dim3(blocks);
+	lc.blockDim = dim3((unsigned)k.threads);
+	lc.dynamicSmemBytes = (size_t)k.smem;
+	lc.stream = stream;
+	lc.attrs = at;
+	lc.numAttrs = 1;
+	cudaError_t e = cudaLaunchKernelEx(&lc, k.fn, a);
+	if (e != cudaSuccess)
+		(void)cudaGetLastError(); /* reported here; not left for the next check */
+	return e;
+}
+
 int moet_rows_run(const moet_rows_job *job, moet_rows_get_fn get, const void *ctx,
 		  int64_t n_groups, cudaStream_t stream)
 {
@@ -387,6 +483,7 @@ int moet_rows_run(const moet_rows_job *job, moet_rows_get_fn get, const void *ct
 	base.out_stride = job->out_stride;
 	base.vec = job->vec;
 	base.canon = job->canon;
+	bool first = true; /* the job's first launch: the only one that may be a dependent */
 	for (int cl = 0; cl < N_CLASS; cl++) {
 		kernel_ent k = pick(job->dt, job->nmat, cl);
 		if (job->wide && job->vec && job->dt != DT_F32 && job->K % 16 == 0 && cl >= 4) {
@@ -426,8 +523,16 @@ int moet_rows_run(const moet_rows_job *job, moet_rows_get_fn get, const void *ct
 				/* NOTE: sets the limit on the current device; cheap, no sync. */
 				MOET_CUDA_TRY(cudaFuncSetAttribute(k.fn,
 					cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem));
-				k.fn<<<(unsigned)tiles, (unsigned)k.threads, (size_t)k.smem, stream>>>(a);
-				MOET_CUDA_TRY(cudaGetLastError());
+				a.pdl = first ? job->pdl : job->pdl & ~MOET_ROWS_PDL_WAIT;
+				first = false;
+				if (a.pdl & MOET_ROWS_PDL_WAIT) {
+					MOET_CUDA_TRY(launch_dependent(k, (unsigned)tiles, stream,
+								       a));
+				} else {
+					k.fn<<<(unsigned)tiles, (unsigned)k.threads, (size_t)k.smem,
+					       stream>>>(a);
+					MOET_CUDA_TRY(cudaGetLastError());
+				}
 				a.n_exp = 0;
 				tiles = 0;
 			}

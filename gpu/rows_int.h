@@ -44,7 +44,25 @@ typedef struct moet_rows_job {
 	int canon;            /* nmat 1: canonicalize NaN outputs */
 	int wide;             /* F8/BF16 under vec with K % 16 == 0: groups of >= 9 tokens take
 			       * the wide kernel (rows_wide.cu); same bits, other speed */
+	int pdl;              /* MOET_ROWS_PDL_* bits (0: plain launches); see below */
 } moet_rows_job;
+
+/*
+ * Programmatic dependent launch (sm_90+; docs/gpu.md): lets a job's first kernel start while
+ * the kernel queued before it on the stream is still running, and start fetching its weights.
+ *   MOET_ROWS_PDL_WAIT     the job's first launch carries cudaLaunchAttributeProgrammatic-
+ *                          StreamSerialization; its blocks may ask L2 for their first weight
+ *                          chunks, then wait (griddepcontrol.wait) for the previous kernel to
+ *                          complete and its writes to be visible, before they read anything else.
+ *                          Precondition: the previous kernel does not write the job's weights.
+ *                          The job's later launches are plain (stream order).
+ *   MOET_ROWS_PDL_TRIGGER  rows_kernel blocks signal griddepcontrol.launch_dependents once they
+ *                          have issued their last loads (without it: at their exit); has an
+ *                          effect only if the next kernel on the stream is launched with WAIT.
+ * Only for devices of compute capability >= 9.0 (moet_rows_pdl says). Changes overlap, never
+ * bits: every output's operations and the data they read are the same.
+ */
+enum { MOET_ROWS_PDL_WAIT = 1, MOET_ROWS_PDL_TRIGGER = 2 };
 
 /*
  * Queues the job on `stream`: a few launches of one kernel template per token-count class.
@@ -60,6 +78,15 @@ int moet_rows_run(const moet_rows_job *job, moet_rows_get_fn get, const void *ct
  * the default. MOET_EINVAL (recorded) for other text. Both give the same bits.
  */
 int moet_rows_variant(int *out_wide);
+
+/*
+ * Whether to chain the passes of an expert call with programmatic dependent launch: the switch
+ * MOET_GPU_PDL, read at every call: `1` asks for it, `0` (or unset or empty: the default) not.
+ * *out_pdl = 1 only if asked for and the current device's compute capability is >= 9.0
+ * (queried once per device; below, silently 0). MOET_EINVAL (recorded) for other text,
+ * MOET_EDEVICE if the device cannot be queried.
+ */
+int moet_rows_pdl(int *out_pdl);
 
 /* ---- shared by rows.cu and rows_wide.cu ------------------------------------------------- */
 
@@ -84,6 +111,7 @@ struct moet_rows_args {
 	long long out_stride;       /* floats */
 	int vec;                    /* 16-byte staging allowed (alignment checked on the host) */
 	int canon;                  /* NMAT 1: canonicalize NaN outputs */
+	int pdl;                    /* MOET_ROWS_PDL_* bits of this launch */
 };
 
 typedef void (*moet_rows_kernel_fn)(moet_rows_args);
@@ -142,6 +170,34 @@ static __device__ __forceinline__ void moet_dec4_f8(uint32_t wd, float w[4])
 #else
 	for (int q = 0; q < 4; q++)
 		w[q] = moet_dec_e4m3((uint8_t)(wd >> (8 * q)));
+#endif
+}
+
+/* griddepcontrol (PTX, sm_90+): wait for the prerequisite grid's completion and the visibility
+ * of its writes; signal that dependents may be scheduled. Both are no-ops in a grid launched
+ * without programmatic serialization, and compile to nothing below sm_90 (where the host never
+ * asks for them). The memory clobber keeps loads and stores on their side of the call. */
+static __device__ __forceinline__ void moet_grid_dep_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void moet_grid_dep_trigger(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+/* Asks L2 for `bytes` (a multiple of 16) from p (16-byte aligned), without waiting
+ * (cp.async.bulk.prefetch, sm_90+; nothing below). */
+static __device__ __forceinline__ void moet_prefetch_l2(const void *p, unsigned bytes)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes)
+		     : "memory");
 #endif
 }
 

@@ -102,6 +102,11 @@ static __global__ void __launch_bounds__(WTHREADS, 2)
 	const int n_rows = min(C::RB, a.rows - row0), n_toks = min(C::TB, a.n[e] - tok0);
 	const int K = a.K, n_chunk = (K + 127) / 128;
 
+	/* NOTE: as a programmatic dependent (rows_int.h) this variant waits before its first load;
+	 * it never triggers early (its dependents start as its blocks exit). At 9+ tokens the
+	 * work is the fmas, so there is little to overlap. */
+	if (a.pdl & MOET_ROWS_PDL_WAIT)
+		moet_grid_dep_wait();
 	if (tid < C::TB) {
 		int xr = -1;
 		if (tid < n_toks) {

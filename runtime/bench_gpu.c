@@ -13,7 +13,15 @@
  *                    moet_gpu_expert_ffn_fast with min_tok 1, so every expert takes the
  *                    tensor-core path; docs/fast-mode.md); its ceiling is "expert", the exact
  *                    row just measured, and ratio = exact median / fast median
- *   5. decode-step   with --model-dir: the whole model's decode step at batch 1, 16, 64
+ *   5. expert-pdl    after the 1-token expert row: the same calls with the down pass launched
+ *                    as a programmatic dependent of the gate_up pass (MOET_GPU_PDL=1; docs/
+ *                    gpu.md); the 1-token expert row is then measured with MOET_GPU_PDL=0,
+ *                    whatever the environment says (other rows follow it); both rows on a
+ *                    non-blocking stream of their own (the others: the legacy default stream,
+ *                    as before). Same ceiling and ratio as an expert row; "pdl" says whether
+ *                    the device took it (sm_90+) or fell back, "vs_off" = the expert row's
+ *                    median / this row's median
+ *   6. decode-step   with --model-dir: the whole model's decode step at batch 1, 16, 64
  *                    (bench_gpu_decode.c)
  *
  * Each expert row's ceiling is its roofline bound: bytes (weight codes + scales of the call's
@@ -31,6 +39,7 @@
 #include "bench_gpu_int.h"
 #include "moet_err.h"
 #include "moet_gpu.h"
+#include "moet_gpu_host.h"
 
 #define COPY_BYTES ((size_t)1 << 30)
 
@@ -50,6 +59,8 @@ typedef struct gbench {
 	void *fscratch;                              /* fast mode's scratch */
 	size_t fscratch_bytes;
 	moet_gpu_timer *timer;
+	void *stream;                                /* the calls' stream: NULL (legacy default)
+						      * or pdl_rows' own */
 	double *samples;
 	int next_e;
 	moet_gpu_info info;
@@ -124,7 +135,7 @@ static int run_call(gbench *b, int64_t T, int fast)
 		return moet_gpu_expert_ffn_fast(b->fast, ex, b->G, b->x, n, b->tok, 1, b->fscratch,
 						b->fscratch_bytes, b->y, NULL);
 	return moet_gpu_expert_ffn(ex, b->G, b->x, n, b->tok, b->scratch, b->scratch_bytes, b->y,
-				   NULL);
+				   b->stream);
 }
 
 /* Times reps calls (after warm-up ones), each alone with CUDA events. */
@@ -134,10 +145,11 @@ static int time_calls(gbench *b, int64_t T, int fast, moet_bench_stats *st)
 	for (int i = 0; i < b->warm && !rc; i++)
 		rc = run_call(b, T, fast);
 	if (!rc)
-		rc = moet_gpu_sync(NULL);
+		rc = moet_gpu_sync(b->stream);
 	for (int i = 0; i < b->reps && !rc; i++) {
-		if (!(rc = moet_gpu_timer_start(b->timer, NULL)) && !(rc = run_call(b, T, fast)))
-			rc = moet_gpu_timer_stop(b->timer, NULL, &b->samples[i]);
+		if (!(rc = moet_gpu_timer_start(b->timer, b->stream)) &&
+		    !(rc = run_call(b, T, fast)))
+			rc = moet_gpu_timer_stop(b->timer, b->stream, &b->samples[i]);
 	}
 	if (!rc)
 		moet_bench_stats_of(b->samples, b->reps, st);
@@ -161,23 +173,67 @@ static int fast_row(gbench *b, int64_t T, const moet_bench_row_out *exact, json_
 	return moet_bench_add_row(rec, &out->r);
 }
 
-static int expert_row(gbench *b, const moet_bench_ceil *c, int64_t T, json_t *rec, FILE *log,
-		      moet_bench_row_out *out)
+static int expert_row(gbench *b, const moet_bench_ceil *c, int64_t T, const char *name,
+		      json_t *rec, FILE *log, moet_bench_row_out *out)
 {
 	moet_bench_stats st;
-	fprintf(log, "gpu-experts: %d experts x %lld token(s) ...\n", b->G, (long long)T);
+	fprintf(log, "gpu-experts: %s, %d experts x %lld token(s) ...\n", name, b->G,
+		(long long)T);
 	int rc = time_calls(b, T, 0, &st);
 	if (rc)
 		return rc;
 	const double bytes = (double)b->G * (double)b->expert_bytes;
 	const double flops = (double)b->G * 6.0 * (double)b->H * (double)b->I * (double)T;
 	const int bw = bytes / c->copy_Bps >= flops / c->sgemm_flops;
-	snprintf(out->name, sizeof(out->name), "expert");
+	snprintf(out->name, sizeof(out->name), "%s", name);
 	out->r = (moet_bench_row){ .name = out->name, .tokens = T, .st = st, .bytes = bytes,
 				   .flops = flops, .ceiling = bw ? "copy_GBps" : "sgemm_GFLOPs",
 				   .ratio = bw ? bytes / st.median_s / c->copy_Bps
 					       : flops / st.median_s / c->sgemm_flops };
 	return moet_bench_add_row(rec, &out->r);
+}
+
+/*
+ * The 1-token rows: "expert" with MOET_GPU_PDL=0, then "expert-pdl" with MOET_GPU_PDL=1, the
+ * caller's value put back afterwards; both on a stream of their own (non-blocking), as the
+ * engine's calls are, not on the legacy default stream. NOTE: setenv is safe here: the kernel
+ * part runs on this thread alone, and the expert call reads the switch at every call.
+ */
+static int pdl_rows(gbench *b, const moet_bench_ceil *c, json_t *rec, FILE *log,
+		    moet_bench_row_out *out, int *n_rows)
+{
+	const char *env = getenv("MOET_GPU_PDL");
+	char *saved = env ? strdup(env) : NULL;
+	if (env && !saved)
+		return moet_err(MOET_ENOMEM, "MOET_GPU_PDL");
+	int rc = moet_gpu_stream_create(&b->stream);
+	if (rc) {
+		free(saved);
+		return rc;
+	}
+	setenv("MOET_GPU_PDL", "0", 1);
+	rc = expert_row(b, c, 1, "expert", rec, log, &out[0]);
+	if (!rc)
+		(*n_rows)++;
+	setenv("MOET_GPU_PDL", "1", 1);
+	if (!rc && !(rc = expert_row(b, c, 1, "expert-pdl", rec, log, &out[1]))) {
+		(*n_rows)++;
+		json_t *res = json_object_get(rec, "results");
+		json_t *row = json_array_get(res, json_array_size(res) - 1);
+		json_object_set_new(row, "pdl", json_string(b->info.cc_major >= 9 ? "on"
+						: "fallback (below sm_90: plain launches)"));
+		json_object_set_new(row, "vs_off", json_real(out[0].r.st.median_s /
+							     out[1].r.st.median_s));
+	}
+	if (saved)
+		setenv("MOET_GPU_PDL", saved, 1);
+	else
+		unsetenv("MOET_GPU_PDL");
+	free(saved);
+	int rs = moet_gpu_sync(b->stream);
+	moet_gpu_stream_destroy(b->stream);
+	b->stream = NULL;
+	return rc ? rc : rs;
 }
 
 static int setup(gbench *b, const moet_bench_gpu_opts *o, int64_t t_max)
@@ -280,6 +336,9 @@ static void print_table(const gbench *b, const moet_bench_ceil *c, const moet_be
 			c->sgemm_at[1] / 1e9);
 		fprintf(f, "expert-fast: bf16 tensor cores (cuBLAS, fp32 accumulation; not "
 			"bit-identical), ratio = exact median / fast median\n");
+		fprintf(f, "expert-pdl: 1 token, the down pass a programmatic dependent of gate_up "
+			"(MOET_GPU_PDL=1%s); the 1-token expert row: MOET_GPU_PDL=0\n",
+			b->info.cc_major >= 9 ? "" : "; below sm_90: plain launches");
 	}
 	moet_bench_gpu_print_rows(rows, n, f);
 }
@@ -308,14 +367,17 @@ int moet_bench_gpu_experts(const moet_bench_gpu_opts *o, json_t *rec, FILE *log,
 	memset(&c, 0, sizeof(c));
 	c.no_kernel = o->no_kernel;
 	const int n_dec = o->model_dir ? (o->batches ? o->n_batches : 3) : 0;
-	moet_bench_row_out *rows = calloc((size_t)(2 * n_tok + n_dec) + 1, sizeof(*rows));
+	moet_bench_row_out *rows = calloc((size_t)(3 * n_tok + n_dec) + 1, sizeof(*rows));
 	int rc = rows ? 0 : moet_err(MOET_ENOMEM, "rows"), n_rows = 0;
 	if (!rc && !o->no_kernel && !(rc = setup(&b, o, t_max)))
 		rc = ceilings(&b, &c, rec, log);
 	for (int i = 0; !rc && i < n_tok; i++) {
-		if (!(rc = expert_row(&b, &c, tok[i], rec, log, &rows[n_rows])))
+		const int ex = n_rows; /* the expert row, fast_row's reference */
+		if (tok[i] == 1)
+			rc = pdl_rows(&b, &c, rec, log, &rows[n_rows], &n_rows);
+		else if (!(rc = expert_row(&b, &c, tok[i], "expert", rec, log, &rows[n_rows])))
 			n_rows++;
-		if (!rc && !(rc = fast_row(&b, tok[i], &rows[n_rows - 1], rec, log, &rows[n_rows])))
+		if (!rc && !(rc = fast_row(&b, tok[i], &rows[ex], rec, log, &rows[n_rows])))
 			n_rows++;
 	}
 	if (!rc && !o->no_kernel) {

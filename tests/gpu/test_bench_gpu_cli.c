@@ -11,11 +11,14 @@
  * Without a CUDA device: the bench exits 1 with "no CUDA device ... needs a GPU".
  * With one: `--quick` at the Kimi-K2 geometry plus the decode part on CUDA over the tiny
  * checkpoint; the record's keys, the expert rows' bytes and flops (computed here from the
- * geometry), each row's roofline ceiling and its ratio = rate / ceiling.
+ * geometry), each row's roofline ceiling and its ratio = rate / ceiling; one expert-pdl row
+ * (1 token, MOET_GPU_PDL=1) beside the 1-token expert row: the same bytes, ceiling and ratio
+ * rule, "pdl" on from sm_90 (a fallback below), vs_off = the expert row's median / its own.
  */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "moet_ckpt.h"
@@ -141,10 +144,19 @@ static void check_gpu_record(const json_t *r)
 	const json_t *res = json_object_get(r, "results"), *row;
 	size_t i;
 	int n_exp = 0;
+	double med1 = 0;
+	const json_t *pdl = NULL;
+	int n_pdl = 0;
 	json_array_foreach(res, i, row) {
 		const char *name = json_string_value(json_object_get(row, "name"));
-		if (!name || strcmp(name, "expert"))
+		if (name && !strcmp(name, "expert-pdl")) {
+			pdl = row;
+			n_pdl++;
+		}
+		if (!name || (strcmp(name, "expert") && strcmp(name, "expert-pdl")))
 			continue;
+		if (!strcmp(name, "expert") && num(row, "tokens") == 1)
+			med1 = num(row, "median_s");
 		const double T = num(row, "tokens"), med = num(row, "median_s");
 		CHECK(finite_pos(json_object_get(row, "median_s")) &&
 		      num(row, "min_s") <= med && med <= num(row, "max_s"), "row %zu times", i);
@@ -159,7 +171,18 @@ static void check_gpu_record(const json_t *r)
 		CHECK(fabs(num(row, "ratio") - want) <= 1e-9 * want, "row %zu ratio", i);
 		n_exp++;
 	}
-	CHECK(n_exp == 4, "%d expert rows with --quick, want 4", n_exp);
+	CHECK(n_exp == 5, "%d expert and expert-pdl rows with --quick, want 4 + 1", n_exp);
+	CHECK(n_pdl == 1 && pdl && num(pdl, "tokens") == 1, "%d expert-pdl rows (1 token)", n_pdl);
+	if (pdl) {
+		const char *cc = json_string_value(json_object_get(gpu, "compute_capability"));
+		const char *on = json_string_value(json_object_get(pdl, "pdl"));
+		const int sm90 = cc && atoi(cc) >= 9;
+		CHECK(on && (sm90 ? !strcmp(on, "on") : !strncmp(on, "fallback", 8)),
+		      "expert-pdl: pdl '%s' on compute capability %s", on ? on : "-", cc ? cc : "-");
+		const double want = med1 / num(pdl, "median_s");
+		CHECK(med1 > 0 && fabs(num(pdl, "vs_off") - want) <= 1e-9 * want,
+		      "expert-pdl: vs_off %g, want %g", num(pdl, "vs_off"), want);
+	}
 }
 
 static json_t *run_json(const char *args, const char *json, char **out_text)

@@ -10,7 +10,11 @@
  * (I, H) from {1, 7, 16, 17, 127, 128, 129, 200}^2, token-count sweeps up to 1024 per expert,
  * more experts than one launch takes, the wide kernel's partial tiles and chunks, and the
  * Kimi-K2 geometry (H 7168, I 2048). Every case runs each variant of the row kernels
- * (MOET_GPU_ROWS_KERNEL=ref and wide) on the same inputs against one reference. Value modes:
+ * (MOET_GPU_ROWS_KERNEL=ref and wide), each with the down pass launched plainly and as a
+ * programmatic dependent of the gate_up pass (MOET_GPU_PDL=0 and 1; 1 falls back to plain
+ * launches below compute capability 9.0), on the same inputs against one reference; before each
+ * of these runs the scratch (h) and the outputs are poisoned with NaN bits, so a down block that
+ * read h before gate_up wrote it, or an output left unwritten, shows as a mismatch. Value modes:
  * ordinary; edges (all e4m3 codes but NaN, subnormal to huge scales, subnormal, tiny and large
  * activations, signed zeros); zeros (signed zeros everywhere); NaN codes.
  *
@@ -36,6 +40,9 @@ static const char *mode_name[N_MODES] = { "normal", "edge", "zeros", "nan" };
 /* The variants of the row kernels (MOET_GPU_ROWS_KERNEL, gpu/rows_int.h); each case runs all. */
 #define N_VARIANTS 2
 static const char *const variant[N_VARIANTS] = { "ref", "wide" };
+/* Programmatic dependent launch of the down pass (MOET_GPU_PDL, gpu/expert.cu): off, on. */
+#define N_PDL 2
+static const char *const pdl_mode[N_PDL] = { "0", "1" };
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint64_t rnd(void)
@@ -234,14 +241,17 @@ static void run_case(const char *tag, moet_dtype dt, int64_t I, int64_t H, int n
 	float *yr = malloc((size_t)(n_pairs * H + 1) * sizeof(float));
 	float *yd = malloc((size_t)(n_pairs * H + 1) * sizeof(float));
 	float *yd2 = malloc((size_t)(n_pairs * H + 1) * sizeof(float));
-	void *dx = NULL, *dtok = NULL, *dy = NULL, *dy2 = NULL, *dscr = NULL;
 	size_t scr = moet_gpu_expert_scratch_bytes(n_pairs, I);
+	const size_t poison_bytes = (size_t)(n_pairs * H) * sizeof(float) > scr
+					    ? (size_t)(n_pairs * H) * sizeof(float) : scr;
+	unsigned char *poison = malloc(poison_bytes + 1);
+	void *dx = NULL, *dtok = NULL, *dy = NULL, *dy2 = NULL, *dscr = NULL;
 	char name[160];
 	snprintf(name, sizeof(name), "%s %s I=%lld H=%lld mode=%s", tag,
 		 dt == MOET_DT_F8_E4M3 ? "F8_E4M3" : "BF16", (long long)I, (long long)H,
 		 mode_name[mode]);
 	n_cases++;
-	if (!ex || !ge || !x || !tok || !pair_exp || !yr || !yd || !yd2) {
+	if (!ex || !ge || !x || !tok || !pair_exp || !yr || !yd || !yd2 || !poison) {
 		CHECK(0, "%s: out of host memory", name);
 		goto out;
 	}
@@ -275,16 +285,29 @@ static void run_case(const char *tag, moet_dtype dt, int64_t I, int64_t H, int n
 	CHECK(rc == 0, "%s: device: %s", name, moet_errmsg());
 	if (rc)
 		goto out;
-	/* Each kernel variant on the same inputs against the one reference. */
-	for (int v = 0; v < N_VARIANTS; v++) {
+	/* Each kernel variant, PDL off and on, on the same inputs against the one reference; h and
+	 * y poisoned (0xFF bytes: NaN) before each. */
+	memset(poison, 0xFF, poison_bytes);
+	for (int vp = 0; vp < N_VARIANTS * N_PDL; vp++) {
+		const int v = vp / N_PDL, pd = vp % N_PDL;
+		const size_t ybytes = (size_t)(n_pairs * H) * sizeof(float);
 		setenv("MOET_GPU_ROWS_KERNEL", variant[v], 1);
-		rc = moet_gpu_expert_ffn(ge, n_exp, dx, n_x, dtok, dscr, scr, dy, NULL);
+		setenv("MOET_GPU_PDL", pdl_mode[pd], 1);
+		rc = moet_gpu_copy_h2d(dscr, poison, scr);
+		rc = rc ? rc : moet_gpu_copy_h2d(dy, poison, ybytes);
+		rc = rc ? rc : moet_gpu_copy_h2d(dy2, poison, ybytes);
+		rc = rc ? rc : moet_gpu_expert_ffn(ge, n_exp, dx, n_x, dtok, dscr, scr, dy, NULL);
+		/* the second call finds h from the first: poison it again */
+		rc = rc ? rc : moet_gpu_sync(NULL);
+		rc = rc ? rc : moet_gpu_copy_h2d(dscr, poison, scr);
 		rc = rc ? rc : moet_gpu_expert_ffn(ge, n_exp, dx, n_x, dtok, dscr, scr, dy2, NULL);
 		rc = rc ? rc : moet_gpu_sync(NULL);
-		rc = rc ? rc : moet_gpu_copy_d2h(yd, dy, (size_t)(n_pairs * H) * sizeof(float));
-		rc = rc ? rc : moet_gpu_copy_d2h(yd2, dy2, (size_t)(n_pairs * H) * sizeof(float));
+		rc = rc ? rc : moet_gpu_copy_d2h(yd, dy, ybytes);
+		rc = rc ? rc : moet_gpu_copy_d2h(yd2, dy2, ybytes);
 		unsetenv("MOET_GPU_ROWS_KERNEL");
-		CHECK(rc == 0, "%s [%s]: device: %s", name, variant[v], moet_errmsg());
+		unsetenv("MOET_GPU_PDL");
+		CHECK(rc == 0, "%s [%s, pdl %s]: device: %s", name, variant[v], pdl_mode[pd],
+		      moet_errmsg());
 		if (rc)
 			goto out;
 		for (int64_t p = 0; p < n_pairs; p++) {
@@ -293,14 +316,15 @@ static void run_case(const char *tag, moet_dtype dt, int64_t I, int64_t H, int n
 				int64_t j = 0;
 				while (moet_f32_bits(a[j]) == moet_f32_bits(b[j]))
 					j++;
-				CHECK(0, "%s [%s]: pair %lld (expert %d, token %d) y[%lld]: reference "
-				      "%08x device %08x", name, variant[v], (long long)p, pair_exp[p],
-				      tok[p], (long long)j, moet_f32_bits(a[j]), moet_f32_bits(b[j]));
+				CHECK(0, "%s [%s, pdl %s]: pair %lld (expert %d, token %d) "
+				      "y[%lld]: reference %08x device %08x", name, variant[v],
+				      pdl_mode[pd], (long long)p, pair_exp[p], tok[p],
+				      (long long)j, moet_f32_bits(a[j]), moet_f32_bits(b[j]));
 				break;
 			}
 		}
-		CHECK(!memcmp(yd, yd2, (size_t)(n_pairs * H) * sizeof(float)),
-		      "%s [%s]: two runs of the same call differ", name, variant[v]);
+		CHECK(!memcmp(yd, yd2, ybytes), "%s [%s, pdl %s]: two runs of the same call differ",
+		      name, variant[v], pdl_mode[pd]);
 	}
 	n_pairs_checked += (int)n_pairs;
 out:
@@ -319,6 +343,7 @@ out:
 	free(yr);
 	free(yd);
 	free(yd2);
+	free(poison);
 }
 
 /* ---- bad input ------------------------------------------------------------------------------ */
@@ -383,6 +408,19 @@ static void bad_input(void)
 	unsetenv("MOET_GPU_ROWS_KERNEL");
 	CHECK(rc == MOET_EINVAL, "MOET_GPU_ROWS_KERNEL=fastest: %d", rc);
 	printf("  unknown variant: %s\n", moet_errmsg());
+	static const char *const bad_pdl[] = { "2", "on", "01", " 1" };
+	for (int i = 0; i < 4; i++) {
+		setenv("MOET_GPU_PDL", bad_pdl[i], 1);
+		rc = moet_gpu_expert_ffn(&g, 1, dx, 1, dtok, dscr, scr, dy, NULL);
+		unsetenv("MOET_GPU_PDL");
+		CHECK(rc == MOET_EINVAL && strstr(moet_errmsg(), "MOET_GPU_PDL"),
+		      "MOET_GPU_PDL='%s': %d (%s)", bad_pdl[i], rc, moet_errmsg());
+	}
+	printf("  bad PDL switch: %s\n", moet_errmsg());
+	setenv("MOET_GPU_PDL", "", 1);
+	rc = moet_gpu_expert_ffn(&g, 1, dx, 1, dtok, dscr, scr, dy, NULL);
+	unsetenv("MOET_GPU_PDL");
+	CHECK(rc == 0, "MOET_GPU_PDL empty (the default): %s", moet_errmsg());
 	CHECK(moet_gpu_sync(NULL) == 0, "sync: %s", moet_errmsg());
 	CHECK(moet_gpu_alloc(1, NULL) == MOET_EINVAL, "alloc without out_ptr");
 	void *huge = NULL;
@@ -409,7 +447,9 @@ static int bench(void)
 {
 	enum { NE = 8 };
 	const int64_t H = 7168, I = 2048;
-	const int64_t counts[] = { 1, 2, 4, 8, 16, 64, 256 };
+	/* tokens per expert; at 1 token with the PDL switch (MOET_GPU_PDL) off, then on */
+	const int64_t counts[] = { 1, 1, 2, 4, 8, 16, 64, 256 };
+	const char *const pdl_at[] = { "0", "1", NULL, NULL, NULL, NULL, NULL, NULL };
 	expert ex[NE];
 	moet_gpu_expert ge[NE];
 	void *buf = NULL, *buf2 = NULL, *dx = NULL, *dtok = NULL, *dy = NULL, *dscr = NULL;
@@ -454,6 +494,8 @@ static int bench(void)
 	printf("expert FFN, %d Kimi-K2 experts (H %lld, I %lld, F8_E4M3), %.0f MB of weights:\n", NE,
 	       (long long)H, (long long)I, wbytes / 1e6);
 	for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]) && !rc; c++) {
+		if (pdl_at[c])
+			setenv("MOET_GPU_PDL", pdl_at[c], 1);
 		for (int e = 0; e < NE; e++)
 			ge[e] = (moet_gpu_expert){ ex[e].d[0], ex[e].d[1], ex[e].d[2], counts[c] };
 		int reps = counts[c] <= 8 ? 50 : counts[c] <= 64 ? 10 : 4;
@@ -466,9 +508,12 @@ static int bench(void)
 		double t = (now_s() - t0) / reps;
 		double flops = 2.0 * (double)(NE * counts[c]) * 3.0 * (double)(I * H);
 		printf("  %4lld tokens/expert: %9.1f us  weights %6.0f GB/s (%3.0f%% of copy read+"
-		       "written)  %6.2f TFLOP/s binary32\n", (long long)counts[c], t * 1e6,
+		       "written)  %6.2f TFLOP/s binary32%s\n", (long long)counts[c], t * 1e6,
 		       wbytes / t / 1e9, 100.0 * wbytes / t / (2.0 * (double)cbytes / tc),
-		       flops / t / 1e12);
+		       flops / t / 1e12, !pdl_at[c] ? "" : *pdl_at[c] == '1' ? "  PDL on"
+								     : "  PDL off");
+		if (pdl_at[c])
+			unsetenv("MOET_GPU_PDL");
 	}
 	if (rc)
 		fprintf(stderr, "bench: %s\n", moet_errmsg());
@@ -492,6 +537,11 @@ int main(int argc, char **argv)
 	}
 	if (argc > 1 && !strcmp(argv[1], "--bench"))
 		return bench();
+	moet_gpu_info info;
+	if (moet_gpu_info_get(&info) == 0)
+		printf("%s, sm_%d%d: MOET_GPU_PDL=1 %s\n", info.name, info.cc_major, info.cc_minor,
+		       info.cc_major >= 9 ? "launches the down pass as a programmatic dependent"
+					  : "falls back to plain launches (below sm_90)");
 
 	bad_input();
 
@@ -540,6 +590,9 @@ int main(int argc, char **argv)
 	static const int64_t kimi_edge[] = { 1, 3, 9 };
 	run_case("kimi-k2", MOET_DT_F8_E4M3, 2048, 7168, 3, kimi_edge, MODE_EDGE, 0);
 	run_case("kimi-k2", MOET_DT_BF16, 2048, 7168, 4, kimi_bf16, MODE_NORMAL, 0);
+	/* The decode shape PDL is for: 8 experts of one token, one launch per pass. */
+	static const int64_t kimi_decode[] = { 1, 1, 1, 1, 1, 1, 1, 1 };
+	run_case("kimi-k2-decode", MOET_DT_F8_E4M3, 2048, 7168, 8, kimi_decode, MODE_NORMAL, 0);
 
 	printf("%d cases, %d (expert, token) pairs compared bit for bit\n", n_cases,
 	       n_pairs_checked);
