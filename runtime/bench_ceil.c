@@ -15,6 +15,8 @@
  */
 #include <math.h>
 #include <string.h>
+
+#include "moet_cpuexec.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -169,4 +171,55 @@ double moet_bench_fma(int64_t iters)
 		return fma_avx2(iters);
 #endif
 	return fma_scalar(iters);
+}
+
+/* ---- reads by a thread team ------------------------------------------------------------- */
+
+void moet_bench_share(size_t n, int w, int nw, size_t *lo, size_t *hi)
+{
+	size_t pages = n / 4096;
+	*lo = pages * (size_t)w / (size_t)nw * 4096;
+	*hi = (w == nw - 1) ? n : pages * (size_t)(w + 1) / (size_t)nw * 4096;
+}
+
+typedef struct par_buf {
+	uint8_t *buf;
+	size_t bytes;
+	uint64_t sink[256];
+} par_buf;
+
+static volatile uint64_t par_sink; /* keeps the reads' results alive */
+
+static void par_touch(void *arg, int w, int nw)
+{
+	par_buf *p = arg;
+	size_t lo, hi;
+	moet_bench_share(p->bytes, w, nw, &lo, &hi);
+	memset(p->buf + lo, w + 1, hi - lo);
+}
+
+static void par_read(void *arg, int w, int nw)
+{
+	par_buf *p = arg;
+	size_t lo, hi;
+	moet_bench_share(p->bytes, w, nw, &lo, &hi);
+	p->sink[w % 256] += moet_bench_read(p->buf + lo, (hi - lo) & ~(size_t)63);
+}
+
+int moet_bench_touch_par(struct moet_cpuexec *ex, uint8_t *buf, size_t bytes)
+{
+	par_buf p = { .buf = buf, .bytes = bytes };
+	return moet_cpuexec_run(ex, par_touch, &p);
+}
+
+int moet_bench_read_par(struct moet_cpuexec *ex, const uint8_t *buf, size_t bytes)
+{
+	/* NOTE: par_read only reads through buf; the cast keeps one worker argument type */
+	par_buf p = { .buf = (uint8_t *)(uintptr_t)buf, .bytes = bytes };
+	int rc = moet_cpuexec_run(ex, par_read, &p);
+	uint64_t s = 0;
+	for (int i = 0; i < 256; i++)
+		s ^= p.sink[i];
+	par_sink = s;
+	return rc;
 }

@@ -73,40 +73,17 @@ static uint64_t xorshift(uint64_t *s)
 	return *s;
 }
 
-/* worker w's share [lo, hi) of n bytes, in 4 KiB units */
-static void share(size_t n, int w, int nw, size_t *lo, size_t *hi)
-{
-	size_t pages = n / 4096;
-	*lo = pages * (size_t)w / (size_t)nw * 4096;
-	*hi = (w == nw - 1) ? n : pages * (size_t)(w + 1) / (size_t)nw * 4096;
-}
-
+/* Worker w fills its share of the expert pool (first touch) with random non-NaN codes. */
 static void fill_pool(void *arg, int w, int nw)
 {
 	bench *b = arg;
 	size_t lo, hi;
-	share(b->pool_bytes, w, nw, &lo, &hi);
+	moet_bench_share(b->pool_bytes, w, nw, &lo, &hi);
 	uint64_t s = 0x9E3779B97F4A7C15ull ^ ((uint64_t)w << 32);
 	for (size_t i = lo; i + 8 <= hi; i += 8) {
 		uint64_t v = xorshift(&s) & 0xFEFEFEFEFEFEFEFEull; /* no e4m3 NaN codes */
 		memcpy(b->pool + i, &v, 8);
 	}
-}
-
-static void touch_rbuf(void *arg, int w, int nw)
-{
-	bench *b = arg;
-	size_t lo, hi;
-	share(b->rbuf_bytes, w, nw, &lo, &hi);
-	memset(b->rbuf + lo, w + 1, hi - lo);
-}
-
-static void read_part(void *arg, int w, int nw)
-{
-	bench *b = arg;
-	size_t lo, hi;
-	share(b->rbuf_bytes, w, nw, &lo, &hi);
-	b->sink[w % 1024] += moet_bench_read(b->rbuf + lo, (hi - lo) & ~(size_t)63);
 }
 
 static void fma_part(void *arg, int w, int nw)
@@ -149,7 +126,7 @@ static int time_runs(bench *b, int (*fn)(bench *, void *), void *arg, moet_bench
 static int run_read(bench *b, void *arg)
 {
 	(void)arg;
-	return moet_cpuexec_run(b->ex, read_part, b);
+	return moet_bench_read_par(b->ex, b->rbuf, b->rbuf_bytes);
 }
 
 static int run_fma(bench *b, void *arg)
@@ -192,8 +169,8 @@ static int ceilings(bench *b, json_t *rec, FILE *log)
 	moet_bench_stats st;
 	int rc;
 	fprintf(log, "cpu-experts: read bandwidth over %.0f MB ...\n", (double)b->rbuf_bytes / MB);
-	if ((rc = moet_cpuexec_run(b->ex, touch_rbuf, b)) || (rc = time_runs(b, run_read, NULL,
-									   &st)))
+	if ((rc = moet_bench_touch_par(b->ex, b->rbuf, b->rbuf_bytes)) ||
+	    (rc = time_runs(b, run_read, NULL, &st)))
 		return rc;
 	b->read_Bps = (double)b->rbuf_bytes / st.median_s;
 	/* FMA: size the run to about 50 ms (20 ms with --quick) from a short probe */

@@ -24,40 +24,11 @@
 
 #define TIER_MAX_REPS 64
 
-typedef struct rd {
-	uint8_t *buf;
-	size_t bytes;
-	uint64_t sink[256];
-} rd;
-
-/* Worker w's page-aligned share [lo, hi) of n bytes. */
-static void share(size_t n, int w, int nw, size_t *lo, size_t *hi)
-{
-	size_t pages = n / 4096;
-	*lo = pages * (size_t)w / (size_t)nw * 4096;
-	*hi = (w == nw - 1) ? n : pages * (size_t)(w + 1) / (size_t)nw * 4096;
-}
-
-static void touch(void *arg, int w, int nw)
-{
-	rd *r = arg;
-	size_t lo, hi;
-	share(r->bytes, w, nw, &lo, &hi);
-	memset(r->buf + lo, w + 1, hi - lo);
-}
-
-static void stream(void *arg, int w, int nw)
-{
-	rd *r = arg;
-	size_t lo, hi;
-	share(r->bytes, w, nw, &lo, &hi);
-	r->sink[w % 256] += moet_bench_read(r->buf + lo, (hi - lo) & ~(size_t)63);
-}
-
 int moet_bench_tier_read_GBps(int n_threads, int reps, double *out_GBps, size_t *out_bytes)
 {
 	moet_cpuexec *ex = NULL;
-	rd r = { 0 };
+	uint8_t *buf = NULL;
+	size_t bytes;
 	double t[TIER_MAX_REPS];
 	if (reps < 1 || reps > TIER_MAX_REPS || n_threads < 0)
 		return moet_err(MOET_EINVAL, "read ceiling: %d reps (1 .. %d), %d threads", reps,
@@ -68,28 +39,29 @@ int moet_bench_tier_read_GBps(int n_threads, int reps, double *out_GBps, size_t 
 	if (rc)
 		return moet_err_prefix(rc, "read ceiling: executor");
 	const uint64_t l3 = moet_topo_l3_bytes(moet_cpuexec_topo(ex));
-	r.bytes = (size_t)(4 * l3 > ((size_t)256 << 20) ? 4 * l3 : ((size_t)256 << 20));
-	r.buf = aligned_alloc((size_t)2 << 20, r.bytes); /* a multiple of 2 MiB */
-	if (!r.buf) {
-		rc = moet_err(MOET_ENOMEM, "read ceiling: %zu bytes", r.bytes);
+	bytes = (size_t)(4 * l3 > ((size_t)256 << 20) ? 4 * l3 : ((size_t)256 << 20));
+	buf = aligned_alloc((size_t)2 << 20, bytes); /* a multiple of 2 MiB */
+	if (!buf) {
+		rc = moet_err(MOET_ENOMEM, "read ceiling: %zu bytes", bytes);
 		goto fail;
 	}
-	madvise(r.buf, r.bytes, MADV_HUGEPAGE); /* a hint, as bench cpu-experts gives */
-	if ((rc = moet_cpuexec_run(ex, touch, &r)) || (rc = moet_cpuexec_run(ex, stream, &r)))
+	madvise(buf, bytes, MADV_HUGEPAGE); /* a hint, as bench cpu-experts gives */
+	if ((rc = moet_bench_touch_par(ex, buf, bytes)) ||
+	    (rc = moet_bench_read_par(ex, buf, bytes)))
 		goto fail;
 	for (int i = 0; i < reps; i++) {
 		double t0 = moet_bench_now_s();
-		if ((rc = moet_cpuexec_run(ex, stream, &r)))
+		if ((rc = moet_bench_read_par(ex, buf, bytes)))
 			goto fail;
 		t[i] = moet_bench_now_s() - t0;
 	}
 	moet_bench_stats st;
 	moet_bench_stats_of(t, reps, &st);
-	*out_GBps = (double)r.bytes / st.median_s / 1e9;
+	*out_GBps = (double)bytes / st.median_s / 1e9;
 	if (out_bytes)
-		*out_bytes = r.bytes;
+		*out_bytes = bytes;
 fail:
-	free(r.buf);
+	free(buf);
 	moet_cpuexec_destroy(ex);
 	return rc;
 }

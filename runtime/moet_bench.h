@@ -74,6 +74,17 @@ uint64_t moet_bench_read(const void *buf, size_t bytes);
  * returns the flops performed (2 per lane-FMA). Thread-safe. */
 double moet_bench_fma(int64_t iters);
 
+/* Worker w's page-aligned share [lo, hi) of n bytes split over nw workers (the last takes
+ * the rest). */
+void moet_bench_share(size_t n, int w, int nw, size_t *lo, size_t *hi);
+
+struct moet_cpuexec;
+/* Every worker of ex writes its share of buf (first touch: its pages on the worker's node),
+ * or reads it with moet_bench_read (the read ceilings' timed pass). Return
+ * moet_cpuexec_run's code. */
+int moet_bench_touch_par(struct moet_cpuexec *ex, uint8_t *buf, size_t bytes);
+int moet_bench_read_par(struct moet_cpuexec *ex, const uint8_t *buf, size_t bytes);
+
 /* "avx512", "avx2" or "scalar": what moet_bench_read / moet_bench_fma use here. */
 const char *moet_bench_ceil_isa(void);
 
