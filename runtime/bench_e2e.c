@@ -78,6 +78,8 @@ static void on_route(void *ctx, const moet_route_event *ev)
 typedef struct step_split {
 	double step_s, cpu_s, wait_s, pcie_s;
 	double cpu_pairs, pcie_bytes; /* per step */
+	double cpu_calls, cpu_bytes;  /* per step: the CPU tier's expert calls, their weights */
+	double cpu_layers;            /* per step: MoE layer calls with work for the CPU tier */
 	double split_share;           /* timed passes run as two micro-batches / all */
 } step_split;
 
@@ -135,6 +137,9 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int steps, double *samp
 		split->wait_s = (double)hs.ns_wait / 1e9 / steps;
 		split->pcie_s = (double)(hs.ns_d2h + hs.ns_h2d) / 1e9 / steps;
 		split->cpu_pairs = (double)hs.cpu_pairs / steps;
+		split->cpu_calls = (double)hs.cpu_calls / steps;
+		split->cpu_bytes = (double)hs.cpu_weight_bytes / steps;
+		split->cpu_layers = (double)hs.calls / steps;
 		split->pcie_bytes = (double)(hs.bytes_d2h + hs.bytes_h2d) / steps;
 		split->split_share = (double)hs.split_passes / steps;
 	}
@@ -326,10 +331,11 @@ static json_t *ram_json(const moet_model *m, const char *mode, const char *budge
 
 static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 {
-	return json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "mode", mode,
-			 "batch", (json_int_t)B, "step_s", sp->step_s, "tokens_per_s",
+	return json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "mode",
+			 mode, "batch", (json_int_t)B, "step_s", sp->step_s, "tokens_per_s",
 			 (double)B / sp->step_s, "cpu_busy_s", sp->cpu_s, "cpu_wait_s", sp->wait_s,
-			 "pcie_s", sp->pcie_s, "cpu_pairs", sp->cpu_pairs, "pcie_bytes",
+			 "pcie_s", sp->pcie_s, "cpu_pairs", sp->cpu_pairs, "cpu_calls",
+			 sp->cpu_calls, "cpu_weight_bytes", sp->cpu_bytes, "pcie_bytes",
 			 sp->pcie_bytes, "split_share", sp->split_share);
 }
 
@@ -467,6 +473,17 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 					json_object_set_new(sj, "tc_s", json_real(tc));
 					json_object_set_new(sj, "tg_s", json_real(tg));
 					json_object_set_new(sj, "tc_tg_ratio", json_real(tg > 0 ? tc / tg : 0));
+					/* the tier alone: its calls, their weights, and the rate at
+					 * which it went through them (hardware-out's cpu_read_gbps) */
+					json_object_set_new(sj, "tc_cpu_calls", json_real(ss.cpu_calls));
+					json_object_set_new(sj, "tc_cpu_pairs", json_real(ss.cpu_pairs));
+					json_object_set_new(sj, "tc_cpu_layer_calls",
+							    json_real(ss.cpu_layers));
+					json_object_set_new(sj, "tc_cpu_weight_bytes",
+							    json_real(ss.cpu_bytes));
+					json_object_set_new(sj, "tc_read_GBps",
+							    json_real(tc > 0 ? ss.cpu_bytes / tc / 1e9
+									     : 0));
 					json_object_set_new(sj, "overlap_bound_s", json_real(bound));
 					json_object_set_new(sj, "step_over_bound",
 							    json_real(sp.step_s / bound));

@@ -3,8 +3,18 @@
  * (placement/moet_cost.h) that one finished run measured, read from the run's own record, so
  * that every figure in the file is one of the record's and says which:
  *
- *   cpu_read_gbps   ceilings.cpu_source_read_GBps: the CPU tier's team (its thread count)
- *                   reading the routed experts of a fresh mapping of the checkpoint
+ *   cpu_read_gbps   the CPU tier's own decode rate where the run measured it: of the hybrid
+ *                   or cpu-mode steps whose tier ran alone (the overlap check's serial run,
+ *                   its time Tc), the one with the most bytes among those of at most
+ *                   TIER_MAX_ROWS rows per call (read bound: what the model's read term
+ *                   stands for): the weights its expert calls read / (Tc - its MoE layer
+ *                   calls x the model's cpu_overhead_us, priced apart by the model); else
+ *                   ceilings.cpu_source_read_GBps, the CPU tier's team (its thread count)
+ *                   reading the routed experts of a fresh mapping.
+ *                   NOTE (why the kernel's rate first): on the GPU machine's host the
+ *                   decode kernel streams experts faster than that plain read (issue 3's
+ *                   records: 1.04-1.16 of it; H200 run of 78c2919: 117 GB/s against a
+ *                   ceiling of 77-105 GB/s), and the plain read moves from run to run.
  *   pcie_gbps       ceilings.h2d_GBps: pinned host-to-device copies (a GPU run only)
  *   gpu_dense_ms    per gpu-mode batch, steps[].dense_ms: the median step less the cost
  *                   model's GPU expert time for that batch's own routing (steps[].
@@ -66,6 +76,34 @@ static int dense_points(const json_t *rec, dense_pt *pts, int n_max)
 		pts[k] = p;
 	}
 	return n;
+}
+
+/* Rows per expert call up to which the CPU tier's measured rate stands for its read term. */
+#define TIER_MAX_ROWS 1.25
+
+/* The CPU tier's measured decode rate (GB/s) and the step it comes from, or 0: its weight
+ * bytes over its time alone less ovh_us per MoE layer call. */
+static double tier_rate(const json_t *rec, double ovh_us, const json_t **out_step)
+{
+	size_t i;
+	const json_t *st;
+	double best = 0, best_bytes = 0;
+	*out_step = NULL;
+	json_array_foreach(json_object_get(rec, "steps"), i, st) {
+		const double by = json_number_value(json_object_get(st, "tc_cpu_weight_bytes"));
+		const double calls = json_number_value(json_object_get(st, "tc_cpu_calls"));
+		const double pairs = json_number_value(json_object_get(st, "tc_cpu_pairs"));
+		const double lc = json_number_value(json_object_get(st, "tc_cpu_layer_calls"));
+		const double t = json_number_value(json_object_get(st, "tc_s")) - lc * ovh_us * 1e-6;
+		const double r = t > 0 ? by / t / 1e9 : 0;
+		if (!(r > 0 && r < 1e6) || !(calls > 0) || pairs / calls > TIER_MAX_ROWS ||
+		    by <= best_bytes)
+			continue;
+		best = r;
+		best_bytes = by;
+		*out_step = st;
+	}
+	return best;
 }
 
 /* gpu_dense_ms from the points: a curve the reader accepts (batches increasing, > 0, never
@@ -168,7 +206,26 @@ int moet_bench_e2e_hw_save(const json_t *rec, const char *rec_path, const char *
 
 	int threads = 0;
 	const double cpu = ceiling_of(rec, "cpu_source_read_GBps", &threads);
-	if (cpu > 0) {
+	const json_t *ts;
+	const double ovh = hw.cpu_overhead_us; /* not measured: the default, priced apart */
+	const double tier = tier_rate(rec, ovh, &ts);
+	if (tier > 0) {
+		hw.cpu_read_gbps = tier;
+		const double calls = json_number_value(json_object_get(ts, "tc_cpu_calls"));
+		snprintf(n_cpu, HW_NOTE_BYTES, "CPU tier: its own decode rate, record steps[] "
+			 "mode %s batch %lld (%.3f GB/s): the weights its expert calls read per step "
+			 "(tc_cpu_weight_bytes %.0f, %.2f calls of %.2f rows) / (its time running "
+			 "alone, tc_s %.6f s, less %.2f MoE layer calls x cpu_overhead_us %g, which "
+			 "the model prices apart), %s. The plain read ceiling of the same run, "
+			 "cpu_source_read_GBps: %.3f GB/s%s.", str_of(ts, "mode", "?"),
+			 (long long)json_integer_value(json_object_get(ts, "batch")), tier,
+			 json_number_value(json_object_get(ts, "tc_cpu_weight_bytes")), calls,
+			 json_number_value(json_object_get(ts, "tc_cpu_pairs")) / calls,
+			 json_number_value(json_object_get(ts, "tc_s")),
+			 json_number_value(json_object_get(ts, "tc_cpu_layer_calls")), ovh, run, cpu,
+			 cpu > 0 ? "" : " (not measured)");
+		e[n++] = (moet_cost_hw_entry){ "cpu_read_gbps", n_cpu };
+	} else if (cpu > 0) {
 		hw.cpu_read_gbps = cpu;
 		snprintf(n_cpu, HW_NOTE_BYTES, "CPU tier: the record's ceiling "
 			 "cpu_source_read_GBps (%.3f GB/s): %d threads, the CPU tier's team, "

@@ -254,6 +254,16 @@ static int download_rows(moet_hybrid *hy, hy_call *cl, moet_backend *be,
 	return rc;
 }
 
+/* The bytes an expert call reads: its three matrices' codes and block scales. */
+static uint64_t ffn_bytes(const moet_ffn_w *e)
+{
+	const moet_mat *w[3] = { &e->gate, &e->up, &e->down };
+	uint64_t b = 0;
+	for (int i = 0; i < 3; i++)
+		b += moet_mat_data_bytes(w[i]) + moet_mat_scale_bytes(w[i]);
+	return b;
+}
+
 int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moet_ffn_w *table,
 			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
 			  const float *h, int64_t n, float *y_dst)
@@ -284,6 +294,8 @@ int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moe
 			memcpy(cl->y_stage + i * H, cl->h_stage + (pairs[i].pair / top_k) * H,
 			       row_bytes);
 		const moet_ffn_w *e = &table[pairs[q].expert];
+		hy->st.cpu_calls++;
+		hy->st.cpu_weight_bytes += ffn_bytes(e);
 		cl->jobs[n_jobs++] = (moet_cpuexec_job){ e->gate, e->up, e->down,
 							 cl->y_stage + q * H,
 							 cl->y_stage + q * H, k };

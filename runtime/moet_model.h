@@ -153,6 +153,9 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 typedef struct moet_hybrid_stats {
 	uint64_t calls;      /* MoE layer calls with work for the CPU tier */
 	uint64_t cpu_pairs;  /* routing pairs the CPU tier computed */
+	uint64_t cpu_calls;  /* expert calls it ran for them: one per expert and MoE layer call,
+				more where an expert had more rows than one call takes */
+	uint64_t cpu_weight_bytes; /* the weights those calls read (codes and block scales) */
 	uint64_t ns_cpu;     /* from the tier's submit to its end: exact when it runs alone
 				(overlap off), else to the moment the driver saw it done */
 	uint64_t ns_wait;    /* the driving thread blocked waiting for the tier */

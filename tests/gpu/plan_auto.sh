@@ -25,6 +25,10 @@
 #                    size try both forms, so the median is the form it then keeps)
 #   MOET_PA_PREFILL  (default 1024); MOET_PA_CTX (default 64); MOET_PA_PROMPTS (default 48)
 #   MOET_PA_HARDWARE the cost model's figures (default configs/hardware-h200-host.yaml)
+#   MOET_PA_CALIBRATE 1 (default, with MOET_PA_PROFILE=bench): the probe run measures the
+#                    figures bench e2e can measure (--hardware-out: the CPU tier's decode
+#                    rate, PCIe, the dense part per batch; the rest keeps the built-in H200
+#                    figures) and the plans and predictions use them; 0: MOET_PA_HARDWARE
 #   MOET_PA_PROFILE  bench (default) or synthetic: the routing both plans are made from.
 #                    bench: a first `bench e2e --profile-out` run (the probe placement, the
 #                    same batches) records the routing of the bench's own prompts, which the
@@ -57,6 +61,7 @@ ctx=${MOET_PA_CTX:-64}
 prompts=${MOET_PA_PROMPTS:-48}
 pfrom=${MOET_PA_PROFILE:-bench}
 hw=${MOET_PA_HARDWARE:-configs/hardware-h200-host.yaml}
+calibrate=${MOET_PA_CALIBRATE:-1}
 mkdir -p "$out"
 if ls .deb/*.deb >/dev/null 2>&1; then
 	mkdir -p /tmp/moet-debs
@@ -96,11 +101,24 @@ plan_profile=$out/profile.json
 if [ "$pfrom" = bench ]; then
 	# The probe placement ($hot per layer, no budget) is only there to run the bench once.
 	step "bench e2e --profile-out: the routing of the bench's own prompts (probe placement)"
-	"$bin" bench e2e --model "$ckpt" --device "$device" --modes hybrid \
+	# With MOET_PA_CALIBRATE=1 (the default) it also measures the cost model's figures on
+	# this machine (--hardware-out: the CPU tier's own decode rate, PCIe, the dense part per
+	# batch from the gpu mode), and both plans and every prediction use that file.
+	modes=hybrid
+	cal=()
+	if [ "$calibrate" = 1 ]; then
+		modes=gpu,hybrid
+		cal=(--hardware "$hw" --hardware-out "$out/hw-measured.yaml")
+	fi
+	"$bin" bench e2e --model "$ckpt" --device "$device" --modes "$modes" \
 		--placement "$out/probe.yaml" --batches "$batches" --prefill "$prefill" \
-		--ctx "$ctx" --steps "$steps" --profile-out "$out/train-profile.json" \
-		>"$out/bench-train.txt" 2>"$out/bench-train.err"
+		--ctx "$ctx" --steps "$steps" --profile-out "$out/train-profile.json" "${cal[@]}" \
+		--json "$out/e2e-probe.json" >"$out/bench-train.txt" 2>"$out/bench-train.err"
 	plan_profile=$out/train-profile.json
+	if [ "$calibrate" = 1 ]; then
+		hw=$out/hw-measured.yaml
+		grep -E '^[a-z_]+:' "$hw" | tee -a "$out/plan_auto.log"
+	fi
 elif [ "$pfrom" != synthetic ]; then
 	echo "plan_auto: MOET_PA_PROFILE=$pfrom (want bench or synthetic)" >&2
 	exit 1

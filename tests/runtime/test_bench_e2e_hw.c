@@ -4,7 +4,10 @@
  *
  * - The file loads (moet_cost_hw_load) and `plan --predict --hardware FILE` takes it.
  * - cpu_read_gbps is the record's ceiling cpu_source_read_GBps bit for bit, read with the CPU
- *   tier's team (MOET_CPU_THREADS, else every core on the CPU backend: the record's cores).
+ *   tier's team (MOET_CPU_THREADS, else every core on the CPU backend: the record's cores),
+ *   when the run did not time the tier alone (--no-overlap-check); with the overlap check it
+ *   is the tier's own rate: the step of most weight bytes at <= 1.25 rows per call, its
+ *   bytes = its calls x one expert's bytes summed here from the checkpoint, / its Tc.
  * - gpu_dense_ms: each point is the record's gpu-mode dense_ms bit for bit, and that is the
  *   step less the GPU expert time recomputed here, independently of the code under test:
  *   at batch 1 in closed form (a touched expert has one row: every MoE layer costs top_k x
@@ -262,6 +265,61 @@ int main(void)
 	      hw.cpu_overhead_us == def.cpu_overhead_us, "defaults where left out");
 	free(t);
 	json_decref(rec);
+
+	/* 1b. hybrid with the overlap check: the CPU tier's own rate becomes cpu_read_gbps */
+	char js1b[600], hw1b[600];
+	snprintf(js1b, sizeof(js1b), "%s/e2e-tier.json", dir);
+	snprintf(hw1b, sizeof(hw1b), "%s/hw-tier.yaml", dir);
+	rc = moet_test_cli(NULL, "bench e2e --model %s --device cpu --placement %s --modes hybrid "
+			   "--batches 1,3 --prefill 4 --ctx 4 --steps 2 --json %s --hardware-out %s",
+			   model, place, js1b, hw1b);
+	json_t *rec1b = json_load_file(js1b, 0, NULL);
+	moet_cost_hw hw1;
+	CHECK(rc == 0 && rec1b && moet_cost_hw_load(hw1b, &hw1) == 0, "hybrid run: %d %s", rc,
+	      moet_errmsg());
+	const json_t *pick = NULL;
+	double pick_bytes = 0;
+	size_t si;
+	const json_t *sst;
+	json_array_foreach(json_object_get(rec1b, "steps"), si, sst) {
+		/* every call reads one expert's bytes, summed here from the checkpoint */
+		const double calls = num(sst, "cpu_calls"), tcalls = num(sst, "tc_cpu_calls");
+		const double tpairs = num(sst, "tc_cpu_pairs"), tb = num(sst, "tc_cpu_weight_bytes");
+		const int64_t B = json_integer_value(json_object_get(sst, "batch"));
+		CHECK(fabs(num(sst, "cpu_weight_bytes") - calls * (double)bytes) <=
+			      1e-12 * calls * (double)bytes &&
+		      fabs(tb - tcalls * (double)bytes) <= 1e-12 * tcalls * (double)bytes,
+		      "batch %lld: weight bytes %g / %g for %g / %g calls of %llu bytes",
+		      (long long)B, num(sst, "cpu_weight_bytes"), tb, calls, tcalls,
+		      (unsigned long long)bytes);
+		/* a call takes one expert's rows: at least one each, one each at batch 1 */
+		CHECK(tcalls <= tpairs && (B != 1 || tcalls == tpairs) &&
+		      tpairs <= (double)(B * K * (L - L0)), "batch %lld: %g calls, %g pairs",
+		      (long long)B, tcalls, tpairs);
+		if (tcalls > 0)
+			CHECK(fabs(num(sst, "tc_read_GBps") - tb / num(sst, "tc_s") / 1e9) <=
+				      1e-12 * num(sst, "tc_read_GBps"),
+			      "batch %lld: rate = bytes / tc", (long long)B);
+		/* each MoE layer call has a routing pair on the CPU tier or not */
+		const double lc = num(sst, "tc_cpu_layer_calls");
+		CHECK(lc <= (double)(L - L0) && lc <= tpairs && (tcalls == 0) == (lc == 0),
+		      "batch %lld: %g layer calls", (long long)B, lc);
+		if (tcalls > 0 && tpairs / tcalls <= 1.25 && tb > pick_bytes) {
+			pick = sst;
+			pick_bytes = tb;
+		}
+	}
+	CHECK(pick != NULL, "a step with the tier alone at <= 1.25 rows per call");
+	/* the read term: what the model does not price apart (per MoE layer call) */
+	const double want_r = pick ? pick_bytes / (num(pick, "tc_s") - num(pick, "tc_cpu_layer_calls") *
+						   def.cpu_overhead_us * 1e-6) / 1e9 : -1;
+	char *raw1b = slurp(hw1b), *t1b = flat(raw1b);
+	free(raw1b);
+	CHECK(pick && fabs(hw1.cpu_read_gbps - want_r) <= 1e-12 * want_r && t1b &&
+	      strstr(t1b, "CPU tier: its own decode rate"),
+	      "cpu_read_gbps %g, the step's %g:\n%s", hw1.cpu_read_gbps, want_r, t1b ? t1b : "");
+	free(t1b);
+	json_decref(rec1b);
 
 	/* 2. batch 3 alone on a bandwidth-only GPU, with the routing of the same steps */
 	rc = moet_test_cli(NULL, "bench e2e --model %s --device cpu --modes gpu --batches 3 "
