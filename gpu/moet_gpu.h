@@ -88,7 +88,7 @@ int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, const float 
 
 /*
  * ---- The dense path (gpu/linear.cu, rmsnorm.cu, rope.cu, attention.cu, kv_write.cu,
- * router.cu, embed.cu, add.cu, combine.cu, argmax.cu) -------------------------------------------
+ * router.cu, embed.cu, add.cu, combine.cu) ----------------------------------------------------
  * Every op works on DEVICE pointers (borrowed), is queued on `stream` (cudaStream_t, NULL = the
  * default stream), allocates nothing, never waits on the host, and is deterministic (no
  * atomics) and batch-invariant (a row's result never depends on the other rows of the call).
@@ -205,13 +205,6 @@ int moet_gpu_add(float *x, const float *y, int64_t n, void *stream);
 int moet_gpu_combine(const float *y, int64_t n_y, const int32_t *slot, const float *w,
 		     int64_t top_k, const float *shared, int64_t n_tok, int64_t H, float *out,
 		     void *stream);
-
-/*
- * Greedy decoding: out_ids[t] = the id of the largest of logits[t * stride + 0 .. n_cols-1],
- * the CPU's rule (ties to the lowest id, NaN never wins, 0 if logits[t][0] is NaN).
- */
-int moet_gpu_argmax(const float *logits, int64_t n_rows, int64_t n_cols, int64_t stride,
-		    int32_t *out_ids, void *stream);
 
 /*
  * ---- Seeded sampling on the device (gpu/sample.cu) -------------------------------------------

@@ -174,13 +174,6 @@ int moet_gpu_combine(const float *y, int64_t n_y, const int32_t *slot, const flo
 	return no_cuda("moet_gpu_combine");
 }
 
-int moet_gpu_argmax(const float *logits, int64_t n_rows, int64_t n_cols, int64_t stride,
-		    int32_t *out_ids, void *stream)
-{
-	(void)logits, (void)n_rows, (void)n_cols, (void)stride, (void)out_ids, (void)stream;
-	return no_cuda("moet_gpu_argmax");
-}
-
 /* ---- Benchmark support: MOET_EUNSUP (moet_gpu_count says why there is no device). ---- */
 
 int moet_gpu_info_get(moet_gpu_info *out)

@@ -1,12 +1,14 @@
 /*
- * test_gpu_dense.c: the CUDA dense-path ops (gpu/linear.cu .. argmax.cu) against the CPU
+ * test_gpu_dense.c: the CUDA dense-path ops (gpu/linear.cu .. combine.cu) against the CPU
  * reference backend's functions, on random data of the tiny and the Kimi-K2 geometry.
  *
  *   bit for bit (memcmp; NaN outputs are canonical on both sides where the op canonicalizes,
  *   compared as "any NaN" where it does not):  linear (moet_dot_ref), router ids and weights
  *   (moet_router_select_ref after the CPU's sigmoid), combine (the forward pass's loop), embed,
- *   residual add, argmax (the generate loop's rule), kv write (the forward pass's cache
- *   layout), attention (moet_attend_ref: the GPU repeats its binary64 sums in index order);
+ *   residual add, kv write (the forward pass's cache layout), attention (moet_attend_ref:
+ *   the GPU repeats its binary64 sums in index order), attention in the absorbed form
+ *   (moet_attend_latent_ref, both kernels of MOET_GPU_LATENT); greedy draws are
+ *   test_gpu_sample's;
  *   within a stated tolerance: rmsnorm (2 ulp of moet_rmsnorm_ref; exact matches counted),
  *   rope (1 binary32 ulp of each table entry's effect; exact matches counted, >= 99.9%).
  *   Attention batch invariance: every row of a ragged batch (several sequences, prefill chunks
@@ -659,6 +661,140 @@ static void test_attention(void)
 	attention_case("kimi-k2-4k", (attn_dims){ 64, 128, 64, 128 }, 2, dlen, deep, 2);
 }
 
+/* ---- attention, absorbed form ----------------------------------------------------------- */
+
+/* Every row has a cache of its own: n_pos[t] positions of [c | kpe | pad], random. Both
+ * kernels (MOET_GPU_LATENT=ref, fast) and the default against moet_attend_latent_ref, bit for
+ * bit, a repeat identical, and (fast) each row alone = its batch bits. */
+static void latent_case(const char *name, moet_dtype dt, attn_dims a, int64_t L,
+			const int32_t *n_pos, int n_rows)
+{
+	const size_t esz = dt == MOET_DT_F8_E4M3 ? 1 : dt == MOET_DT_BF16 ? 2 : 4;
+	const int64_t R = a.heads * (a.nope + a.dv), cs = L + a.rope + 2;
+	const int64_t qs = a.heads * (a.nope + a.rope), os = a.heads * a.dv;
+	const int64_t nb = ((R + 127) / 128) * ((L + 127) / 128);
+	void *w = malloc((size_t)(R * L) * esz);
+	float *sc = dt == MOET_DT_F8_E4M3 ? malloc((size_t)nb * sizeof(float)) : NULL;
+	float *q = malloc((size_t)(n_rows * qs) * sizeof(float));
+	float *ref = malloc((size_t)(n_rows * os) * sizeof(float));
+	float *got = malloc((size_t)(n_rows * os) * sizeof(float));
+	float *one = malloc((size_t)os * sizeof(float));
+	float *hc[8] = { 0 }, *dc[8] = { 0 }, *scr = NULL;
+	int32_t pos[8];
+	void *dw = NULL, *ds = NULL, *dq = NULL, *dout = NULL, *dcb = NULL, *dpos = NULL;
+	int64_t max_pos = 0;
+	for (int t = 0; t < n_rows; t++)
+		max_pos = n_pos[t] > max_pos ? n_pos[t] : max_pos;
+	scr = malloc((size_t)(2 * L + max_pos) * sizeof(float));
+	if (n_rows > 8 || !w || (esz == 1 && !sc) || !q || !ref || !got || !one || !scr) {
+		CHECK(0, "%s: host memory", name);
+		goto out;
+	}
+	fill_weights(dt, w, (size_t)(R * L), 0);
+	for (int64_t b = 0; sc && b < nb; b++)
+		sc[b] = ldexpf(1.0f + rnd_unit() * 0.5f, -4 - (int)(rnd() % 4));
+	for (int64_t i = 0; i < n_rows * qs; i++)
+		q[i] = rnd_unit() * 2.0f;
+	for (int t = 0; t < n_rows; t++) {
+		const size_t n = (size_t)(n_pos[t] * cs);
+		if (!(hc[t] = malloc(n * sizeof(float)))) {
+			CHECK(0, "%s: host memory", name);
+			goto out;
+		}
+		for (size_t i = 0; i < n; i++)
+			hc[t][i] = rnd_unit();
+		if (!(dc[t] = up(hc[t], n * sizeof(float))))
+			goto out;
+		pos[t] = n_pos[t] - 1;
+	}
+	dw = up(w, (size_t)(R * L) * esz);
+	ds = sc ? up(sc, (size_t)nb * sizeof(float)) : NULL;
+	dq = up(q, (size_t)(n_rows * qs) * sizeof(float));
+	dout = up(NULL, (size_t)(n_rows * os) * sizeof(float));
+	dcb = up(dc, (size_t)n_rows * sizeof(float *));
+	dpos = up(pos, (size_t)n_rows * sizeof(int32_t));
+	if (!dw || (sc && !ds) || !dq || !dout || !dcb || !dpos)
+		goto out;
+	const moet_mat hm = { dt, R, L, w, sc }, dm = { dt, R, L, dw, ds };
+	const float scale = 0.07f;
+	for (int t = 0; t < n_rows; t++)
+		for (int64_t h = 0; h < a.heads; h++) {
+			const float *qh = q + t * qs + h * (a.nope + a.rope);
+			moet_attend_latent_ref(qh, qh + a.nope, &hm, h, a.nope, a.dv, a.rope, hc[t],
+					       cs, NULL, 0, n_pos[t], scale, scr,
+					       ref + t * os + h * a.dv);
+		}
+	static const char *const var[4] = { "ref", "fast", "", "fast" };
+	for (int v = 0; v < 4; v++) {
+		setenv("MOET_GPU_LATENT", var[v], 1);
+		for (int64_t i = 0; i < n_rows * os; i++)
+			got[i] = moet_bits_f32(0x7fc00bad); /* a NaN no kernel writes */
+		if (dev_fail(moet_gpu_copy_h2d(dout, got, (size_t)(n_rows * os) * 4), "poison") ||
+		    dev_fail(moet_gpu_attention_latent(dq, qs, n_rows, a.heads, a.nope, a.rope,
+						       a.dv, &dm, dcb, cs, dpos, NULL, scale, dout,
+						       os, NULL), name) ||
+		    down(got, dout, (size_t)(n_rows * os) * sizeof(float)))
+			goto out;
+		char what[96];
+		snprintf(what, sizeof(what), "latent %s (MOET_GPU_LATENT=%s)", name, var[v]);
+		same_bits(what, got, ref, (size_t)(n_rows * os), 0);
+	}
+	/* the fast kernel: each row alone gives its batch bits */
+	for (int t = 0; t < n_rows; t++) {
+		if (dev_fail(moet_gpu_attention_latent((float *)dq + t * qs, qs, 1, a.heads, a.nope,
+						       a.rope, a.dv, &dm, (float **)dcb + t, cs,
+						       (int32_t *)dpos + t, NULL, scale, dout, os,
+						       NULL), name) ||
+		    down(one, dout, (size_t)os * sizeof(float)))
+			goto out;
+		CHECK(!memcmp(one, got + t * os, (size_t)os * sizeof(float)),
+		      "latent %s: row %d (%d positions) alone differs from the batch", name, t,
+		      n_pos[t]);
+	}
+	unsetenv("MOET_GPU_LATENT");
+	printf("attention_latent %s: %d rows x %lld heads, both kernels bit-equal to "
+	       "moet_attend_latent_ref; each row alone = batch\n", name, n_rows,
+	       (long long)a.heads);
+out:
+	unsetenv("MOET_GPU_LATENT");
+	for (int t = 0; t < 8; t++) {
+		free(hc[t]);
+		moet_gpu_free(dc[t]);
+	}
+	moet_gpu_free(dw);
+	moet_gpu_free(ds);
+	moet_gpu_free(dq);
+	moet_gpu_free(dout);
+	moet_gpu_free(dcb);
+	moet_gpu_free(dpos);
+	free(w);
+	free(sc);
+	free(q);
+	free(ref);
+	free(got);
+	free(one);
+	free(scr);
+}
+
+static void test_attention_latent(void)
+{
+	/* 1 position, a short decode context, one across a 1024-position score tile, two */
+	const int32_t n_pos[4] = { 1, 65, 1500, 2049 };
+	latent_case("tiny f8", MOET_DT_F8_E4M3, (attn_dims){ 4, 16, 8, 16 }, 32, n_pos, 4);
+	latent_case("tiny bf16", MOET_DT_BF16, (attn_dims){ 3, 24, 8, 20 }, 200, n_pos, 3);
+	latent_case("kimi-k2 f8", MOET_DT_F8_E4M3, (attn_dims){ 64, 128, 64, 128 }, 512, n_pos,
+		    4);
+	setenv("MOET_GPU_LATENT", "bogus", 1);
+	float *d = up(NULL, 4096);
+	CHECK(moet_gpu_attention_latent(d, 64, 1, 1, 8, 8, 8,
+					&(moet_mat){ MOET_DT_F32, 16, 16, d, NULL }, (float **)d,
+					24, (int32_t *)d, NULL, 1.0f, d, 8, NULL) == MOET_EINVAL &&
+	      strstr(moet_errmsg(), "MOET_GPU_LATENT"), "MOET_GPU_LATENT=bogus: %s",
+	      moet_errmsg());
+	unsetenv("MOET_GPU_LATENT");
+	moet_gpu_free(d);
+}
+
 /* ---- router ----------------------------------------------------------------------------- */
 
 static void router_case(const char *name, int64_t E, int64_t G, int64_t TG, int64_t K, int norm,
@@ -733,7 +869,7 @@ static void test_router(void)
 	router_case("many", 4096, 64, 7, 16, 1, 1.5f, 16, 0);
 }
 
-/* ---- embed, add, combine, argmax -------------------------------------------------------- */
+/* ---- embed, add, combine -------------------------------------------------------------- */
 
 static void test_embed(void)
 {
@@ -871,56 +1007,6 @@ out:
 	free(slot);
 }
 
-static void test_argmax(void)
-{
-	const int64_t V = 163840, n = 12, st = V + 7;
-	float *l = malloc((size_t)(n * st) * sizeof(float));
-	int32_t ref[12], got[12];
-	if (!l) {
-		CHECK(0, "host memory");
-		return;
-	}
-	for (int64_t i = 0; i < n * st; i++)
-		l[i] = rnd_unit() * 10.0f;
-	l[0 * st + 77] = l[0 * st + 99999] = 50.0f;                 /* tie: 77 */
-	l[1 * st + 5] = moet_bits_f32(0x7FC00000u);                 /* NaN never wins */
-	l[2 * st + 0] = moet_bits_f32(0x7FC00000u);                 /* NaN at 0: answer 0 */
-	for (int64_t i = 0; i < V; i++)                             /* all -0 / +0: 0 */
-		l[3 * st + i] = (i & 1) ? 0.0f : -0.0f;
-	for (int64_t i = 0; i < V; i++)                             /* all -inf */
-		l[4 * st + i] = -INFINITY;
-	l[5 * st + V - 1] = 1e30f;                                  /* the last id */
-	for (int64_t i = 0; i < V; i++)                             /* NaN everywhere but 9 */
-		l[6 * st + i] = i == 9 ? -1.0f : moet_bits_f32(0x7FC00000u);
-	for (int64_t t = 0; t < n; t++) {
-		int64_t best = 0;
-		for (int64_t v = 1; v < V; v++)
-			if (l[t * st + v] > l[t * st + best])
-				best = v;
-		ref[t] = (int32_t)best;
-	}
-	void *dl = up(l, (size_t)(n * st) * sizeof(float)), *di = up(NULL, sizeof(got));
-	if (dl && di && !dev_fail(moet_gpu_argmax(dl, n, V, st, di, NULL), "argmax") &&
-	    !down(got, di, sizeof(got)))
-		for (int t = 0; t < n; t++)
-			CHECK(got[t] == ref[t], "argmax row %d: gpu %d, cpu %d", t, got[t], ref[t]);
-	/* A small vocabulary too (fewer ids than threads). */
-	if (dl && di && !dev_fail(moet_gpu_argmax(dl, n, 100, st, di, NULL), "argmax") &&
-	    !down(got, di, sizeof(got)))
-		for (int t = 0; t < n; t++) {
-			int64_t best = 0;
-			for (int64_t v = 1; v < 100; v++)
-				if (l[t * st + v] > l[t * st + best])
-					best = v;
-			CHECK(got[t] == best, "argmax(100) row %d: gpu %d, cpu %lld", t, got[t],
-			      (long long)best);
-		}
-	moet_gpu_free(dl);
-	moet_gpu_free(di);
-	free(l);
-	printf("argmax: ties, NaN, signed zeros, -inf rows as the CPU's greedy rule\n");
-}
-
 /* ---- bad arguments ---------------------------------------------------------------------- */
 
 static void test_bad_input(void)
@@ -957,7 +1043,6 @@ static void test_bad_input(void)
 	CHECK(moet_gpu_add(NULL, d, 4, NULL) == MOET_EINVAL, "add NULL");
 	CHECK(moet_gpu_combine(d, 1, NULL, d, 2, NULL, 1, 4, d, NULL) == MOET_EINVAL,
 	      "combine slot");
-	CHECK(moet_gpu_argmax(d, 1, 16, 8, di, NULL) == MOET_EINVAL, "argmax stride");
 	moet_gpu_free(d);
 	moet_gpu_free(di);
 }
@@ -972,11 +1057,11 @@ int main(void)
 	test_bad_input();
 	test_embed();
 	test_add_combine();
-	test_argmax();
 	test_router();
 	test_rmsnorm();
 	test_rope();
 	test_attention();
+	test_attention_latent();
 	test_linear();
 	return moet_test_done("test_gpu_dense");
 }
