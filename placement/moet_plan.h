@@ -13,7 +13,8 @@
  * largest routed expert's size (every expert has the same size in this family; the planner
  * says when they differ). With a cost model (moet_cost.h: hw set in the budget) the plan
  * carries the predicted decode step time; with auto_slots the experts per layer are chosen
- * by it (uneven: a slot goes where it saves the most predicted time, plan.c).
+ * by it (uneven: a slot goes where it saves the most predicted time, plan.c). A batch mix
+ * (n_mix batch sizes with weights) is planned for the weighted sum of the predicted steps.
  */
 #ifndef MOET_PLAN_H
 #define MOET_PLAN_H
@@ -40,6 +41,8 @@ const char *moet_plan_phase_name(moet_plan_phase ph);
  * phase (or of both added). MOET_ENOMEM. */
 int moet_plan_scores(const moet_profile *p, moet_plan_phase ph, double **out);
 
+#define MOET_PLAN_MAX_BATCHES 32     /* batch sizes of a mix */
+
 /* What the GPUs offer. */
 typedef struct moet_plan_budget {
 	int n_gpus;                  /* 1 .. MOET_PLACEMENT_MAX_GPUS */
@@ -47,8 +50,13 @@ typedef struct moet_plan_budget {
 	uint64_t reserve_bytes;      /* per GPU: KV cache, activations, workspaces */
 	int64_t hot_per_layer;       /* experts per MoE layer on GPUs; 0: fill the budget evenly */
 	const moet_cost_hw *hw;      /* NULL: no cost model, no prediction */
-	int64_t batch;               /* decode batch of the prediction (>= 1 with hw) */
+	int64_t batch;               /* decode batch of the prediction (>= 1 with hw; n_mix 0) */
 	bool auto_slots;             /* with hw and no hot_per_layer: counts by the cost model */
+	/* A batch mix (with hw; 0: the one batch `batch`, weight 1): --auto minimizes
+	 * sum_i mix_weight[i] x (predicted step at mix_batch[i]); `batch` is then ignored. */
+	int n_mix;                   /* 0 .. MOET_PLAN_MAX_BATCHES */
+	int64_t mix_batch[MOET_PLAN_MAX_BATCHES];  /* >= 1 each (repeats allowed) */
+	double mix_weight[MOET_PLAN_MAX_BATCHES];  /* positive and finite each */
 } moet_plan_budget;
 
 /* A plan: the arithmetic and the resulting owner table. */
@@ -75,10 +83,18 @@ typedef struct moet_plan {
 	bool has_cost;
 	bool auto_slots;             /* the counts came from the cost model */
 	bool auto_kept_even;         /* --auto predicted no gain over the even split: kept it */
-	moet_cost_in cost;           /* what the predictions were made with */
-	moet_cost_pred pred;         /* this plan's decode step */
+	moet_cost_in cost;           /* what the predictions were made with (batch: batch[0]) */
+	moet_cost_pred pred;         /* this plan's decode step at batch[0] (= mix_pred[0]) */
 	moet_cost_pred even_pred;    /* the even split's (the same as pred without auto_slots) */
 	double even_hit_rate;        /* the even split's hit rate on the scores */
+	/* The batches predicted (one: the budget's batch, weight 1, without a mix): */
+	int n_batch;
+	int64_t batch[MOET_PLAN_MAX_BATCHES];
+	double weight[MOET_PLAN_MAX_BATCHES];
+	moet_cost_pred mix_pred[MOET_PLAN_MAX_BATCHES];  /* this plan's step at batch[i] */
+	moet_cost_pred mix_even[MOET_PLAN_MAX_BATCHES];  /* the even split's */
+	double objective_ms;         /* sum_i weight[i] x mix_pred[i].step_ms (one pass) */
+	double even_objective_ms;    /* the same for the even split */
 } moet_plan;
 
 /*
@@ -86,7 +102,11 @@ typedef struct moet_plan {
  * reserve leave no room, or hot_per_layer does not fit, naming the bytes), experts per layer,
  * the top experts per layer by score (ties: lower id first), and their GPUs. `scores` is
  * [n_layers x n_experts] for cf's geometry (sz likewise). Free with moet_plan_free.
- * Work: O(L x E log E) for the ranking plus O(L x K x n_gpus) for the assignment.
+ * With hw: predictions at each batch of the mix; MOET_EINVAL for a batch < 1, a weight that
+ * is not positive and finite, or n_mix out of 0 .. MOET_PLAN_MAX_BATCHES.
+ * Work: O(L x E log E) for the ranking plus O(L x K x n_gpus) for the assignment; with a cost
+ * model, per batch of the mix, the expected call times (O(L x E x rows in the window)), and
+ * --auto's greedy O(S x L x batches).
  */
 int moet_plan_make(const moet_config *cf, const moet_placement_sizes *sz, const double *scores,
 		   const moet_plan_budget *b, moet_plan **out);

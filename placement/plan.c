@@ -11,7 +11,8 @@
  *    slots (fewer than one per layer) go one each to the layers whose next expert has the
  *    most routings: an even split that wastes no slot.
  *    --auto (budget hw set, auto_slots): the S slots are dealt one at a time to the layer
- *    whose next expert saves the most predicted step time (moet_cost.h), see auto_counts.
+ *    whose next expert saves the most predicted step time (moet_cost.h), or, for a batch
+ *    mix, the most of the weighted sum of the steps at each batch; see auto_counts.
  * 3. GPUs. Per layer, the layer's K_l slots are first dealt to GPUs one at a time, each to the
  *    GPU with the most slots left over all layers (ties: lower index), so no GPU ever gets
  *    more experts than its slots and the GPUs fill evenly. Then the layer's experts, heaviest
@@ -231,51 +232,68 @@ static int plan_counts(moet_plan *pl, const moet_config *cf, const double *score
 /* ---- --auto: experts per layer by the cost model --------------------------------------- */
 
 /*
- * Per MoE layer the prefix sums over its experts in rank order of the expected call times
- * on each tier, X^cpu and X^gpu (moet_cost_expert_ms: bandwidth and compute; both grow with
- * the score, so ranking by score ranks them too), and of log(1 - P), so that the layer's
- * predicted time with its top n experts on the GPUs is O(n_gpus) to evaluate:
+ * Per MoE layer and per batch b of the mix (one batch without a mix) the prefix sums over its
+ * experts in rank order of the expected call times on each tier, X^cpu and X^gpu
+ * (moet_cost_expert_ms at batch b: bandwidth and compute; both grow with the score, so
+ * ranking by score ranks them too), and of log(1 - P), so that the layer's predicted time
+ * with its top n experts on the GPUs is O(n_gpus) to evaluate per batch:
  *
- *   f_l(n): x_cpu = X^cpu_l(E) - X^cpu_l(n), a_cpu = 1 - exp(Q_l(E) - Q_l(n)); the n GPU
- *           experts counted as spread evenly, X^gpu_l(n) / n_gpus and 1 - exp(Q_l(n) /
- *           n_gpus) per GPU (plan_assign balances load per layer, so this is what it aims at).
+ *   f_lb(n): x_cpu = X^cpu_lb(E) - X^cpu_lb(n), a_cpu = 1 - exp(Q_lb(E) - Q_lb(n)); the n GPU
+ *            experts counted as spread evenly, X^gpu_lb(n) / n_gpus and 1 - exp(Q_lb(n) /
+ *            n_gpus) per GPU (plan_assign balances load per layer, so this is what it aims
+ *            at).
+ *   F_l(n) = sum_b W_b f_lb(n): the layer's share of the objective sum_b W_b step_b (the
+ *            weighted predicted decode steps of the mix; one batch: W = 1, F_l = f_l).
  *
- * Greedy: S times, give one slot to the layer with the largest gain g_l = f_l(n_l) -
- * f_l(n_l + 1) (ties: the busier next expert, then the lower layer); stop early only when
+ * One ranking (by score) serves every batch: a layer's GPU experts are its top n whatever the
+ * batch, so the mix only changes how many.
+ *
+ * Greedy: S times, give one slot to the layer with the largest gain g_l = F_l(n_l) -
+ * F_l(n_l + 1) (ties: the busier next expert, then the lower layer); stop early only when
  * every gain is negative (a GPU slower than the CPU) or every layer is full.
  *
- * Why greedy is optimal when each f_l is convex in n (non-increasing gains; the separable
- * concave-saving case): any allocation n_1..n_L with sum n_l <= S saves sum_l (f_l(0) -
- * f_l(n_l)) = the sum of the first n_l gains of each layer: at most S gains, at most one
+ * Why greedy is optimal when each F_l is convex in n (non-increasing gains; the separable
+ * concave-saving case): any allocation n_1..n_L with sum n_l <= S saves sum_l (F_l(0) -
+ * F_l(n_l)) = the sum of the first n_l gains of each layer: at most S gains, at most one
  * from each (layer, position), and only prefixes of each layer's sequence. The S largest
  * gains over all layers form such prefixes, because within a layer the gains do not
  * increase; greedy takes exactly those (it always takes the largest gain still available,
  * and a layer's next gain is never larger than the one just taken). So no allocation saves
- * more. The CPU's expert term is convex: with the experts sorted by score its time falls
- * by X^cpu_(n), a non-increasing step. The max of the tiers and the A_tier (overhead, copy) terms
- * can break convexity (e.g. emptying a layer's CPU tier removes its fixed costs at once);
- * greedy is then a heuristic, so the plan keeps whichever of greedy and the even split has
- * the smaller predicted step (auto_kept_even says which).
+ * more. F_l is convex wherever every f_lb is: a sum of convex functions with positive
+ * weights is convex (its gains are the weighted sums of non-increasing gains), so the mix
+ * keeps the argument. The CPU's expert term is convex: with the experts sorted by score its
+ * time falls by X^cpu_(n), a non-increasing step. The max of the tiers and the A_tier
+ * (overhead, copy) terms can break convexity (e.g. emptying a layer's CPU tier removes its
+ * fixed costs at once); greedy is then a heuristic, so the plan keeps whichever of greedy
+ * and the even split has the smaller weighted objective sum_l F_l (auto_kept_even says
+ * which).
  */
 typedef struct auto_ctx {
-	moet_cost_in in;
+	const moet_cost_in *in; /* [nb]: the cost input at each batch of the mix */
+	const double *w;        /* [nb] weights */
+	int nb;
 	int64_t L, E;
-	double *Xc, *Xg, *Q; /* [L x (E + 1)] prefix sums of the CPU and GPU expected call
+	double *Xc, *Xg, *Q; /* [nb x L x (E + 1)] prefix sums of the CPU and GPU expected call
 			      * times and of log(1 - P), in rank order */
 } auto_ctx;
 
+/* F_l(n) = sum_b W_b f_lb(n). NOTE: with one batch of weight 1 this is f_l(n) bit for bit
+ * (0 + 1 x f), so a one-batch mix plans exactly as the plain batch. */
 static double auto_f(const auto_ctx *c, int64_t l, int64_t n)
 {
-	const int64_t o = l * (c->E + 1);
-	const double *Xc = c->Xc + o, *Xg = c->Xg + o, *Q = c->Q + o;
-	double xg[MOET_PLACEMENT_MAX_GPUS], ag[MOET_PLACEMENT_MAX_GPUS];
-	const int ng = c->in.n_gpus;
-	for (int g = 0; g < ng; g++) {
-		xg[g] = Xg[n] / ng;
-		ag[g] = -expm1(Q[n] / ng);
+	double xg[MOET_PLACEMENT_MAX_GPUS], ag[MOET_PLACEMENT_MAX_GPUS], t = 0;
+	const int ng = c->in[0].n_gpus;
+	for (int b = 0; b < c->nb; b++) {
+		const int64_t o = ((int64_t)b * c->L + l) * (c->E + 1);
+		const double *Xc = c->Xc + o, *Xg = c->Xg + o, *Q = c->Q + o;
+		for (int g = 0; g < ng; g++) {
+			xg[g] = Xg[n] / ng;
+			ag[g] = -expm1(Q[n] / ng);
+		}
+		t += c->w[b] * moet_cost_layer_time_ms(&c->in[b], Xc[c->E] - Xc[n],
+						       -expm1(Q[c->E] - Q[n]), xg, ag);
 	}
-	return moet_cost_layer_time_ms(&c->in, Xc[c->E] - Xc[n], -expm1(Q[c->E] - Q[n]), xg,
-				       ag);
+	return t;
 }
 
 static double auto_total(const auto_ctx *c, const int64_t *n, const moet_config *cf)
@@ -296,15 +314,18 @@ static int auto_counts(moet_plan *pl, const moet_config *cf, const double *score
 		       const int32_t *rank)
 {
 	const int64_t L = pl->n_layers, E = pl->n_experts;
-	auto_ctx c = { .in = pl->cost, .L = L, .E = E };
+	const int nb = pl->n_batch;
+	const size_t per = (size_t)(L * (E + 1)) * (size_t)nb;
+	moet_cost_in *in = malloc((size_t)nb * sizeof(*in));
+	auto_ctx c = { .in = in, .w = pl->weight, .nb = nb, .L = L, .E = E };
 	int64_t *n = calloc((size_t)L, sizeof(*n));
 	double *gain = malloc((size_t)L * sizeof(*gain));
 	double *P = malloc((size_t)E * 3 * sizeof(*P)), *tc = NULL, *tg = NULL;
-	c.Xc = calloc((size_t)(L * (E + 1)), sizeof(double));
-	c.Xg = calloc((size_t)(L * (E + 1)), sizeof(double));
-	c.Q = calloc((size_t)(L * (E + 1)), sizeof(double));
+	c.Xc = calloc(per, sizeof(double));
+	c.Xg = calloc(per, sizeof(double));
+	c.Q = calloc(per, sizeof(double));
 	int rc = 0;
-	if (!n || !gain || !P || !c.Xc || !c.Xg || !c.Q) {
+	if (!in || !n || !gain || !P || !c.Xc || !c.Xg || !c.Q) {
 		rc = moet_err(MOET_ENOMEM, "plan --auto");
 		goto done;
 	}
@@ -313,20 +334,27 @@ static int auto_counts(moet_plan *pl, const moet_config *cf, const double *score
 	int64_t S = 0;
 	for (int g = 0; g < pl->n_gpus; g++)
 		S += pl->slots[g];
-	for (int64_t l = 0; l < L; l++) {
-		moet_cost_expert_ms(&c.in, scores + l * E, E, P, tc, tg);
-		double *Xc = c.Xc + l * (E + 1), *Xg = c.Xg + l * (E + 1), *Q = c.Q + l * (E + 1);
-		for (int64_t i = 0; i < E; i++) {
-			const int32_t e = rank[l * E + i];
-			const double p = P[e];
-			/* NOTE: log(1 - 1) clamped: exp(-800) is 0 and differences stay finite. */
-			Xc[i + 1] = Xc[i] + tc[e];
-			Xg[i + 1] = Xg[i] + tg[e];
-			Q[i + 1] = Q[i] + (p < 1 ? log1p(-p) : -800.0);
+	for (int b = 0; b < nb; b++) {
+		in[b] = pl->cost;
+		in[b].batch = pl->batch[b];
+		for (int64_t l = 0; l < L; l++) {
+			moet_cost_expert_ms(&in[b], scores + l * E, E, P, tc, tg);
+			const int64_t o = ((int64_t)b * L + l) * (E + 1);
+			double *Xc = c.Xc + o, *Xg = c.Xg + o, *Q = c.Q + o;
+			for (int64_t i = 0; i < E; i++) {
+				const int32_t e = rank[l * E + i];
+				const double p = P[e];
+				/* NOTE: log(1 - 1) clamped: exp(-800) is 0 and differences stay
+				 * finite. */
+				Xc[i + 1] = Xc[i] + tc[e];
+				Xg[i + 1] = Xg[i] + tg[e];
+				Q[i + 1] = Q[i] + (p < 1 ? log1p(-p) : -800.0);
+			}
 		}
+	}
+	for (int64_t l = 0; l < L; l++)
 		gain[l] = moet_config_is_moe_layer(cf, l) && E > 0 ?
 				  auto_f(&c, l, 0) - auto_f(&c, l, 1) : -INFINITY;
-	}
 	for (int64_t s = 0; s < S; s++) {
 		int64_t best = -1;
 		for (int64_t l = 0; l < L; l++) {
@@ -350,6 +378,7 @@ static int auto_counts(moet_plan *pl, const moet_config *cf, const double *score
 		pl->auto_kept_even = true;
 	}
 done:
+	free(in);
 	free(n);
 	free(gain);
 	free(P);
@@ -357,6 +386,23 @@ done:
 	free(c.Xg);
 	free(c.Q);
 	return rc;
+}
+
+/* The predicted step at each batch of the mix for `owner`, into out[], and its weighted sum. */
+static int predict_mix(const moet_plan *pl, const double *scores, const int16_t *owner,
+		       moet_cost_pred *out, double *out_objective)
+{
+	moet_cost_in in = pl->cost;
+	double obj = 0;
+	for (int b = 0; b < pl->n_batch; b++) {
+		in.batch = pl->batch[b];
+		int rc = moet_cost_predict(&in, scores, pl->n_layers, pl->n_experts, owner, &out[b]);
+		if (rc)
+			return rc;
+		obj += pl->weight[b] * out[b].step_ms;
+	}
+	*out_objective = obj;
+	return 0;
 }
 
 /* Step 3: GPUs, layer by layer. */
@@ -417,10 +463,12 @@ static void plan_assign(moet_plan *pl, const double *scores, const int32_t *rank
 	pl->hit_rate = all > 0 ? hit / all : -1;
 }
 
-/* The even split's GPUs and predicted step (a shadow plan with the same slots). */
+/* The even split's GPUs and predicted steps (a shadow plan with the same slots). */
 static int plan_even_pred(moet_plan *pl, const double *scores, const int32_t *rank)
 {
 	const int64_t L = pl->n_layers, E = pl->n_experts;
+	/* NOTE: the shadow is only assigned (owner, layer_hit, loads): its copy of the
+	 * prediction arrays is not used. */
 	moet_plan sh = *pl;
 	int rc = 0;
 	sh.owner = malloc((size_t)(L * E) * sizeof(*sh.owner));
@@ -433,7 +481,8 @@ static int plan_even_pred(moet_plan *pl, const double *scores, const int32_t *ra
 		sh.owner[i] = MOET_PLACEMENT_CPU;
 	plan_assign(&sh, scores, rank);
 	pl->even_hit_rate = sh.hit_rate;
-	rc = moet_cost_predict(&pl->cost, scores, L, E, sh.owner, &pl->even_pred);
+	if (!(rc = predict_mix(pl, scores, sh.owner, pl->mix_even, &pl->even_objective_ms)))
+		pl->even_pred = pl->mix_even[0];
 done:
 	free(sh.owner);
 	free(sh.layer_hit);
@@ -452,8 +501,16 @@ int moet_plan_make(const moet_config *cf, const moet_placement_sizes *sz, const 
 		return moet_err(MOET_EINVAL, "plan: %d GPUs (1..%d), budget %" PRIu64 " bytes, "
 				"hot per layer %" PRId64, b->n_gpus, MOET_PLACEMENT_MAX_GPUS,
 				b->budget_bytes, b->hot_per_layer);
-	if (b->hw && b->batch < 1)
+	if (b->n_mix < 0 || b->n_mix > MOET_PLAN_MAX_BATCHES)
+		return moet_err(MOET_EINVAL, "plan: %d batch sizes in the mix (0..%d)", b->n_mix,
+				MOET_PLAN_MAX_BATCHES);
+	if (b->hw && !b->n_mix && b->batch < 1)
 		return moet_err(MOET_EINVAL, "plan: decode batch %" PRId64 " (>= 1)", b->batch);
+	for (int i = 0; b->hw && i < b->n_mix; i++)
+		if (b->mix_batch[i] < 1 || !(b->mix_weight[i] > 0) || !isfinite(b->mix_weight[i]))
+			return moet_err(MOET_EINVAL, "plan: batch mix item %d: batch %" PRId64
+					" (>= 1), weight %g (positive, finite)", i + 1,
+					b->mix_batch[i], b->mix_weight[i]);
 	if (b->auto_slots && (!b->hw || b->hot_per_layer))
 		return moet_err(MOET_EINVAL, "plan: --auto needs a cost model and no "
 				"--hot-per-layer");
@@ -477,7 +534,12 @@ int moet_plan_make(const moet_config *cf, const moet_placement_sizes *sz, const 
 		goto fail;
 	if (b->hw) {
 		pl->has_cost = true;
-		pl->cost = (moet_cost_in){ .hw = *b->hw, .batch = b->batch,
+		pl->n_batch = b->n_mix ? b->n_mix : 1;
+		for (int i = 0; i < pl->n_batch; i++) {
+			pl->batch[i] = b->n_mix ? b->mix_batch[i] : b->batch;
+			pl->weight[i] = b->n_mix ? b->mix_weight[i] : 1.0;
+		}
+		pl->cost = (moet_cost_in){ .hw = *b->hw, .batch = pl->batch[0],
 					   .top_k = cf->num_experts_per_tok,
 					   .d_model = cf->hidden_size,
 					   .expert_bytes = pl->slot_bytes,
@@ -495,9 +557,11 @@ int moet_plan_make(const moet_config *cf, const moet_placement_sizes *sz, const 
 		}
 	}
 	plan_assign(pl, scores, rank);
-	if (pl->has_cost &&
-	    (rc = moet_cost_predict(&pl->cost, scores, L, E, pl->owner, &pl->pred)))
-		goto fail;
+	if (pl->has_cost) {
+		if ((rc = predict_mix(pl, scores, pl->owner, pl->mix_pred, &pl->objective_ms)))
+			goto fail;
+		pl->pred = pl->mix_pred[0];
+	}
 	free(rank);
 	*out = pl;
 	return 0;

@@ -4,7 +4,8 @@
  * on a held-out profile against first-K, uniform random, the hindsight optimum and (for
  * gen-checkpoint models) the generator's own distribution. With --auto (or --hardware) the
  * decode step time is predicted by placement/moet_cost.h on a hardware file or the built-in
- * defaults, and --auto spreads the slots unevenly over layers to minimize it. And
+ * defaults, and --auto spreads the slots unevenly over layers to minimize it, or, for a
+ * batch mix (--batch 1:2,16:1: sizes with weights), the weighted sum of the steps. And
  * `plan --predict`: the predicted decode step of an existing placement file at one or more
  * batch sizes, split into GPU experts, CPU experts, PCIe, fixed overheads and the dense part
  * (moet_cost_predict_step), as a table or one JSON object.
@@ -15,6 +16,7 @@
  */
 #include <getopt.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +39,8 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: moet-hybrid plan --model DIR --profile P --gpus N --vram-gb G "
 		"[--hot-per-layer K | --auto]\n"
-		"                        [--hardware FILE.yaml] [--batch B] [--reserve-gb R]\n"
+		"                        [--hardware FILE.yaml] [--batch B[:W][,B[:W]...]] "
+		"[--reserve-gb R]\n"
 		"                        [--phase decode|prefill|both] --out PLACEMENT.yaml\n"
 		"       moet-hybrid plan --evaluate --model DIR --profile TRAIN --holdout TEST "
 		"--gpus N --vram-gb G\n"
@@ -77,7 +80,9 @@ static void usage(FILE *f)
 		"                     without --auto, predicts the step time of the even split\n"
 		"  --batch B          decode batch (sequences per step) of the prediction\n"
 		"                     (default 1); with --predict a list (1,4,16,64): a row\n"
-		"                     each\n"
+		"                     each; with --auto or --hardware a mix B:W,... (weights\n"
+		"                     W > 0, default 1): --auto minimizes sum W x step, and\n"
+		"                     each batch's step is printed for both plans\n"
 		"  --predict          the predicted decode step of --placement FILE: step time\n"
 		"                     and its parts (GPU experts, CPU experts, PCIe, fixed\n"
 		"                     overheads, dense part), expected experts and rows per tier;\n"
@@ -103,7 +108,7 @@ static int parse_gib(const char *opt, const char *s, uint64_t *out)
 	return 0;
 }
 
-#define MAX_BATCHES 32
+#define MAX_BATCHES MOET_PLAN_MAX_BATCHES
 
 typedef struct plopts {
 	const char *model, *profile, *holdout, *out, *placement;
@@ -115,6 +120,9 @@ typedef struct plopts {
 	moet_cost_hw hw;
 	int n_batch;
 	int64_t batch[MAX_BATCHES];
+	double weight[MAX_BATCHES];  /* 1 unless given (B:W) */
+	int weighted;                /* some item had :W */
+	const char *batch_arg;       /* --batch as given (messages) */
 } plopts;
 
 /* "FMA 1329 GFLOP/s x 0.198 (2 tokens) .. 0.554 (1024)" or "no compute term". */
@@ -140,9 +148,74 @@ static void print_hw(const plopts *o, const moet_cost_hw *h)
 	       h->cpu_overhead_us, h->gpu_overhead_us);
 }
 
+static double pct(double a, double b)
+{
+	return b > 0 ? 100.0 * (a - b) / b : 0.0;
+}
+
+/* " 1:1, 4:1, 16:2" */
+static void print_mix(const moet_plan *pl)
+{
+	for (int i = 0; i < pl->n_batch; i++)
+		printf("%s %" PRId64 ":%g", i ? "," : "", pl->batch[i], pl->weight[i]);
+}
+
+static void print_pred_row(int64_t batch, double w, const char *what, const moet_cost_pred *p,
+			   double hit)
+{
+	printf("  %6" PRId64 " %8g %-22s %9.3f %9.3f %9.3f %9.3f %8.3f %9.2f %9.2f %8.4f\n",
+	       batch, w, what, p->step_ms, p->experts_ms, p->cpu_ms, p->gpu_ms, p->transfer_ms,
+	       p->cpu_distinct, p->gpu_distinct, hit);
+}
+
+/* A batch mix: a row per batch and plan, each batch's step, then the weighted sums. */
+static void print_cost_mix(const plopts *o, const moet_plan *pl)
+{
+	print_hw(o, &pl->cost.hw);
+	printf("decode batch mix (batch:weight):");
+	print_mix(pl);
+	printf("; %s the weighted sum of the predicted steps\n",
+	       pl->auto_slots ? "--auto minimizes" : "objective:");
+	printf("  %6s %8s %-22s %9s %9s %9s %9s %8s %9s %9s %8s\n", "batch", "weight",
+	       "placement", "step_ms", "moe_ms", "cpu_ms", "gpu_ms", "copy_ms", "cpu_exp",
+	       "gpu_exp", "hit");
+	for (int i = 0; i < pl->n_batch; i++) {
+		print_pred_row(pl->batch[i], pl->weight[i],
+			       pl->auto_slots ? "--auto" : "even split (this plan)",
+			       &pl->mix_pred[i], pl->hit_rate);
+		if (pl->auto_slots)
+			print_pred_row(pl->batch[i], pl->weight[i], "even split",
+				       &pl->mix_even[i], pl->even_hit_rate);
+	}
+	printf("  (step_ms includes the dense part; cpu_exp / gpu_exp: expected distinct experts "
+	       "per step)\n");
+	for (int i = 0; i < pl->n_batch; i++) {
+		const double a = pl->mix_pred[i].step_ms, e = pl->mix_even[i].step_ms;
+		if (pl->auto_slots)
+			printf("predicted decode step at batch %" PRId64 ": %.3f ms with --auto, "
+			       "%.3f ms with the even split (%+.2f%%)\n", pl->batch[i], a, e,
+			       pct(a, e));
+		else
+			printf("predicted decode step at batch %" PRId64 ": %.3f ms\n",
+			       pl->batch[i], a);
+	}
+	if (pl->auto_slots)
+		printf("predicted decode step, weighted sum over the mix: %.3f ms with --auto, "
+		       "%.3f ms with the even split (%+.2f%%)%s\n", pl->objective_ms,
+		       pl->even_objective_ms, pct(pl->objective_ms, pl->even_objective_ms),
+		       pl->auto_kept_even ? "; no predicted gain: kept the even split" : "");
+	else
+		printf("predicted decode step, weighted sum over the mix: %.3f ms\n",
+		       pl->objective_ms);
+}
+
 static void print_cost(const plopts *o, const moet_plan *pl)
 {
 	const moet_cost_pred *p = &pl->pred, *e = &pl->even_pred;
+	if (pl->n_batch > 1) {
+		print_cost_mix(o, pl);
+		return;
+	}
 	print_hw(o, &pl->cost.hw);
 	printf("decode batch %" PRId64 "\n", pl->cost.batch);
 	printf("  %-22s %9s %9s %9s %9s %8s %9s %9s %8s\n", "placement", "step_ms", "moe_ms",
@@ -159,8 +232,7 @@ static void print_cost(const plopts *o, const moet_plan *pl)
 	       "per step)\n", p->dense_ms);
 	if (pl->auto_slots)
 		printf("predicted decode step: %.3f ms with --auto, %.3f ms with the even split "
-		       "(%+.2f%%)%s\n", p->step_ms, e->step_ms,
-		       e->step_ms > 0 ? 100.0 * (p->step_ms - e->step_ms) / e->step_ms : 0.0,
+		       "(%+.2f%%)%s\n", p->step_ms, e->step_ms, pct(p->step_ms, e->step_ms),
 		       pl->auto_kept_even ? "; no predicted gain: kept the even split" : "");
 	else
 		printf("predicted decode step: %.3f ms\n", p->step_ms);
@@ -234,11 +306,42 @@ static void print_plan(const plopts *o, const moet_plan *pl, const moet_placemen
 	printf("planned in %.2f ms\n", plan_ms);
 }
 
+/* The header's cost lines for a batch mix: the model, a line per batch, the objective. */
+static void mix_comment(const plopts *o, const moet_plan *pl, char *buf, size_t n)
+{
+	const moet_cost_hw *h = &pl->cost.hw;
+	size_t at = 0;
+#define ADD(...)                                                                           \
+	do {                                                                               \
+		int k_ = snprintf(buf + at, n - at, __VA_ARGS__);                          \
+		at += k_ > 0 && (size_t)k_ < n - at ? (size_t)k_ : 0;                      \
+	} while (0)
+	ADD("\ncost model: %s (cpu %g GB/s, %g GFLOP/s FMA x %d points; gpu %g GB/s, %g GFLOP/s "
+	    "SGEMM x %d points; pcie %g GB/s), decode batch mix (batch:weight)",
+	    h->from_file ? o->hardware : h->name, h->cpu_read_gbps, h->cpu_fma_gflops,
+	    h->cpu_fma_frac.n, h->gpu_read_gbps, h->gpu_sgemm_gflops, h->gpu_sgemm_frac.n,
+	    h->pcie_gbps);
+	for (int i = 0; i < pl->n_batch; i++)
+		ADD("%s %" PRId64 ":%g", i ? "," : "", pl->batch[i], pl->weight[i]);
+	for (int i = 0; i < pl->n_batch; i++) {
+		const moet_cost_pred *q = &pl->mix_pred[i];
+		ADD("\nbatch %" PRId64 ": predicted decode step %.3f ms (MoE layers %.3f + dense "
+		    "%.3f)", pl->batch[i], q->step_ms, q->experts_ms, q->dense_ms);
+		if (pl->auto_slots)
+			ADD("; the even split %.3f ms", pl->mix_even[i].step_ms);
+	}
+	ADD("\nweighted objective (sum of weight x predicted step): %.3f ms", pl->objective_ms);
+	if (pl->auto_slots)
+		ADD("; the even split %.3f ms (hit rate %.4f)", pl->even_objective_ms,
+		    pl->even_hit_rate);
+#undef ADD
+}
+
 static int write_plan(const plopts *o, const moet_plan *pl, const moet_placement *p)
 {
 	const int64_t L = pl->n_layers;
 	char **com = calloc((size_t)L, sizeof(*com));
-	char header[2048], pred[512] = "";
+	char header[8192], pred[6144] = "";
 	int rc = com ? 0 : moet_err(MOET_ENOMEM, "comments");
 	for (int64_t l = 0; !rc && l < L; l++) {
 		if (!pl->per_layer[l])
@@ -251,7 +354,9 @@ static int write_plan(const plopts *o, const moet_plan *pl, const moet_placement
 			 " experts on GPUs)", l, pl->layer_hit[l], pl->per_layer[l]);
 	}
 	const moet_cost_hw *h = &pl->cost.hw;
-	if (pl->has_cost)
+	if (pl->has_cost && pl->n_batch > 1)
+		mix_comment(o, pl, pred, sizeof(pred));
+	else if (pl->has_cost)
 		snprintf(pred, sizeof(pred), "\ncost model: %s (cpu %g GB/s, %g GFLOP/s FMA "
 			 "x %d points; gpu %g GB/s, %g GFLOP/s SGEMM x %d points; pcie %g GB/s), "
 			 "decode batch %" PRId64 "\npredicted decode step: %.3f ms (MoE layers "
@@ -268,7 +373,7 @@ static int write_plan(const plopts *o, const moet_plan *pl, const moet_placement
 			 " of them%s", pl->even_k, pl->n_extra,
 			 pl->auto_kept_even ? " (--auto found no gain over this even split)" : "");
 	char even[200] = "";
-	if (pl->auto_slots)
+	if (pl->auto_slots && pl->n_batch == 1)
 		snprintf(even, sizeof(even), "\nthe even split would predict %.3f ms (hit rate "
 			 "%.4f)", pl->even_pred.step_ms, pl->even_hit_rate);
 	snprintf(header, sizeof(header), "written by moet-hybrid plan from %s (%s routings)\n"
@@ -584,26 +689,54 @@ static int run_predict(const plopts *o)
 	return rc;
 }
 
-/* "1,4,16" -> batches; 0 or MOET_EINVAL. */
+/*
+ * "1,4,16" or "1:2,16:1" -> batches and weights (1 where none is given); 0 or MOET_EINVAL
+ * with one line naming --batch, the argument, the item and the fault.
+ */
 static int parse_batches(const char *s, plopts *o)
 {
 	const char *at = s;
 	o->n_batch = 0;
-	while (*at) {
+	o->weighted = 0;
+	o->batch_arg = s;
+	if (!*s)
+		return moet_err(MOET_EINVAL, "--batch: empty");
+	for (int item = 1;; item++) {
 		char *end;
+		if (*at == ',' || !*at)
+			return moet_err(MOET_EINVAL, "--batch '%s': item %d is empty (want B or B:W, "
+					"comma-separated)", s, item);
+		if (o->n_batch == MAX_BATCHES)
+			return moet_err(MOET_EINVAL, "--batch '%s': more than %d sizes", s,
+					MAX_BATCHES);
 		long long b = strtoll(at, &end, 10);
-		if (end == at || (*end && *end != ',') || b < 1 || b > 1000000 ||
-		    o->n_batch == MAX_BATCHES)
-			return moet_err(MOET_EINVAL, "--batch '%s': 1 to %d sizes from 1 to "
-					"1000000, comma-separated", s, MAX_BATCHES);
-		o->batch[o->n_batch++] = b;
-		at = *end ? end + 1 : end;
-		if (*end && !*at)
+		if (end == at || (*end && *end != ',' && *end != ':') || b < 1 || b > 1000000)
+			return moet_err(MOET_EINVAL, "--batch '%s': item %d: the batch must be a whole "
+					"number from 1 to 1000000", s, item);
+		double w = 1;
+		if (*end == ':') {
+			const char *ws = end + 1;
+			if (!*ws || *ws == ',')
+				return moet_err(MOET_EINVAL, "--batch '%s': item %d: no weight after "
+						"':'", s, item);
+			w = strtod(ws, &end);
+			if (end == ws || (*end && *end != ','))
+				return moet_err(MOET_EINVAL, "--batch '%s': item %d: weight '%.*s' is "
+						"not a number", s, item,
+						(int)strcspn(ws, ","), ws);
+			if (!(w > 0) || !isfinite(w))
+				return moet_err(MOET_EINVAL, "--batch '%s': item %d: weight %g must be "
+						"positive and finite", s, item, w);
+			o->weighted = 1;
+		}
+		o->batch[o->n_batch] = b;
+		o->weight[o->n_batch++] = w;
+		if (!*end)
+			return 0;
+		at = end + 1;
+		if (!*at)
 			return moet_err(MOET_EINVAL, "--batch '%s': ends with a comma", s);
 	}
-	if (!o->n_batch)
-		return moet_err(MOET_EINVAL, "--batch: empty");
-	return 0;
 }
 
 int moet_cli_plan(int argc, char **argv)
@@ -630,7 +763,7 @@ int moet_cli_plan(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	plopts o = { .phase = MOET_PLAN_DECODE, .seed = 1, .b.batch = 1, .n_batch = 1,
-		     .batch = { 1 } };
+		     .batch = { 1 }, .weight = { 1 } };
 	const char *vram = NULL, *reserve = NULL;
 	int c, bad = 0, rc = 0;
 	char *end;
@@ -670,6 +803,9 @@ int moet_cli_plan(int argc, char **argv)
 		}
 		if (!rc && bad)
 			rc = moet_err(MOET_EINVAL, "--seed takes an integer");
+		if (!rc && o.weighted)
+			rc = moet_err(MOET_EINVAL, "--batch '%s': weights (B:W) only go with planning "
+				      "(--auto, --hardware): --predict prints each batch", o.batch_arg);
 		if (!rc && o.hardware)
 			rc = moet_cost_hw_load(o.hardware, &o.hw);
 		else if (!rc)
@@ -683,8 +819,14 @@ int moet_cli_plan(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	if (!rc && o.n_batch != 1)
-		rc = moet_err(MOET_EINVAL, "--batch: one size (a list only with --predict)");
+	/* A list or weights need the cost model (--auto or --hardware): without one the batch
+	 * changes nothing. */
+	if (!rc && o.n_batch != 1 && !o.b.auto_slots && !o.hardware)
+		rc = moet_err(MOET_EINVAL, "--batch '%s': a list only with --predict, --auto or "
+			      "--hardware (the cost model)", o.batch_arg);
+	if (!rc && o.weighted && !o.b.auto_slots && !o.hardware)
+		rc = moet_err(MOET_EINVAL, "--batch '%s': weights only with --auto or --hardware "
+			      "(the cost model)", o.batch_arg);
 	if (!rc && (bad || o.b.n_gpus < 1 || o.b.n_gpus > MOET_PLACEMENT_MAX_GPUS))
 		rc = moet_err(MOET_EINVAL, "--gpus (1..%d), --hot-per-layer (>= 1) and --seed take "
 			      "integers in range",
@@ -698,6 +840,9 @@ int moet_cli_plan(int argc, char **argv)
 		else
 			moet_cost_hw_defaults(&o.hw);
 		o.b.hw = &o.hw;
+		o.b.n_mix = o.n_batch;
+		memcpy(o.b.mix_batch, o.batch, sizeof(o.b.mix_batch));
+		memcpy(o.b.mix_weight, o.weight, sizeof(o.b.mix_weight));
 	}
 	if (!rc)
 		rc = parse_gib("--vram-gb", vram, &o.b.budget_bytes);

@@ -4,8 +4,9 @@
 # layers differ in concentration). A synthetic checkpoint whose MoE layers are calibrated to
 # different hot shares (gen-checkpoint --hot-share-by-layer), a routing profile (profile
 # --synthetic), two placements under one byte budget (--hot-per-layer K in every layer, and
-# --auto), `bench e2e --modes hybrid` of each on the same batches with the cost model's
-# predictions beside the measurements, and a table of both.
+# --auto for a batch mix), `bench e2e --modes hybrid` of each on the same batches, alternating
+# (even, auto, even, auto, ...) MOET_PA_REPS times, with the cost model's predictions beside
+# the measurements, and a table of both (median measured steps).
 #
 # Usage (from the repository root): bash tests/gpu/plan_auto.sh BUILD_DIR OUT_DIR [CKPT_DIR]
 #   BUILD_DIR  a build with moet-hybrid (carried from a development machine is fine)
@@ -19,7 +20,10 @@
 #   MOET_PA_SHARES   hot share per MoE layer (default 0.95,0.55,0.85: concentrated, flat, in
 #                    between; one value per MoE layer)
 #   MOET_PA_HOT      K of the even split (default 120 of 384; the budget holds K x MoE layers)
-#   MOET_PA_PLAN_BATCH  the decode batch --auto optimizes for (default 16)
+#   MOET_PA_PLAN_BATCH  the decode batch or batch mix --auto optimizes for, passed to plan
+#                    --batch (default 1,4,16,64: the sum of the steps; B:W weights one)
+#   MOET_PA_REPS     bench runs of each placement, alternating even and auto (default 3);
+#                    the table gives each batch's median measured step
 #   MOET_PA_BATCHES  benched batches (default 1,4,16,64)
 #   MOET_PA_STEPS    timed decode steps (default 16: the engine's first 6 passes of a batch
 #                    size try both forms, so the median is the form it then keeps)
@@ -53,7 +57,8 @@ ckpt=${3:-/dev/shm/moet-plan-auto-$preset}
 layers=${MOET_PA_LAYERS:-4}
 shares=${MOET_PA_SHARES:-0.95,0.55,0.85}
 hot=${MOET_PA_HOT:-120}
-pbatch=${MOET_PA_PLAN_BATCH:-16}
+pbatch=${MOET_PA_PLAN_BATCH:-1,4,16,64}
+reps=${MOET_PA_REPS:-3}
 batches=${MOET_PA_BATCHES:-1,4,16,64}
 steps=${MOET_PA_STEPS:-16}
 prefill=${MOET_PA_PREFILL:-1024}
@@ -62,6 +67,9 @@ prompts=${MOET_PA_PROMPTS:-48}
 pfrom=${MOET_PA_PROFILE:-bench}
 hw=${MOET_PA_HARDWARE:-configs/hardware-h200-host.yaml}
 calibrate=${MOET_PA_CALIBRATE:-1}
+case $reps in
+'' | *[!0-9]* | 0) echo "plan_auto: MOET_PA_REPS=$reps (want a whole number >= 1)" >&2; exit 1 ;;
+esac
 mkdir -p "$out"
 if ls .deb/*.deb >/dev/null 2>&1; then
 	mkdir -p /tmp/moet-debs
@@ -141,19 +149,32 @@ auto_counts=$(counts "$out/plan-auto.txt")
 echo "experts per MoE layer: even [ $even_counts], auto [ $auto_counts]" |
 	tee -a "$out/plan_auto.log"
 if [ "$even_counts" = "$auto_counts" ]; then
-	echo "plan_auto: WARNING: --auto kept the even split (no predicted gain at batch $pbatch)" |
+	echo "plan_auto: WARNING: --auto kept the even split (no predicted gain at batch" \
+		"$pbatch)" |
 		tee -a "$out/plan_auto.log"
 fi
 
-for kind in even auto; do
-	step "bench e2e --modes hybrid, placement $kind"
-	extra=()
-	if [ "$kind" = even ]; then extra=(--profile-out "$out/bench-profile.json"); fi
-	"$bin" bench e2e --model "$ckpt" --device "$device" --modes hybrid \
-		--placement "$out/place-$kind.yaml" --batches "$batches" --prefill "$prefill" \
-		--ctx "$ctx" --steps "$steps" --predict-profile "$plan_profile" --hardware "$hw" \
-		"${extra[@]}" --json "$out/e2e-$kind.json" >"$out/bench-$kind.txt" 2>"$out/bench-$kind.err"
-	cat "$out/bench-$kind.txt" >>"$out/plan_auto.log"
+# Alternating runs (even, auto, even, auto, ...), so that a drift of the machine (heat, page
+# cache, other load) falls on both placements alike; the first run of each is also kept as
+# bench-KIND.txt (its prediction columns are the table's).
+for r in $(seq 1 "$reps"); do
+	for kind in even auto; do
+		step "bench e2e --modes hybrid, placement $kind, run $r of $reps"
+		extra=()
+		if [ "$kind" = even ] && [ "$r" = 1 ]; then
+			extra=(--profile-out "$out/bench-profile.json")
+		fi
+		"$bin" bench e2e --model "$ckpt" --device "$device" --modes hybrid \
+			--placement "$out/place-$kind.yaml" --batches "$batches" --prefill "$prefill" \
+			--ctx "$ctx" --steps "$steps" --predict-profile "$plan_profile" --hardware "$hw" \
+			"${extra[@]}" --json "$out/e2e-$kind-$r.json" >"$out/bench-$kind-$r.txt" \
+			2>"$out/bench-$kind-$r.err"
+		cat "$out/bench-$kind-$r.txt" >>"$out/plan_auto.log"
+		if [ "$r" = 1 ]; then
+			cp "$out/bench-$kind-1.txt" "$out/bench-$kind.txt"
+			cp "$out/e2e-$kind-1.json" "$out/e2e-$kind.json"
+		fi
+	done
 done
 for kind in even auto; do
 	step "plan --predict $kind on the bench's own routing"
@@ -172,13 +193,26 @@ done
 rows() { awk '/^mode +batch +measured_ms/ {on = 1; next} on && $1 == "hybrid" {
 	pred = ($9 " " $10 == "two halves") ? $8 : $7
 	print $2, $3, $4 "_" $5, pred, $11}' "$1"; }
+# "batch ms" of every run of a placement -> "batch median" (the mean of the middle two for an
+# even count), and "batch ms ms ..." (every run, in order) for the record.
+measured() { for r in $(seq 1 "$reps"); do rows "$out/bench-$1-$r.txt" | awk '{print $1, $2}'; done; }
+median() { sort -k1,1n -k2,2g | awk '$1 != b {if (n) out(); b = $1; n = 0} {v[n++] = $2}
+	END {if (n) out()}
+	function out() {print b, (n % 2) ? v[(n - 1) / 2] : (v[n / 2 - 1] + v[n / 2]) / 2}'; }
+runs() { for r in $(seq 1 "$reps"); do rows "$out/bench-$1-$r.txt" | awk -v r="$r" '{print $1, r, $2}'; done |
+	sort -k1,1n -k2,2n | awk '$1 != b {if (b != "") print line; b = $1; line = $1} {line = line " " $3}
+	END {if (b != "") print line}'; }
+# The first run's row (batch, ran, pred, error) with the median measured step in place of the
+# first run's and the error against the median: batch median ran pred err.
+rows_med() { join <(rows "$out/bench-$1.txt" | sort -k1,1) <(measured "$1" | median | sort -k1,1) |
+	awk '{printf "%s %s %s %s %+.1f%%\n", $1, $6, $3, $4, ($6 > 0) ? 100 * ($4 / $6 - 1) : 0}'; }
 forms() { awk '/^forms:/ {on = 1; next} on && $1 ~ /^[0-9]+$/ {
 	print $1, ($4 " " $5 == "two halves") ? $3 : $2}' "$1"; }
 {
 	echo "plan --auto against the even split ($hot per layer), one budget of ${budget}B," \
 		"$device, $(basename "$ckpt"), hot shares $shares"
 	echo "experts per MoE layer: even [ $even_counts], auto [ $auto_counts] (planned for" \
-		"batch $pbatch from the $pfrom profile)"
+		"batch $pbatch from the $pfrom profile); measured: medians of $reps alternating runs"
 	printf '%6s | %11s %-11s %9s %8s %9s | %11s %-11s %9s %8s %9s | %9s %9s %9s\n' batch \
 		even_ms ran pred_ms err pred_b_ms auto_ms ran pred_ms err pred_b_ms \
 		meas_a/e pred_a/e pred_b_a/e
@@ -186,15 +220,21 @@ forms() { awk '/^forms:/ {on = 1; next} on && $1 ~ /^[0-9]+$/ {
 	# under LC_ALL=C, sort on the first field only (a whole-line sort in a UTF-8 locale
 	# ignores the blanks and put "16 41.8" before "1 7.86"); sort -n after it.
 	export LC_ALL=C
-	join <(rows "$out/bench-even.txt" | sort -k1,1) \
+	join <(rows_med even | sort -k1,1) \
 		<(forms "$out/predict-bench-even.txt" | sort -k1,1) |
-		join - <(rows "$out/bench-auto.txt" | sort -k1,1) |
+		join - <(rows_med auto | sort -k1,1) |
 		join - <(forms "$out/predict-bench-auto.txt" | sort -k1,1) | sort -n |
 		awk '{f = "%6s | %11.3f %-11s %9.3f %8s %9.3f | %11.3f %-11s %9.3f %8s %9.3f | "
 			printf f "%9.3f %9.3f %9.3f\n", $1, $2, $3, $4, $5, $6, $7, $8, $9,
 			$10, $11, $7 / $2, $9 / $4, $11 / $6}'
-	echo "ms: measured decode step (the engine's default: 'ran' = the form it chose); pred:" \
-		"the cost model's faster form on the plans' profile ($pfrom), err its" \
-		"error; pred_b: on the bench's own routing (--profile-out); a/e: auto over even"
+	echo "ms: measured decode step, the median of $reps runs (the engine's default: 'ran' =" \
+		"the form it chose in the first run); pred: the cost model's faster form on the" \
+		"plans' profile ($pfrom), err its error against the median; pred_b: on the" \
+		"bench's own routing (--profile-out); a/e: auto over even"
+	echo "every run's measured step (ms), in order:"
+	join <(runs even | sort -k1,1) <(runs auto | sort -k1,1) | sort -n |
+		awk -v n="$reps" '{s = sprintf("%6s | even", $1); for (i = 2; i <= n + 1; i++)
+			s = s sprintf(" %9.3f", $i); s = s " | auto"
+			for (i = n + 2; i <= 2 * n + 1; i++) s = s sprintf(" %9.3f", $i); print s}'
 } | tee "$out/table.txt"
 step "done"
