@@ -38,6 +38,9 @@ const char *moet_test_tmp_dir(void);
  * returned path is malloc'd. NULL on failure. */
 char *moet_test_mkdtemp(const char *tag);
 
+/* A monotonic clock in milliseconds (for the tests' coarse time limits). */
+double moet_test_now_ms(void);
+
 /* Runs `cmd` through the shell; returns its exit status (or -1), stdout+stderr captured
  * into a malloc'd *out_text when out_text is not NULL. */
 int moet_test_run(const char *cmd, char **out_text);

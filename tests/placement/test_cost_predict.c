@@ -324,13 +324,6 @@ done:
 	moet_placement_sizes_free(sz);
 }
 
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
-}
-
 static void test_kimi_speed(void)
 {
 	moet_gen_params gp;
@@ -355,9 +348,9 @@ static void test_kimi_speed(void)
 		moet_plan_budget b = { .n_gpus = 4, .budget_bytes = 139ull << 30,
 				       .reserve_bytes = 16ull << 30, .hw = &hw, .batch = B,
 				       .auto_slots = true };
-		const double t0 = now_ms();
+		const double t0 = moet_test_now_ms();
 		int rc = moet_plan_make(&kc, ks, sc, &b, &pl);
-		const double ms = now_ms() - t0;
+		const double ms = moet_test_now_ms() - t0;
 		CHECK(rc == 0, "kimi --auto B %" PRId64 ": %s", B, moet_errmsg());
 		if (rc)
 			break;

@@ -254,13 +254,6 @@ static void test_refusals(void)
 	expect_fail("other.json: no decode routings to plan from", args);
 }
 
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
-}
-
 static void test_kimi(void)
 {
 	moet_gen_params gp;
@@ -287,7 +280,7 @@ static void test_kimi(void)
 		}
 	moet_plan_budget b = { .n_gpus = 4, .budget_bytes = 139ull << 30,
 			       .reserve_bytes = 16ull << 30 };
-	double t0 = now_ms();
+	double t0 = moet_test_now_ms();
 	int rc = moet_plan_scores(p, MOET_PLAN_DECODE, &scores);
 	if (!rc)
 		rc = moet_plan_make(&kc, ks, scores, &b, &pl);
@@ -295,7 +288,7 @@ static void test_kimi(void)
 		rc = moet_plan_to_placement(pl, &kc, "kimi", &b, &pp);
 	if (!rc)
 		rc = moet_placement_check(pp, ks);
-	double ms = now_ms() - t0;
+	double ms = moet_test_now_ms() - t0;
 	CHECK(rc == 0, "kimi plan: %s", moet_errmsg());
 	if (rc)
 		goto done;

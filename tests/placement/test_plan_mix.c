@@ -459,13 +459,6 @@ static void test_cli(const tiny *t)
 
 /* ---- Kimi-K2 ------------------------------------------------------------------------------ */
 
-static double now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
-}
-
 static void test_kimi(void)
 {
 	moet_gen_params gp;
@@ -493,9 +486,9 @@ static void test_kimi(void)
 			       .n_mix = m.n };
 	for (int i = 0; i < m.n; i++)
 		b.mix_batch[i] = m.b[i], b.mix_weight[i] = m.w[i];
-	const double t0 = now_ms();
+	const double t0 = moet_test_now_ms();
 	int rc = sc ? moet_plan_make(&kc, ks, sc, &b, &pl) : MOET_ENOMEM;
-	const double ms = now_ms() - t0;
+	const double ms = moet_test_now_ms() - t0;
 	CHECK(rc == 0, "kimi --auto mix: %s", moet_errmsg());
 	if (rc)
 		goto done;
