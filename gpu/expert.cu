@@ -13,7 +13,7 @@
  * 16-byte staging). Both give the reference's bits (tests/gpu/test_gpu_expert.c runs each);
  * only the speed differs (docs/gpu.md).
  *
- * Overlap, read at every call from MOET_GPU_PDL (moet_rows_pdl; default 0): with 1, on devices
+ * Overlap, read at every call from MOET_GPU_PDL (moet_rows_pdl; default 1): with 1, on devices
  * of compute capability >= 9.0, the down pass's first launch is a programmatic dependent of the
  * gate_up pass's last one (rows_int.h, MOET_ROWS_PDL_*). NOTE (why): at 1 token per expert the
  * work is streaming weights, and the down pass's weights do not depend on gate_up, only h does;

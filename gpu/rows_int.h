@@ -81,7 +81,7 @@ int moet_rows_variant(int *out_wide);
 
 /*
  * Whether to chain the passes of an expert call with programmatic dependent launch: the switch
- * MOET_GPU_PDL, read at every call: `1` asks for it, `0` (or unset or empty: the default) not.
+ * MOET_GPU_PDL, read at every call: `1` (or unset or empty: the default) asks for it, `0` not.
  * *out_pdl = 1 only if asked for and the current device's compute capability is >= 9.0
  * (queried once per device; below, silently 0). MOET_EINVAL (recorded) for other text,
  * MOET_EDEVICE if the device cannot be queried.
