@@ -306,27 +306,121 @@ static int batch_expert_ms(const moet_bench_e2e_opts *o, moet_model *m, const mo
 
 static const char *mode_name[] = { "gpu", "hybrid", "cpu" };
 
-/* One RAM-budget row's tier: its RAM (slots) and its counters over the timed steps. */
-static json_t *ram_json(const moet_model *m, const char *mode, const char *budget, int64_t B,
-			double step_s)
+/* The hindsight and disk bounds of one RAM-budget row (docs/io-uring.md). Rates over the
+ * traced lookups (all of them unless the trace was cut). all_s: the all-in-RAM step at this
+ * batch in this process (the decode-<mode> row), or 0: no bound step then. */
+typedef struct ram_bound {
+	int valid;                   /* the tier's bounds were computed */
+	double trace_hit_rate, opt, opt_any, stat; /* measured, MIN, MIN any start, static */
+	double misses_per_step;      /* the tier's demand misses */
+	double opt_misses_per_step;  /* MIN's, at the tier's lookups per step */
+	double read_GBps;            /* the tier's bytes read / its wait for reads */
+	double io_s, opt_io_s;       /* misses per step x slot bytes / read_GBps */
+	double all_s, bound_s, opt_bound_s, over_bound; /* all + io; step bound / tier step */
+} ram_bound;
+
+static void ram_bound_of(const moet_xtier_stats *t, int steps, double all_s, double step_s,
+			 ram_bound *b)
 {
-	moet_xtier_stats t;
-	moet_xtier_stats_get(moet_model_xtier(m), &t);
+	const double tl = t->trace_len ? (double)t->trace_len : 1;
+	*b = (ram_bound){ .valid = t->bounds_valid, .all_s = all_s };
+	b->trace_hit_rate = (double)t->trace_hits / tl;
+	b->opt = (double)t->opt_hits / tl;
+	b->opt_any = (double)t->opt_any_hits / tl;
+	b->stat = (double)t->static_hits / tl;
+	b->misses_per_step = (double)t->misses / steps;
+	b->opt_misses_per_step = (1.0 - b->opt) * (double)t->lookups / steps;
+	b->read_GBps = t->wait_ns ? (double)t->bytes_read / (double)t->wait_ns : 0;
+	if (b->read_GBps > 0) {
+		b->io_s = b->misses_per_step * (double)t->slot_bytes / (b->read_GBps * 1e9);
+		b->opt_io_s = b->opt_misses_per_step * (double)t->slot_bytes / (b->read_GBps * 1e9);
+	}
+	if (all_s > 0) {
+		b->bound_s = all_s + b->io_s;
+		b->opt_bound_s = all_s + b->opt_io_s;
+		b->over_bound = b->bound_s / step_s;
+	}
+}
+
+/* One RAM-budget row's tier: its RAM (slots), its counters over the timed steps, the bounds. */
+static json_t *ram_json(const moet_xtier_stats *tp, const ram_bound *rb, const char *mode,
+			const char *budget, int64_t B, double step_s)
+{
+	const moet_xtier_stats t = *tp;
 	const double look = t.lookups ? (double)t.lookups : 1, act = t.actual ? (double)t.actual
 									 : 1;
-	return json_pack("{s:s, s:s, s:I, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
-			 " s:f, s:f, s:I, s:f, s:b, s:b}", "mode", mode, "budget", budget,
-			 "batch", (json_int_t)B, "step_s", step_s, "tokens_per_s",
-			 (double)B / step_s, "slots", (json_int_t)t.n_slots, "slot_bytes",
-			 (json_int_t)t.slot_bytes, "resident_bytes",
-			 (json_int_t)((size_t)t.n_slots * t.slot_bytes), "tier_experts",
-			 (json_int_t)t.tier_experts, "tier_bytes", (json_int_t)t.tier_bytes,
-			 "lookups", (json_int_t)t.lookups, "hits", (json_int_t)t.hits,
-			 "late_hits", (json_int_t)t.late_hits, "misses", (json_int_t)t.misses,
-			 "hit_rate", (double)(t.hits + t.late_hits) / look, "recall",
-			 (double)t.predicted_hits / act, "bytes_read", (json_int_t)t.bytes_read,
-			 "wait_s", (double)t.wait_ns * 1e-9, "direct", t.direct, "registered",
-			 t.registered);
+	json_t *j = json_pack("{s:s, s:s, s:I, s:f, s:f, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I,"
+			      " s:I, s:f, s:f, s:I, s:f, s:b, s:b}", "mode", mode, "budget", budget,
+			      "batch", (json_int_t)B, "step_s", step_s, "tokens_per_s",
+			      (double)B / step_s, "slots", (json_int_t)t.n_slots, "slot_bytes",
+			      (json_int_t)t.slot_bytes, "resident_bytes",
+			      (json_int_t)((size_t)t.n_slots * t.slot_bytes), "tier_experts",
+			      (json_int_t)t.tier_experts, "tier_bytes", (json_int_t)t.tier_bytes,
+			      "lookups", (json_int_t)t.lookups, "hits", (json_int_t)t.hits,
+			      "late_hits", (json_int_t)t.late_hits, "misses", (json_int_t)t.misses,
+			      "hit_rate", (double)(t.hits + t.late_hits) / look, "recall",
+			      (double)t.predicted_hits / act, "bytes_read",
+			      (json_int_t)t.bytes_read, "wait_s", (double)t.wait_ns * 1e-9,
+			      "direct", t.direct, "registered", t.registered);
+	if (!j || !rb->valid)
+		return j;
+	/* the hindsight bounds over the traced lookups (docs/io-uring.md) */
+	json_t *b = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f,"
+			      " s:f, s:f, s:f, s:f, s:f}", "trace_lookups",
+			      (json_int_t)t.trace_len, "trace_cut", (json_int_t)t.trace_cut,
+			      "trace_hits", (json_int_t)t.trace_hits, "trace_fetches",
+			      (json_int_t)t.trace_fetches, "trace_start_resident",
+			      (json_int_t)t.trace_start_resident, "opt_hits",
+			      (json_int_t)t.opt_hits, "opt_any_start_hits",
+			      (json_int_t)t.opt_any_hits, "static_hits", (json_int_t)t.static_hits,
+			      "trace_hit_rate", rb->trace_hit_rate, "opt_hit_rate", rb->opt,
+			      "opt_any_start_hit_rate", rb->opt_any,
+			      "static_hit_rate", rb->stat, "misses_per_step", rb->misses_per_step,
+			      "opt_misses_per_step", rb->opt_misses_per_step, "read_GBps",
+			      rb->read_GBps, "read_s_per_step", rb->io_s, "opt_read_s_per_step",
+			      rb->opt_io_s);
+	if (!b || json_object_update(j, b)) {
+		json_decref(b);
+		json_decref(j);
+		return NULL;
+	}
+	json_decref(b);
+	if (rb->all_s > 0 && (json_object_set_new(j, "all_in_ram_step_s", json_real(rb->all_s)) ||
+			      json_object_set_new(j, "disk_bound_step_s", json_real(rb->bound_s)) ||
+			      json_object_set_new(j, "opt_disk_bound_step_s",
+						  json_real(rb->opt_bound_s)) ||
+			      json_object_set_new(j, "tier_over_disk_bound",
+						  json_real(rb->over_bound)))) {
+		json_decref(j);
+		return NULL;
+	}
+	return j;
+}
+
+/* The bounds' two lines under a RAM-budget row (tests/gpu/ram_budget.sh reads them). */
+static void ram_bound_print(FILE *out, const moet_xtier_stats *t, const ram_bound *b,
+			    double step_s)
+{
+	if (!b->valid) {
+		fprintf(out, "NVMe tier: hindsight bounds not computed: %s\n", moet_errmsg());
+		return;
+	}
+	fprintf(out, "NVMe tier: hindsight over %llu lookups%s: hit rate %.3f measured, %.3f "
+		"Belady/MIN from the tier's start, %.3f MIN from any warm start, %.3f best static "
+		"set of %lld slots; %llu reads (demand and prefetch) >= MIN's %llu misses\n",
+		(unsigned long long)t->trace_len, t->trace_cut ? " (trace cut: later lookups not "
+		"traced)" : "", b->trace_hit_rate, b->opt, b->opt_any, b->stat,
+		(long long)t->n_slots, (unsigned long long)t->trace_fetches,
+		(unsigned long long)(t->trace_len - t->opt_hits));
+	fprintf(out, "NVMe tier: disk bound: %.3f misses/step x %zu B at %.3f GB/s (bytes read / "
+		"wait) = %.3f ms/step of reads; at MIN's %.3f misses/step %.3f ms",
+		b->misses_per_step, t->slot_bytes, b->read_GBps, 1e3 * b->io_s,
+		b->opt_misses_per_step, 1e3 * b->opt_io_s);
+	if (b->all_s > 0)
+		fprintf(out, "; all in RAM %.3f ms + reads = bound %.3f ms (MIN %.3f ms): tier "
+			"step %.3f ms, %.3f of the bound's tokens/s", 1e3 * b->all_s,
+			1e3 * b->bound_s, 1e3 * b->opt_bound_s, 1e3 * step_s, b->over_bound);
+	fputc('\n', out);
 }
 
 static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
@@ -343,7 +437,10 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 {
 	json_t *steps_arr = json_array(), *ready = json_object();
 	double *samples = malloc((size_t)o->steps * sizeof(double));
-	int rc = (!steps_arr || !ready || !samples) ? moet_err(MOET_ENOMEM, "bench e2e") : 0;
+	/* the decode-<mode> step per batch, for the RAM rows' disk bound */
+	double *all_s = calloc((size_t)(o->n_batches > 0 ? o->n_batches : 1), sizeof(double));
+	int rc = (!steps_arr || !ready || !samples || !all_s) ? moet_err(MOET_ENOMEM, "bench e2e")
+							       : 0;
 	if (!rc) {
 		json_object_set_new(rec, "steps", steps_arr);
 		json_object_set_new(rec, "ready", ready);
@@ -394,6 +491,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			break;
 		double up_b = 0, up_s = 0;
 		moet_model_upload_stats(m, &up_b, &up_s);
+		memset(all_s, 0, (size_t)(o->n_batches > 0 ? o->n_batches : 1) * sizeof(double));
 		route_rec *rr = NULL;
 		if (o->profile_out && !profiled) {
 			if ((rc = moet_profile_create(moet_model_config(m), &rrec.p))) {
@@ -435,6 +533,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			r.name = name;
 			moet_bench_stats_of(samples, o->steps, &r.st);
 			sp.step_s = r.st.median_s;
+			all_s[bi] = sp.step_s;
 			double bound = 0;
 			json_t *sj = split_json(mode_name[mode], B, &sp);
 			if (mode == MOET_E2E_GPU && o->dense_hw) {
@@ -516,17 +615,25 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 				moet_bench_row r = { .name = name, .tokens = B, .ceiling = "" };
 				moet_bench_stats_of(samples, o->steps, &r.st);
 				rc = moet_bench_add_row(rec, &r);
+				moet_xtier_stats ts;
+				ram_bound rb;
+				/* NOTE: a refused bound (ENOMEM) leaves the bounds out, not the
+				 * run */
+				moet_xtier_stats_bounds(moet_model_xtier(m), &ts);
+				ram_bound_of(&ts, o->steps, all_s[bi], r.st.median_s, &rb);
 				json_t *ra = json_object_get(rec, "ram");
 				if (!rc && !ra && (ra = json_array()))
 					json_object_set_new(rec, "ram", ra);
 				if (!rc && (!ra || json_array_append_new(ra, ram_json(
-						m, mode_name[mode], o->ram_budgets[ri], B, r.st.median_s))))
+						&ts, &rb, mode_name[mode], o->ram_budgets[ri], B,
+						r.st.median_s))))
 					rc = moet_err(MOET_ENOMEM, "bench e2e: RAM-budget record");
 				fprintf(out, "%-7s %-9s %6lld %11.3f %10.1f   RAM budget %s\n",
 					mode_name[mode], "decode", (long long)B, 1e3 * r.st.median_s,
 					(double)B / r.st.median_s, o->ram_budgets[ri]);
 				if (o->report_ram)
 					o->report_ram(m, out);
+				ram_bound_print(out, &ts, &rb, r.st.median_s);
 			}
 			int r0 = moet_model_set_ram_budget(m, 0, NULL);
 			if (!rc)
@@ -585,5 +692,6 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 	}
 	moet_profile_free(rrec.p);
 	free(samples);
+	free(all_s);
 	return rc;
 }

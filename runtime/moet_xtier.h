@@ -68,6 +68,8 @@ typedef struct moet_xtier_opts {
 				      environment: MOET_XTIER_NUMA=auto|off|bind|interleave */
 	uint64_t numa_nodes;       /* BIND / INTERLEAVE: the OS nodes (bit n: node n); 0: the
 				      nodes of the team's cores (BIND: the lowest of them) */
+	int64_t trace_cap;         /* lookups the trace keeps (moet_xtier_stats_bounds); 0:
+				      MOET_XTIER_TRACE_CAP; < 0: no trace */
 	/* warm fill progress (optional): bytes of experts read so far, of total */
 	void (*progress)(void *ctx, uint64_t done_bytes, uint64_t total_bytes);
 	void *progress_ctx;
@@ -102,6 +104,19 @@ typedef struct moet_xtier_stats {
 	uint64_t wait_ns;          /* time acquire spent waiting for reads */
 	uint64_t warm_ns;          /* time of the warm fill (reads) */
 	uint64_t alloc_ns;         /* time to allocate and register the slots */
+	/* trace (since creation or the last reset): every lookup in order, up to the cap */
+	uint64_t trace_len;        /* lookups traced */
+	uint64_t trace_cut;        /* lookups past the cap, not traced (0: the trace is whole) */
+	uint64_t trace_hits;       /* hits + late hits among the traced lookups */
+	uint64_t trace_fetches;    /* expert reads started (demand and prefetch) while the trace
+				      recorded and was not cut */
+	int64_t trace_start_resident; /* slots holding (or reading) an expert at its start */
+	/* hindsight bounds on the traced lookups, for n_slots slots (moet_xtier_stats_bounds;
+	 * all 0 from moet_xtier_stats_get) */
+	int bounds_valid;          /* 1: the three below are computed */
+	uint64_t opt_hits;         /* Belady/MIN, a demand cache from the tier's start contents */
+	uint64_t opt_any_hits;     /* Belady/MIN from the best start contents (any warm fill) */
+	uint64_t static_hits;      /* the n_slots most-used experts of the trace, never evicted */
 	/* NUMA: the slots' policy (set at creation) and where the last moet_xtier_numa_verify
 	 * found their pages (zero before one). Kept last: moet_xtier_stats_reset keeps them
 	 * as one block. */
@@ -175,9 +190,62 @@ int moet_xtier_numa_decide(const moet_topo *t, const int *team_cores, int n_team
  */
 int moet_xtier_numa_verify(moet_xtier *x, size_t stride_pages);
 
-/* Counters since creation (or the last reset; geometry and NUMA facts are kept). */
+/* Counters since creation (or the last reset; geometry and NUMA facts are kept). A reset
+ * also restarts the trace (its start contents: the slots holding or reading an expert then). */
 void moet_xtier_stats_get(const moet_xtier *x, moet_xtier_stats *out);
 void moet_xtier_stats_reset(moet_xtier *x);
+
+/* ---- hindsight bounds on the tier's own trace (issue 9; docs/io-uring.md) ----------------
+ *
+ * The trace: one entry per lookup (a (layer call, expert) acquisition: what `lookups`
+ * counts), key = layer x n_routed_experts + expert, in the order acquire met them; passes and
+ * steps are not marked (a bench knows its step count). Kept up to trace_cap lookups (4 bytes
+ * each; default MOET_XTIER_TRACE_CAP = 1M = 4 MB), the rest counted in trace_cut and the bounds
+ * then cover the prefix only (compare them with trace_hits, not hits).
+ *
+ * The bounds treat each lookup as one access of a demand-fetch cache of n_slots slots: an
+ * expert is read only when a lookup misses, and then must enter (MIN evicts the resident one
+ * whose next use is farthest). NOTE (prefetch): the tier also reads ahead, and a prefetching
+ * cache can score more hits than demand MIN (it reads before the lookup). What holds for any
+ * cache of n_slots slots from the same start contents, prefetching or not, is on reads: it
+ * cannot serve the trace with fewer reads than MIN's misses (a prefetching schedule can be
+ * made lazy without adding reads). So: trace_fetches >= trace_len - opt_hits always, and
+ * trace_hits <= opt_hits when nothing is prefetched; opt_any_hits >= opt_hits. The static
+ * set is another policy class: a miss outside the set is served without entering the cache
+ * (admission control, which a demand cache may not do), so it can score above MIN (a b c
+ * repeated, 2 slots: static 2/3, MIN 5/9 from any start) or below it.
+ */
+#define MOET_XTIER_TRACE_CAP (1 << 20)
+
+/* moet_xtier_stats_get plus the bounds (bounds_valid 1) computed from the trace: O(n log n)
+ * time, about n x 24 bytes of scratch. Errors: MOET_ENOMEM (the counters are still set). */
+int moet_xtier_stats_bounds(const moet_xtier *x, moet_xtier_stats *out);
+
+/* The trace (borrowed, valid until the next lookup or reset); *out_n its length. */
+const int32_t *moet_xtier_trace(const moet_xtier *x, int64_t *out_n);
+
+/*
+ * Pure: the misses of Belady/MIN on keys[0 .. n) (each in [0, n_keys)) with n_slots slots,
+ * starting with the distinct keys init[0 .. n_init) resident (n_init <= n_slots). Ties of
+ * the farthest next use (experts never used again) are broken arbitrarily: the count is the
+ * same. Errors: MOET_EINVAL (n_slots < 1, a key out of range, n_init > n_slots, a repeated
+ * init key), MOET_ENOMEM.
+ */
+int moet_xtier_min_misses(const int32_t *keys, int64_t n, int64_t n_keys, int64_t n_slots,
+			  const int32_t *init, int64_t n_init, uint64_t *out_misses);
+
+/*
+ * Pure: the misses of MIN from the best start contents: MIN's misses from empty less
+ * min(n_slots, distinct keys) (the first fills are the start contents; no start does better:
+ * docs/io-uring.md). Errors as moet_xtier_min_misses.
+ */
+int moet_xtier_min_misses_any_start(const int32_t *keys, int64_t n, int64_t n_keys,
+				    int64_t n_slots, uint64_t *out_misses);
+
+/* Pure: the hits of the best static set: the counts of the n_slots most frequent keys of
+ * keys[0 .. n), summed. Errors: MOET_EINVAL (n_slots < 0, a key out of range), MOET_ENOMEM. */
+int moet_xtier_static_hits(const int32_t *keys, int64_t n, int64_t n_keys, int64_t n_slots,
+			   uint64_t *out_hits);
 
 /* 1 if expert e of MoE layer l is in a slot with all its bytes read (tests). */
 int moet_xtier_is_resident(const moet_xtier *x, int64_t layer, int64_t expert);

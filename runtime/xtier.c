@@ -15,6 +15,12 @@
  *
  * A tensor thus sits at the same address residue modulo 4096 as in the mapping, so the
  * kernels see the same alignment, and the views differ from experts_host only in pointers.
+ *
+ * The lookup trace and its hindsight bounds (moet_xtier_stats_bounds, issue 9) are here too:
+ * acquire appends each lookup's key (xt_trace_add); MIN runs over the trace with a lazy
+ * max-heap of (next use, key) entries: a hit pushes the key's new next use and leaves the old
+ * entry stale (a stale entry is one whose next use is not the key's current one, or whose key
+ * is no longer resident), so an eviction pops until it meets a live entry.
  */
 #include "xtier_int.h"
 
@@ -189,6 +195,8 @@ static void on_read(void *ctx, const moet_uring_done *d)
 
 int xt_load(moet_xtier *x, int64_t s, int64_t l, int64_t e, int demand)
 {
+	if (x->tr_cap > 0 && !x->st.trace_cut)
+		x->st.trace_fetches++;
 	const xt_info *in = &x->info[l * x->E + e];
 	xt_slot *sl = &x->slots[s];
 	moet_uring_range r[XT_TENSORS];
@@ -446,6 +454,225 @@ static int init(moet_model *m, const moet_xtier_opts *o, moet_xtier **out)
 	return 0;
 }
 
+/* Restarts the trace: empty, its start contents the slots holding or reading an expert. */
+static void trace_start(moet_xtier *x)
+{
+	x->tr_n = 0;
+	x->st.trace_len = x->st.trace_cut = x->st.trace_hits = x->st.trace_fetches = 0;
+	x->st.trace_start_resident = 0;
+	for (int64_t s = 0; x->tr_init && s < x->n_slots; s++)
+		if (x->slots[s].state != XT_FREE)
+			x->tr_init[x->st.trace_start_resident++] =
+				(int32_t)(x->slots[s].layer * x->E + x->slots[s].expert);
+}
+
+void xt_trace_add(moet_xtier *x, int64_t l, int64_t e)
+{
+	if (!x->st.trace_cut && x->tr_n == x->tr_alloc && x->tr_n < x->tr_cap) {
+		/* NOTE: grown by doubling up to the cap; a refused growth cuts the trace there
+		 * (the lookup itself must not fail for it) */
+		int64_t want = x->tr_alloc ? 2 * x->tr_alloc : 4096;
+		want = want < x->tr_cap ? want : x->tr_cap;
+		int32_t *p = realloc(x->tr, (size_t)want * sizeof(*p));
+		if (p) {
+			x->tr = p;
+			x->tr_alloc = want;
+		}
+	}
+	if (x->st.trace_cut || x->tr_n >= x->tr_alloc) {
+		x->st.trace_cut++;
+		return;
+	}
+	x->tr[x->tr_n++] = (int32_t)(l * x->E + e);
+	x->st.trace_len = (uint64_t)x->tr_n;
+	x->st.trace_hits = x->st.hits + x->st.late_hits; /* this lookup's outcome included */
+}
+
+const int32_t *moet_xtier_trace(const moet_xtier *x, int64_t *out_n)
+{
+	*out_n = x->tr_n;
+	return x->tr;
+}
+
+/* The checks every bound shares: the keys in [0, n_keys). */
+static int check_keys(const int32_t *keys, int64_t n, int64_t n_keys, int64_t n_slots)
+{
+	if (n < 0 || n_keys < 1 || n_slots < 0 || (n > 0 && !keys))
+		return moet_err(MOET_EINVAL, "hindsight bound: trace of %lld lookups, %lld keys, "
+				"%lld slots", (long long)n, (long long)n_keys, (long long)n_slots);
+	for (int64_t i = 0; i < n; i++)
+		if (keys[i] < 0 || keys[i] >= n_keys)
+			return moet_err(MOET_EINVAL, "hindsight bound: trace entry %lld: key "
+					"%lld is not in [0, %lld)", (long long)i,
+					(long long)keys[i], (long long)n_keys);
+	return 0;
+}
+
+typedef struct use_ent {
+	int64_t next;   /* index of the key's next use (n: none) */
+	int32_t key;
+} use_ent;
+
+/* The max-heap by next use: push, and pop of the top. */
+static void heap_push(use_ent *h, int64_t *hn, use_ent v)
+{
+	int64_t i = (*hn)++;
+	while (i > 0 && h[(i - 1) / 2].next < v.next) {
+		h[i] = h[(i - 1) / 2];
+		i = (i - 1) / 2;
+	}
+	h[i] = v;
+}
+
+static use_ent heap_pop(use_ent *h, int64_t *hn)
+{
+	use_ent top = h[0], v = h[--*hn];
+	int64_t i = 0, n = *hn;
+	for (;;) {
+		int64_t c = 2 * i + 1;
+		if (c >= n)
+			break;
+		if (c + 1 < n && h[c + 1].next > h[c].next)
+			c++;
+		if (h[c].next <= v.next)
+			break;
+		h[i] = h[c];
+		i = c;
+	}
+	if (n > 0)
+		h[i] = v;
+	return top;
+}
+
+int moet_xtier_min_misses(const int32_t *keys, int64_t n, int64_t n_keys, int64_t n_slots,
+			  const int32_t *init, int64_t n_init, uint64_t *out_misses)
+{
+	int rc = check_keys(keys, n, n_keys, n_slots);
+	if (rc)
+		return rc;
+	if (n_slots < 1 || n_init < 0 || n_init > n_slots || (n_init > 0 && !init))
+		return moet_err(MOET_EINVAL, "Belady bound: %lld slots, %lld resident at the start",
+				(long long)n_slots, (long long)n_init);
+	int64_t *nxt = malloc((size_t)(n + 1) * sizeof(*nxt));
+	int64_t *cur = malloc((size_t)n_keys * sizeof(*cur));
+	uint8_t *res = calloc((size_t)n_keys, 1);
+	use_ent *h = malloc((size_t)(n + n_init + 1) * sizeof(*h));
+	int64_t hn = 0, size = 0;
+	uint64_t miss = 0;
+	if (!nxt || !cur || !res || !h) {
+		rc = moet_err(MOET_ENOMEM, "Belady bound: %lld lookups", (long long)n);
+		goto fail;
+	}
+	for (int64_t k = 0; k < n_keys; k++)
+		cur[k] = n; /* scanning backwards: the next occurrence after i */
+	for (int64_t i = n - 1; i >= 0; i--) {
+		nxt[i] = cur[keys[i]];
+		cur[keys[i]] = i;
+	}
+	for (int64_t j = 0; j < n_init; j++) {
+		const int32_t k = init[j];
+		if (k < 0 || k >= n_keys || res[k]) {
+			rc = moet_err(MOET_EINVAL, "Belady bound: start content %lld: key %lld "
+				      "is %s", (long long)j, (long long)k,
+				      k < 0 || k >= n_keys ? "out of range" : "repeated");
+			goto fail;
+		}
+		res[k] = 1;
+		heap_push(h, &hn, (use_ent){ cur[k], k }); /* cur[k]: its first use, or n */
+		size++;
+	}
+	for (int64_t i = 0; i < n; i++) {
+		const int32_t k = keys[i];
+		if (!res[k]) {
+			miss++;
+			if (size == n_slots) {
+				use_ent v;
+				do /* the first live entry: the resident key used farthest ahead */
+					v = heap_pop(h, &hn);
+				while (!res[v.key] || cur[v.key] != v.next);
+				res[v.key] = 0;
+				size--;
+			}
+			res[k] = 1;
+			size++;
+		}
+		cur[k] = nxt[i];
+		heap_push(h, &hn, (use_ent){ nxt[i], k });
+	}
+	*out_misses = miss;
+fail:
+	free(nxt);
+	free(cur);
+	free(res);
+	free(h);
+	return rc;
+}
+
+int moet_xtier_min_misses_any_start(const int32_t *keys, int64_t n, int64_t n_keys,
+				    int64_t n_slots, uint64_t *out_misses)
+{
+	uint64_t m = 0;
+	int rc = moet_xtier_min_misses(keys, n, n_keys, n_slots, NULL, 0, &m);
+	if (rc)
+		return rc;
+	uint8_t *seen = calloc((size_t)n_keys, 1);
+	if (!seen)
+		return moet_err(MOET_ENOMEM, "Belady bound: %lld keys", (long long)n_keys);
+	int64_t distinct = 0;
+	for (int64_t i = 0; i < n; i++)
+		if (!seen[keys[i]]++)
+			distinct++;
+	free(seen);
+	*out_misses = m - (uint64_t)(distinct < n_slots ? distinct : n_slots);
+	return 0;
+}
+
+static int cmp_count_desc(const void *a, const void *b)
+{
+	const uint64_t p = *(const uint64_t *)a, q = *(const uint64_t *)b;
+	return p < q ? 1 : p > q ? -1 : 0;
+}
+
+int moet_xtier_static_hits(const int32_t *keys, int64_t n, int64_t n_keys, int64_t n_slots,
+			   uint64_t *out_hits)
+{
+	int rc = check_keys(keys, n, n_keys, n_slots);
+	if (rc)
+		return rc;
+	uint64_t *cnt = calloc((size_t)n_keys, sizeof(*cnt));
+	if (!cnt)
+		return moet_err(MOET_ENOMEM, "static-set bound: %lld keys", (long long)n_keys);
+	for (int64_t i = 0; i < n; i++)
+		cnt[keys[i]]++;
+	qsort(cnt, (size_t)n_keys, sizeof(*cnt), cmp_count_desc);
+	uint64_t sum = 0;
+	for (int64_t k = 0; k < n_keys && k < n_slots; k++)
+		sum += cnt[k];
+	free(cnt);
+	*out_hits = sum;
+	return 0;
+}
+
+int moet_xtier_stats_bounds(const moet_xtier *x, moet_xtier_stats *out)
+{
+	*out = x->st;
+	const int64_t nk = x->L * x->E, n = x->tr_n;
+	uint64_t m_opt = 0, m_any = 0, sh = 0;
+	int rc = moet_xtier_min_misses(x->tr, n, nk, x->n_slots, x->tr_init,
+				       x->st.trace_start_resident, &m_opt);
+	if (!rc)
+		rc = moet_xtier_min_misses_any_start(x->tr, n, nk, x->n_slots, &m_any);
+	if (!rc)
+		rc = moet_xtier_static_hits(x->tr, n, nk, x->n_slots, &sh);
+	if (rc)
+		return rc;
+	out->opt_hits = (uint64_t)n - m_opt;
+	out->opt_any_hits = (uint64_t)n - m_any;
+	out->static_hits = sh;
+	out->bounds_valid = 1;
+	return 0;
+}
+
 int moet_xtier_plan(moet_model *m, moet_xtier_stats *out)
 {
 	moet_xtier_opts o = { 0 };
@@ -481,8 +708,16 @@ int moet_model_set_xtier(moet_model *m, const moet_xtier_opts *o)
 	if ((rc = alloc_slots(x)))
 		goto fail;
 	x->st.alloc_ns = moet_xtier_now_ns() - t0;
+	x->tr_cap = o->trace_cap ? o->trace_cap : MOET_XTIER_TRACE_CAP;
+	x->tr_init = malloc((size_t)x->n_slots * sizeof(*x->tr_init));
+	if (!x->tr_init) {
+		rc = moet_err(MOET_ENOMEM, "NVMe tier: trace start of %lld slots",
+			      (long long)x->n_slots);
+		goto fail;
+	}
 	if (!o->no_warm && (rc = warm_fill(x)))
 		goto fail;
+	trace_start(x);
 	m->xtier = x;
 	return 0;
 fail:
@@ -525,6 +760,7 @@ void moet_xtier_stats_reset(moet_xtier *x)
 	memcpy((char *)&x->st + offsetof(moet_xtier_stats, numa_mode),
 	       (const char *)&keep + offsetof(moet_xtier_stats, numa_mode),
 	       sizeof(keep) - offsetof(moet_xtier_stats, numa_mode));
+	trace_start(x);
 }
 
 void moet_xtier_destroy(moet_xtier *x)
@@ -555,5 +791,7 @@ void moet_xtier_destroy(moet_xtier *x)
 	free(x->reg_buf);
 	free(x->reg_bytes);
 	free(x->scr);
+	free(x->tr);
+	free(x->tr_init);
 	free(x);
 }

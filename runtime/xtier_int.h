@@ -85,6 +85,10 @@ struct moet_xtier {
 	size_t *reg_bytes;
 	int n_reg, reg_done;      /* groups, and groups registered so far */
 	int64_t reg_per;          /* slots per group */
+	/* the lookup trace (moet_xtier_stats_bounds): keys l x E + e, up to tr_cap */
+	int32_t *tr;
+	int64_t tr_n, tr_alloc, tr_cap;
+	int32_t *tr_init;         /* [n_slots]: keys resident (or loading) at the trace's start */
 	char err[512];            /* the last failed read */
 	moet_xtier_stats st;
 };
@@ -104,6 +108,9 @@ static inline uint64_t moet_xtier_now_ns(void)
 
 /* xtier.c: starts the reads of expert (l, e) into slot s (state LOADING). */
 int xt_load(moet_xtier *x, int64_t s, int64_t l, int64_t e, int demand);
+
+/* xtier.c: one lookup of (l, e) into the trace (acquire, after counting it). */
+void xt_trace_add(moet_xtier *x, int64_t l, int64_t e);
 
 /* xtier_numa.c: decides the slots' NUMA policy (x->o.numa, MOET_XTIER_NUMA, the topology and
  * the CPU team) and applies it to the fresh mapping x->mem of total_bytes (mbind, before any

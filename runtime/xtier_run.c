@@ -167,6 +167,7 @@ int moet_xtier_acquire(moet_xtier *x, int64_t layer, const moet_expert_pair *pai
 		pinned_e[x->n_pinned] = e;
 		x->pinned[x->n_pinned++] = (int32_t)s;
 		x->st.lookups++;
+		xt_trace_add(x, l, e);
 		x->obs[l * E + e] += (uint64_t)r;
 		x->obs_tot[l] += (uint64_t)r;
 		if (counted) {

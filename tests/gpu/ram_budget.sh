@@ -347,9 +347,22 @@ done
 # decode rows of a bench output: "batch tok/s" (all-in-RAM and mmap rows: 8 fields, no "RAM")
 plain_rows() { awk '$1 == "hybrid" && $2 == "decode" && $6 != "RAM" {print $3, $5}' "$1" \
 	2>/dev/null || true; }
-# tier rows: "batch tok/s hit_rate" (the NVMe tier line after each row)
-tier_rows() { awk '$1 == "hybrid" && $2 == "decode" && $6 == "RAM" {b = $3; r = $5; next}
-	b != "" && /^NVMe tier: hit rate/ {print b, r, $5; b = ""}' "$1" 2>/dev/null || true; }
+# tier rows: "batch tok/s hit_rate opt_hit_rate read_ms" from the NVMe tier lines after each
+# row: the hit rate, Belady/MIN's on the same trace (the field before "Belady/MIN"), and the
+# read time per step its demand misses cost at its own read rate (the field before "ms/step")
+tier_rows() { awk 'function out() {if (b != "") print b, r, h, o, io; b = ""}
+	$1 == "hybrid" && $2 == "decode" && $6 == "RAM" {out(); b = $3; r = $5; h = o = io = "-"
+		next}
+	b != "" && /^NVMe tier: hit rate/ {h = $5}
+	b != "" && /^NVMe tier: hindsight/ {for (i = 2; i <= NF; i++) if ($i == "Belady/MIN")
+		o = $(i - 1)}
+	b != "" && /^NVMe tier: disk bound/ {for (i = 2; i <= NF; i++) if ($i == "ms/step") {
+		io = $(i - 1); break}}
+	END {out()}' "$1" 2>/dev/null || true; }
+# the tier's tok/s over its disk bound's: B / (B / all_tok_s + read_ms / 1000)
+disk_ratio() { awk -v t="$1" -v a="$2" -v io="$3" -v b="$4" 'BEGIN {
+	if (t == "" || a == "" || io == "" || io == "-" || a + 0 <= 0) print "-"
+	else printf "%.3f", t * (b / a + io / 1000) / b}'; }
 jstr() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'; }
 num() { if [ -z "$1" ] || [ "$1" = - ]; then echo null; else echo "$1"; fi; }
 get() { awk -v b="$2" -v k="$3" '$1 == b {print $k; exit}' <<<"$1"; }
@@ -358,16 +371,19 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a == "" || b == "" || b + 0 <= 0) 
 all_r=$(plain_rows "$out/all.txt")
 IFS=, read -r -a bat <<<"$batches"
 json_rows=()
+tfmt='%-7s %5s | %10s | %10s %6s %6s %12s | %10s %14s | %9s %9s %9s %9s %s\n'
 jfmt='{"budget": "%s", "batch": %s, "all_tok_s": %s, "tier_tok_s": %s, "tier_hit_rate": %s,'
 jfmt+=' "tier_slot_bytes": %s, "mmap_tok_s": %s, "mmap_limit_bytes": %s, "tier_over_all": %s,'
-jfmt+=' "tier_over_mmap": %s, "mmap_over_all": %s, "note": "%s"}'
+jfmt+=' "tier_over_mmap": %s, "mmap_over_all": %s, "tier_opt_hit_rate": %s,'
+jfmt+=' "tier_read_ms_per_step": %s, "tier_over_disk_bound": %s, "note": "%s"}'
 {
 	echo "decode tokens/s under RAM budgets: $(basename "$ckpt") ($ckpt_bytes bytes), device" \
 		"$device, $hot experts per MoE layer on the GPU, gen ${gen_args[*]}, $steps timed" \
 		"steps after ctx $ctx"
-	printf '%-7s %5s | %10s | %10s %6s %12s | %10s %14s | %9s %9s %9s %s\n' budget batch \
-		all_tok/s tier_tok/s hit slots_bytes mmap_tok/s limit_bytes tier/all tier/mmap \
-		mmap/all note
+	# shellcheck disable=SC2059 # the format is $tfmt, built above
+	printf "$tfmt" budget \
+		batch all_tok/s tier_tok/s hit opt slots_bytes mmap_tok/s limit_bytes tier/all \
+		tier/mmap mmap/all tier/disk note
 	for b in "${blist[@]}"; do
 		t=$(tag "$b")
 		tr=$(tier_rows "$out/tier-$t.txt")
@@ -376,24 +392,32 @@ jfmt+=' "tier_over_mmap": %s, "mmap_over_all": %s, "note": "%s"}'
 			a=$(get "$all_r" "$B" 2)
 			ti=$(get "$tr" "$B" 2)
 			h=$(get "$tr" "$B" 3)
+			o=$(get "$tr" "$B" 4)
+			io=$(get "$tr" "$B" 5)
 			mm=$(get "$mr" "$B" 2)
 			r1=$(ratio "$ti" "$a")
 			r2=$(ratio "$ti" "$mm")
 			r3=$(ratio "$mm" "$a")
+			r4=$(disk_ratio "$ti" "$a" "$io" "$B")
 			note=${oom_note[$b]:-}
-			printf '%-7s %5s | %10s | %10s %6s %12s | %10s %14s | %9s %9s %9s %s\n' "$b" "$B" \
-				"${a:--}" "${ti:--}" "${h:--}" "${slots[$b]:--}" "${mm:--}" \
-				"${limit[$b]:--}" "$r1" "$r2" "$r3" "$note"
+			# shellcheck disable=SC2059 # the format is $tfmt, built above
+			printf "$tfmt" "$b" "$B" "${a:--}" "${ti:--}" "${h:--}" "${o:--}" \
+				"${slots[$b]:--}" "${mm:--}" "${limit[$b]:--}" "$r1" "$r2" "$r3" \
+				"$r4" "$note"
 			# shellcheck disable=SC2059 # the format is $jfmt, built above
 			json_rows+=("$(printf "$jfmt" \
 				"$b" "$B" "$(num "$a")" "$(num "$ti")" "$(num "$h")" \
 				"$(num "${slots[$b]:-}")" "$(num "$mm")" "$(num "${limit[$b]:-}")" \
-				"$(num "$r1")" "$(num "$r2")" "$(num "$r3")" "$(jstr "$note")")")
+				"$(num "$r1")" "$(num "$r2")" "$(num "$r3")" "$(num "$o")" \
+				"$(num "$io")" "$(num "$r4")" "$(jstr "$note")")")
 		done
 	done
 	echo "target (issue 9, budget 50%): tier/all >= 0.6 and tier/mmap > 1. tier: the NVMe tier;"
 	echo "mmap: no tier, memory.max = limit_bytes (the tier process's peak beside the page" \
-		"cache); hit: the tier's hit rate over the timed steps"
+		"cache); hit: the tier's hit rate over the timed steps; opt: Belady/MIN's (a" \
+		"demand cache of the same slots, hindsight) on the same lookups; tier/disk: tier" \
+		"tok/s over the disk bound's, B / (B / all_tok/s + the tier's misses per step x" \
+		"slot bytes / its read rate) (docs/io-uring.md)"
 	if [ "$cg_ok" != 1 ] && [ -n "$cg_why" ]; then echo "no memory cgroup: $cg_why"; fi
 } >"$out/table.txt"
 tee -a "$log" <"$out/table.txt"
