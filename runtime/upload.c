@@ -16,6 +16,10 @@
  *
  * NOTE: the worker threads are made per call and live for it (threads per chunk would cost
  * too much); they meet the caller once per chunk (a generation counter under a mutex).
+ *
+ * Per uploaded byte the host's DRAM moves three: the source read, the staging write, the
+ * DMA's read of the staging. MOET_UPLOAD=register (upload_reg.c) DMAs from the mapped pages
+ * in place instead; moet_upload_many picks between the two.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -150,6 +154,19 @@ static double now_s(void)
 
 int moet_upload_many(const moet_upload_item *items, int64_t n, int n_threads,
 		     moet_upload_stats *stats)
+{
+	int src = 0, rc = moet_upload_source(&src);
+	if (rc)
+		return rc;
+	if (src == MOET_UPLOAD_REGISTER) {
+		moet_upload_reg_opts o = { .staged_threads = n_threads };
+		return moet_upload_many_register(items, n, &o, stats);
+	}
+	return moet_upload_many_staged(items, n, n_threads, stats);
+}
+
+int moet_upload_many_staged(const moet_upload_item *items, int64_t n, int n_threads,
+			    moet_upload_stats *stats)
 {
 	char *buf[NBUF] = { 0 };
 	void *ev[NBUF] = { 0 }, *stream = NULL;
