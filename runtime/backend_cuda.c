@@ -51,6 +51,12 @@ typedef struct cuda_be {
 	int32_t *pair_tok;   /* device [cap_pairs]: the token of each grouped pair */
 	int32_t *iota;       /* device [cap_pairs]: 0, 1, 2, ... (dense FFN pairs) */
 	int64_t cap_pairs;
+	/* the grouped call's host side, grown (never shrunk): nothing allocated per call */
+	int32_t *tok_pin;    /* pinned [cap_group]: the pairs' tokens, copied to pair_tok */
+	moet_gpu_expert *ge; /* [cap_group]: the call's experts */
+	int64_t cap_group;
+	void *tok_ev;        /* recorded after tok_pin's copy: it may be rewritten once done */
+	int tok_ev_used;
 	/* issue 4: device sampling and the fast expert mode (grow-only, own scratch) */
 	void *smp_scratch;   /* gpu/sample.cu's scratch */
 	size_t smp_bytes;
@@ -95,6 +101,11 @@ static void cu_destroy(moet_backend *be)
 	moet_gpu_free(c->scratch);
 	moet_gpu_free(c->pair_tok);
 	moet_gpu_free(c->iota);
+	if (c->tok_ev_used)
+		(void)moet_gpu_event_sync(c->tok_ev); /* no copy may read freed memory */
+	moet_gpu_host_free(c->tok_pin);
+	free(c->ge);
+	moet_gpu_event_destroy(c->tok_ev);
 	moet_gpu_free(c->smp_scratch); /* issue 4 */
 	moet_gpu_free(c->smp_ids);
 	moet_gpu_fast_destroy(c->fast);
@@ -474,6 +485,31 @@ static int cu_sample(moet_backend *be, const float *logits, int64_t V, const moe
 	return rc;
 }
 
+/* The grouped call's host tables for n pairs. The pinned token list is rewritten only after
+ * its last copy has run (its event): the copy is asynchronous. */
+static int ensure_group(cuda_be *c, int64_t n)
+{
+	int rc = 0;
+	if (!c->tok_ev && (rc = moet_gpu_event_create(&c->tok_ev)))
+		return rc;
+	if (c->tok_ev_used && (rc = moet_gpu_event_sync(c->tok_ev)))
+		return rc;
+	c->tok_ev_used = 0;
+	if (n <= c->cap_group)
+		return 0;
+	moet_gpu_host_free(c->tok_pin);
+	free(c->ge);
+	c->tok_pin = NULL;
+	c->ge = NULL;
+	c->cap_group = 0;
+	if ((rc = moet_gpu_host_alloc((size_t)n * sizeof(*c->tok_pin), (void **)&c->tok_pin)))
+		return rc;
+	if (!(c->ge = malloc((size_t)n * sizeof(*c->ge))))
+		return moet_err(MOET_ENOMEM, "expert grouping of %lld pairs", (long long)n);
+	c->cap_group = n;
+	return 0;
+}
+
 static int cu_experts_grouped(moet_backend *be, const moet_ffn_w *table,
 			      const moet_expert_pair *pairs, int64_t n_pairs, int64_t top_k,
 			      const float *h, int64_t n, float *y)
@@ -481,14 +517,14 @@ static int cu_experts_grouped(moet_backend *be, const moet_ffn_w *table,
 	cuda_be *c = impl(be);
 	if (n_pairs <= 0)
 		return 0;
-	int32_t *tok = malloc((size_t)n_pairs * sizeof(*tok));
-	moet_gpu_expert *ge = malloc((size_t)n_pairs * sizeof(*ge));
 	int n_exp = 0;
-	int rc = (!tok || !ge) ? moet_err(MOET_ENOMEM, "expert grouping") : 0;
+	int rc = ensure_group(c, n_pairs);
 	if (!rc)
 		rc = ensure_pairs(c, n_pairs, table[pairs[0].expert].gate.rows);
 	if (rc)
-		goto out;
+		return rc;
+	int32_t *tok = c->tok_pin;
+	moet_gpu_expert *ge = c->ge;
 	for (int64_t q = 0; q < n_pairs; q++) {
 		if (q == 0 || pairs[q].expert != pairs[q - 1].expert) {
 			const moet_ffn_w *e = &table[pairs[q].expert];
@@ -497,13 +533,13 @@ static int cu_experts_grouped(moet_backend *be, const moet_ffn_w *table,
 		ge[n_exp - 1].n_tok++;
 		tok[q] = (int32_t)(pairs[q].pair / top_k);
 	}
-	if ((rc = moet_gpu_copy_h2d(c->pair_tok, tok, (size_t)n_pairs * sizeof(*tok))))
-		goto out;
-	rc = grouped_call(c, ge, n_exp, h, n, y); /* exact, or fast (MOET_GPU_EXPERT_MODE) */
-out:
-	free(tok);
-	free(ge);
-	return rc;
+	/* NOTE: on the legacy stream, as the kernels: they see the tokens, the host goes on */
+	if ((rc = moet_gpu_copy_h2d_async(c->pair_tok, tok, (size_t)n_pairs * sizeof(*tok),
+					  NULL)) ||
+	    (rc = moet_gpu_event_record(c->tok_ev, NULL)))
+		return rc;
+	c->tok_ev_used = 1;
+	return grouped_call(c, ge, n_exp, h, n, y); /* exact, or fast (MOET_GPU_EXPERT_MODE) */
 }
 
 static int cu_ffn(moet_backend *be, const moet_ffn_w *w, const float *h, int64_t n, float *out)

@@ -42,8 +42,37 @@ static void free_bufs(moet_model *m, moet_fwd_bufs *b)
 
 void moet_model_free_bufs(moet_model *m)
 {
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < 2; i++) {
 		free_bufs(m, &m->bufs[i]);
+		free(m->host[i].rows);
+		free(m->host[i].tok);
+		free(m->host[i].draw);
+		memset(&m->host[i], 0, sizeof(m->host[i]));
+	}
+}
+
+/* Micro-batch i's host tables for n rows and n_draw draws, grown (never shrunk) as the
+ * buffers are: once a batch size has run, a step allocates nothing. */
+static int ensure_host(moet_model *m, int i, int64_t n, int n_draw)
+{
+	if (n > m->host[i].cap_rows) {
+		moet_rowinfo *r = realloc(m->host[i].rows, (size_t)n * sizeof(*r));
+		if (r)
+			m->host[i].rows = r;
+		int64_t *t = r ? realloc(m->host[i].tok, (size_t)n * sizeof(*t)) : NULL;
+		if (!t)
+			return moet_err(MOET_ENOMEM, "row table of %lld rows", (long long)n);
+		m->host[i].tok = t;
+		m->host[i].cap_rows = n;
+	}
+	if (n_draw > m->host[i].cap_draw) {
+		moet_draw *d = realloc(m->host[i].draw, (size_t)n_draw * sizeof(*d));
+		if (!d)
+			return moet_err(MOET_ENOMEM, "draws of %d entries", n_draw);
+		m->host[i].draw = d;
+		m->host[i].cap_draw = n_draw;
+	}
+	return 0;
 }
 
 /* Grows a buffer set to n rows (never shrinks: the next batch likely is as large). */
@@ -268,9 +297,9 @@ static int logits_out(moet_model *m, int64_t n, const moet_seq_step *steps, int 
 		return 0;
 	TRY(op->linear(be, &m->lm_head, b->h, H, n_sel, b->logits, V));
 	int64_t sel = 0, n_draw = 0;
-	moet_draw *draw = malloc((size_t)n_steps * sizeof(*draw)); /* issue 4: sampled rows */
-	if (!draw)
-		return moet_err(MOET_ENOMEM, "draws of %d entries", n_steps);
+	const int hi = (int)(m->cur - m->bufs); /* this micro-batch's host tables */
+	TRY(ensure_host(m, hi, 0, n_steps));
+	moet_draw *draw = m->host[hi].draw; /* issue 4: sampled rows */
 	for (int s = 0; s < n_steps && !rc; s++) {
 		const moet_seq_step *st = &steps[s];
 		if (!st->out_logits && !st->out_token)
@@ -288,7 +317,6 @@ static int logits_out(moet_model *m, int64_t n, const moet_seq_step *steps, int 
 	}
 	if (!rc)
 		rc = moet_backend_draw(be, b->logits, V, draw, n_draw);
-	free(draw);
 	return rc;
 }
 
@@ -312,10 +340,10 @@ static void use(moet_model *m, const mb_pass *p)
 static int mb_begin(moet_model *m, mb_pass *p)
 {
 	const moet_config *c = &m->cfg;
-	moet_rowinfo *rows = malloc((size_t)p->n * sizeof(*rows));
-	int64_t *tok = malloc((size_t)p->n * sizeof(*tok));
-	int rc = (!rows || !tok) ? moet_err(MOET_ENOMEM, "row table of %lld rows",
-					    (long long)p->n) : 0;
+	const int hi = (int)(p->b - m->bufs);
+	int rc = ensure_host(m, hi, p->n, 0);
+	moet_rowinfo *rows = m->host[hi].rows;
+	int64_t *tok = m->host[hi].tok;
 	for (int s = 0, t = 0; !rc && s < p->n_steps; s++) {
 		const moet_kv *kv = p->steps[s].kv;
 		for (int64_t i = 0; i < p->steps[s].n_tok; i++, t++) {
@@ -330,8 +358,6 @@ static int mb_begin(moet_model *m, mb_pass *p)
 					      &p->rows);
 	if (!rc)
 		rc = m->be->ops->embed(m->be, &m->embed, p->rows, p->n, p->b->x);
-	free(rows);
-	free(tok);
 	return rc;
 }
 

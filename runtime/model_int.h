@@ -170,6 +170,13 @@ struct moet_model {
 	int32_t *ids_h, *slot_h;
 	int64_t cap_pairs;
 	moet_fwd_bufs bufs[2];    /* per micro-batch of a pass (forward.c) */
+	struct {                  /* their host tables, grown like them (forward.c) */
+		moet_rowinfo *rows;
+		int64_t *tok;
+		int64_t cap_rows;
+		moet_draw *draw;
+		int cap_draw;
+	} host[2];
 	moet_fwd_bufs *cur;       /* the micro-batch being computed */
 	int mb_seq_base;          /* its first entry's index in the caller's batch */
 	moet_route_fn route_fn;   /* optional observer of routing decisions */
