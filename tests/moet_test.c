@@ -14,6 +14,7 @@
 
 #include "moet_err.h"
 #include "moet_gen.h"
+#include "moet_placement.h"
 #include "moet_model.h"
 
 int moet_test_failures;
@@ -230,4 +231,18 @@ double moet_test_now_ms(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return 1e3 * (double)ts.tv_sec + 1e-6 * (double)ts.tv_nsec;
+}
+
+int moet_test_kimi(int64_t n_layers, int64_t n_experts, moet_config *out_cf,
+		   moet_placement_sizes **out_sizes)
+{
+	moet_gen_params gp;
+	moet_gen_params_init(&gp);
+	gp.preset = MOET_GEN_KIMI_K2;
+	if (n_layers > 0)
+		gp.n_layers = n_layers;
+	if (n_experts > 0)
+		gp.n_experts = n_experts;
+	int rc = moet_gen_config(&gp, out_cf);
+	return rc ? rc : moet_placement_sizes_from_config(out_cf, out_sizes);
 }

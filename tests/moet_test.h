@@ -41,6 +41,14 @@ char *moet_test_mkdtemp(const char *tag);
 /* A monotonic clock in milliseconds (for the tests' coarse time limits). */
 double moet_test_now_ms(void);
 
+/* The Kimi-K2 preset's geometry (gen-checkpoint's, no checkpoint written) with n_layers layers
+ * and n_experts routed experts per layer (0: the preset's), and its placement sizes
+ * (*out_sizes the caller's: moet_placement_sizes_free). Returns 0 or the failing call's code. */
+struct moet_config;
+struct moet_placement_sizes;
+int moet_test_kimi(int64_t n_layers, int64_t n_experts, struct moet_config *out_cf,
+		   struct moet_placement_sizes **out_sizes);
+
 /* Runs `cmd` through the shell; returns its exit status (or -1), stdout+stderr captured
  * into a malloc'd *out_text when out_text is not NULL. */
 int moet_test_run(const char *cmd, char **out_text);

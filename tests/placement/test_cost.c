@@ -291,13 +291,8 @@ typedef struct world {
  * ~ 1 / (1 + r)^alpha(l) (r a per-layer permutation of the ids). */
 static int world_make(world *w, double (*alpha)(int64_t l))
 {
-	moet_gen_params gp;
-	moet_gen_params_init(&gp);
-	gp.preset = MOET_GEN_KIMI_K2;
-	gp.n_layers = AL;
-	gp.n_experts = AE;
 	memset(w, 0, sizeof(*w));
-	if (moet_gen_config(&gp, &w->cf) || moet_placement_sizes_from_config(&w->cf, &w->sz) ||
+	if (moet_test_kimi(AL, AE, &w->cf, &w->sz) ||
 	    moet_profile_create(&w->cf, &w->p))
 		return -1;
 	for (int64_t l = 0; l < AL; l++) {
@@ -473,19 +468,14 @@ done:
 /* B = 4 on 3 MoE layers of 64 experts: every allocation of S slots, by brute force. */
 static void test_auto_brute(void)
 {
-	moet_gen_params gp;
 	moet_config cf;
 	moet_placement_sizes *sz = NULL;
 	moet_plan *pl = NULL;
 	double sc[4 * AE];
-	moet_gen_params_init(&gp);
-	gp.preset = MOET_GEN_KIMI_K2;
-	gp.n_layers = 4;
-	gp.n_experts = AE;
 	moet_cost_hw hw;
 	moet_cost_hw_defaults(&hw);
 	hw.cpu_overhead_us = hw.gpu_overhead_us = hw.pcie_latency_us = 0;
-	if (moet_gen_config(&gp, &cf) || moet_placement_sizes_from_config(&cf, &sz)) {
+	if (moet_test_kimi(4, AE, &cf, &sz)) {
 		CHECK(0, "setup: %s", moet_errmsg());
 		goto done;
 	}

@@ -256,20 +256,15 @@ static void test_batch1_and_growth(void)
 /* --auto vs the even split and vs brute force, with the compute terms. */
 static void test_auto(void)
 {
-	moet_gen_params gp;
 	moet_config cf;
 	moet_placement_sizes *sz = NULL;
 	moet_plan *pl = NULL;
 	double sc[L * E];
 	moet_cost_hw hw, flat;
-	moet_gen_params_init(&gp);
-	gp.preset = MOET_GEN_KIMI_K2;
-	gp.n_layers = L;
-	gp.n_experts = E;
 	moet_cost_hw_defaults(&hw);
 	flat = hw;
 	flat.cpu_overhead_us = flat.gpu_overhead_us = flat.pcie_latency_us = 0;
-	if (moet_gen_config(&gp, &cf) || moet_placement_sizes_from_config(&cf, &sz)) {
+	if (moet_test_kimi(L, E, &cf, &sz)) {
 		CHECK(0, "setup: %s", moet_errmsg());
 		goto done;
 	}
@@ -326,15 +321,12 @@ done:
 
 static void test_kimi_speed(void)
 {
-	moet_gen_params gp;
 	moet_config kc;
 	moet_placement_sizes *ks = NULL;
 	moet_plan *pl = NULL;
 	moet_cost_hw hw;
-	moet_gen_params_init(&gp);
-	gp.preset = MOET_GEN_KIMI_K2;
 	moet_cost_hw_defaults(&hw);
-	if (moet_gen_config(&gp, &kc) || moet_placement_sizes_from_config(&kc, &ks)) {
+	if (moet_test_kimi(0, 0, &kc, &ks)) {
 		CHECK(0, "kimi setup: %s", moet_errmsg());
 		goto done;
 	}

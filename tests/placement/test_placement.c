@@ -639,9 +639,7 @@ int main(void)
 		fprintf(stderr, "setup: %s\n", moet_errmsg());
 		return 1;
 	}
-	moet_gen_params_init(&gp);
-	gp.preset = MOET_GEN_KIMI_K2;
-	if (moet_gen_config(&gp, &kimi) || moet_placement_sizes_from_config(&kimi, &kimi_sz)) {
+	if (moet_test_kimi(0, 0, &kimi, &kimi_sz)) {
 		fprintf(stderr, "kimi geometry: %s\n", moet_errmsg());
 		return 1;
 	}

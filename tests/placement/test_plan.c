@@ -256,16 +256,13 @@ static void test_refusals(void)
 
 static void test_kimi(void)
 {
-	moet_gen_params gp;
 	moet_config kc;
 	moet_placement_sizes *ks = NULL;
 	moet_profile *p = NULL;
 	moet_plan *pl = NULL;
 	moet_placement *pp = NULL;
 	double *scores = NULL;
-	moet_gen_params_init(&gp);
-	gp.preset = MOET_GEN_KIMI_K2;
-	if (moet_gen_config(&gp, &kc) || moet_placement_sizes_from_config(&kc, &ks) ||
+	if (moet_test_kimi(0, 0, &kc, &ks) ||
 	    moet_profile_create(&kc, &p)) {
 		CHECK(0, "kimi setup: %s", moet_errmsg());
 		goto done;
