@@ -83,8 +83,8 @@ typedef struct step_split {
 	double split_share;           /* timed passes run as two micro-batches / all */
 } step_split;
 
-/* B sequences: prefill ctx tokens, one warm-up step, `steps` timed steps. */
-static int decode_run(moet_model *m, int64_t B, int ctx, int steps, double *samples,
+/* B sequences: prefill ctx tokens, `warmup` untimed steps, `steps` timed steps. */
+static int decode_run(moet_model *m, int64_t B, int ctx, int warmup, int steps, double *samples,
 		      step_split *split, route_rec *rr)
 {
 	const int64_t V = moet_model_config(m)->vocab_size;
@@ -97,7 +97,7 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int steps, double *samp
 	for (int64_t i = 0; !rc && i < B * ctx; i++)
 		tok[i] = (int64_t)(xs(&s) % (uint64_t)V);
 	for (int64_t b = 0; !rc && b < B; b++)
-		rc = moet_kv_create(m, ctx + steps + 2, &kv[b]);
+		rc = moet_kv_create(m, ctx + warmup + steps + 1, &kv[b]);
 	/* each step's next tokens drawn where the logits are (greedy; on CUDA only the ids
 	 * cross PCIe, as in serving), fed back as the next step's tokens */
 	static const moet_sample_params greedy = { .temperature = 0, .top_k = 0, .top_p = 1 };
@@ -106,7 +106,7 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int steps, double *samp
 					 .sample = &greedy, .out_token = &next[b] };
 	if (!rc)
 		rc = moet_model_forward_batch(m, st, (int)B);
-	for (int it = -1; !rc && it < steps; it++) {
+	for (int it = -warmup; !rc && it < steps; it++) {
 		if (it == 0) {
 			moet_hybrid_stats z;
 			moet_model_hybrid_stats(m, &z, 1);
@@ -443,6 +443,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 							       : 0;
 	if (!rc) {
 		json_object_set_new(rec, "steps", steps_arr);
+		json_object_set_new(rec, "decode_warmup_steps", json_integer(o->warmup));
 		json_object_set_new(rec, "ready", ready);
 	}
 	if (!rc && strcmp(o->device, "cpu")) {
@@ -514,7 +515,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			if (mode == MOET_E2E_GPU && o->dense_hw &&
 			    (rc = moet_profile_create(moet_model_config(m), &brec.batch)))
 				break;
-			rc = decode_run(m, B, o->ctx, o->steps, samples, &sp,
+			rc = decode_run(m, B, o->ctx, o->warmup, o->steps, samples, &sp,
 					brec.p || brec.batch ? &brec : NULL);
 			double expert_ms = 0;
 			if (!rc && brec.batch)
@@ -548,7 +549,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 				double *ser = malloc((size_t)o->steps * sizeof(double));
 				step_split ss = { 0 }, s1 = { 0 };
 				setenv("MOET_MICROBATCH", "0", 1);
-				rc = ser ? decode_run(m, B, o->ctx, o->steps, ser, &s1, NULL)
+				rc = ser ? decode_run(m, B, o->ctx, o->warmup, o->steps, ser, &s1, NULL)
 					 : moet_err(MOET_ENOMEM, "samples");
 				if (!rc) {
 					moet_bench_stats one;
@@ -557,7 +558,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 					rc = moet_model_set_hybrid_overlap(m, 0);
 				}
 				if (!rc)
-					rc = decode_run(m, B, o->ctx, o->steps, ser, &ss, NULL);
+					rc = decode_run(m, B, o->ctx, o->warmup, o->steps, ser, &ss, NULL);
 				unsetenv("MOET_MICROBATCH");
 				int r2 = moet_model_set_hybrid_overlap(m, 1);
 				if (!rc)
@@ -607,7 +608,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			for (int bi = 0; !rc && bi < o->n_batches; bi++) {
 				const int64_t B = o->batches[bi];
 				step_split sp = { 0 };
-				if ((rc = decode_run(m, B, o->ctx, o->steps, samples, &sp, NULL)))
+				if ((rc = decode_run(m, B, o->ctx, o->warmup, o->steps, samples, &sp, NULL)))
 					break;
 				char name[48];
 				snprintf(name, sizeof(name), "decode-%s-ram%s", mode_name[mode],

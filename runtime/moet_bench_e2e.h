@@ -25,6 +25,8 @@ typedef struct moet_bench_e2e_opts {
 	int n_prefills;
 	int ctx;                  /* prompt length before the decode steps */
 	int steps;                /* timed decode steps per batch */
+	int warmup;               /* untimed decode steps before them (the caches, the NVMe
+				     tier's slots, the micro-batch choice settle); 1 by default */
 	int overlap_check;        /* also run the serial reference for the hybrid and cpu modes */
 	int op_times;             /* time every backend op (MOET_OP_TIMES): a table per batch */
 	const char *profile_out;  /* the routing of the first mode's timed decode steps, as a

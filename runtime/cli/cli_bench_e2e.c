@@ -22,6 +22,7 @@ static void usage(FILE *f)
 	fprintf(f, "usage: moet-hybrid bench e2e --model DIR [--placement FILE] [--device cuda|cpu]\n"
 		   "                             [--modes gpu,hybrid,cpu] [--batches 1,4,16,64]\n"
 		   "                             [--prefill 1024,8192] [--ctx N] [--steps N]\n"
+		   "                             [--warmup N]\n"
 		   "                             [--no-overlap-check] [--op-times] [--profile-out FILE]\n"
 		   "                             [--ram-budgets 100%%,50%%,25%%] [--ram-only]\n"
 		   "                             [--predict-profile P] [--hardware FILE]\n"
@@ -34,7 +35,9 @@ static void usage(FILE *f)
 		   "copies), for hybrid and cpu also the serial run (overlap off: Tc and Tg alone)\n"
 		   "and the bound max(Tc, Tg) + 0.15 min(Tc, Tg), and one prefill per length.\n"
 		   "Defaults: --device cuda, --modes gpu,hybrid,cpu (hybrid needs --placement),\n"
-		   "--batches 1,4,16,64, --prefill 1024,8192, --ctx 64, --steps 8.\n"
+		   "--batches 1,4,16,64, --prefill 1024,8192, --ctx 64, --steps 8, --warmup 1\n"
+		   "(untimed decode steps before the timed ones: caches, the NVMe tier's slots\n"
+		   "and the micro-batch choice settle).\n"
 		   "--op-times: per decode batch, the time of every backend op per step (each op\n"
 		   "waited for, so that run's step times are not the engine's: run it alone).\n"
 		   "--profile-out FILE: the routing of the first mode's timed decode steps as a\n"
@@ -44,7 +47,8 @@ static void usage(FILE *f)
 		   "earlier run: the same workload) beside the measurement, and its error.\n"
 		   "--hardware-out FILE: after the run, a hardware file for the cost model\n"
 		   "(plan --hardware) with what this run measured, each figure under a comment\n"
-		   "naming its row: cpu_read_gbps (the source read with the CPU tier's threads),\n"
+		   "naming its row: cpu_read_gbps (the CPU tier's own decode rate where the run\n"
+		   "timed it alone, else the source read with the CPU tier's threads),\n"
 		   "pcie_gbps (pinned host-to-device, GPU runs), gpu_dense_ms (each gpu-mode step\n"
 		   "less the cost model's GPU expert time for that batch's routing, priced with\n"
 		   "--hardware or the built-in figures); the rest left out (defaults apply).\n"
@@ -236,6 +240,7 @@ int moet_cli_bench_e2e(int argc, char **argv)
 		{ "prefill", required_argument, NULL, 'P' },
 		{ "ctx", required_argument, NULL, 'c' },
 		{ "steps", required_argument, NULL, 's' },
+		{ "warmup", required_argument, NULL, 'w' },
 		{ "no-overlap-check", no_argument, NULL, 'n' },
 		{ "op-times", no_argument, NULL, 'o' },
 		{ "profile-out", required_argument, NULL, 'R' },
@@ -250,7 +255,7 @@ int moet_cli_bench_e2e(int argc, char **argv)
 	};
 	static const int64_t def_b[] = { 1, 4, 16, 64 }, def_p[] = { 1024, 8192 };
 	moet_bench_e2e_opts o = { .device = "cuda", .batches = def_b, .n_batches = 4,
-				  .prefills = def_p, .n_prefills = 2, .ctx = 64, .steps = 8,
+				  .prefills = def_p, .n_prefills = 2, .ctx = 64, .steps = 8, .warmup = 1,
 				  .overlap_check = 1, .modes = 7 };
 	const char *place = NULL, *json_path = NULL, *pred_prof = NULL, *hw_path = NULL;
 	const char *hw_out = NULL;
@@ -291,6 +296,10 @@ int moet_cli_bench_e2e(int argc, char **argv)
 		case 's': o.steps = (int)strtol(optarg, &end, 10);
 			if (*end || o.steps < 1 || o.steps > 100000)
 				rc = moet_err(MOET_EINVAL, "--steps: '%s' (1 .. 100000)", optarg);
+			break;
+		case 'w': o.warmup = (int)strtol(optarg, &end, 10);
+			if (*end || o.warmup < 0 || o.warmup > 100000)
+				rc = moet_err(MOET_EINVAL, "--warmup: '%s' (0 .. 100000)", optarg);
 			break;
 		case 'n': o.overlap_check = 0; break;
 		case 'o': o.op_times = 1; break;

@@ -59,7 +59,10 @@
 #                    kimi-k2, 5 with tiny: half the hot set, so the CPU tier's own routing is
 #                    skewed too, as with a real checkpoint's long tail)
 #   MOET_RB_BUDGETS  RAM budgets (default 50%,25%); MOET_RB_BATCHES (default 1,16);
-#                    MOET_RB_STEPS timed steps (default 12); MOET_RB_CTX (default 32)
+#                    MOET_RB_STEPS timed steps (default 12); MOET_RB_CTX (default 32);
+#                    MOET_RB_WARMUP untimed decode steps before them (default 32: the
+#                    tier's slots move from the profile's warm fill toward what these
+#                    prompts route to, as in a served decode, before it is timed)
 #   MOET_RB_ROWS     which configurations (default "all tier mmap"; "none": only make the
 #                    checkpoint, profile and placement, e.g. as a first call)
 #   MOET_RB_DROP     1 (default): drop the page cache before each tier and mmap process
@@ -84,6 +87,7 @@ if [ "$preset" = tiny ]; then hot=${MOET_RB_HOT:-5}; else hot=${MOET_RB_HOT:-64}
 budgets=${MOET_RB_BUDGETS:-50%,25%}
 batches=${MOET_RB_BATCHES:-1,16}
 steps=${MOET_RB_STEPS:-12}
+warmup=${MOET_RB_WARMUP:-32}
 ctx=${MOET_RB_CTX:-32}
 rows=" ${MOET_RB_ROWS:-all tier mmap} "
 dropping=${MOET_RB_DROP:-1}
@@ -149,7 +153,8 @@ dense=$(awk '/^dense part:/ {print $3; exit}' "$state/plan-$hot.txt")
 grep -E '^experts per MoE layer|hit rate' "$state/plan-$hot.txt" | tail -2 | tee -a "$log" || true
 
 bench=("$bin" bench e2e --model "$ckpt" --device "$device" --modes hybrid --placement "$place"
-	--batches "$batches" --ctx "$ctx" --steps "$steps" --prefill none --no-overlap-check)
+	--batches "$batches" --ctx "$ctx" --steps "$steps" --warmup "$warmup" --prefill none
+	--no-overlap-check)
 
 drop_cache() {
 	[ "$dropping" = 1 ] || { say "page cache kept (MOET_RB_DROP=$dropping)"; return 0; }
@@ -379,7 +384,7 @@ jfmt+=' "tier_read_ms_per_step": %s, "tier_over_disk_bound": %s, "note": "%s"}'
 {
 	echo "decode tokens/s under RAM budgets: $(basename "$ckpt") ($ckpt_bytes bytes), device" \
 		"$device, $hot experts per MoE layer on the GPU, gen ${gen_args[*]}, $steps timed" \
-		"steps after ctx $ctx"
+		"steps after ctx $ctx and $warmup untimed"
 	# shellcheck disable=SC2059 # the format is $tfmt, built above
 	printf "$tfmt" budget \
 		batch all_tok/s tier_tok/s hit opt slots_bytes mmap_tok/s limit_bytes tier/all \
@@ -424,8 +429,8 @@ tee -a "$log" <"$out/table.txt"
 {
 	printf '{"bench": "ram_budget", "checkpoint": "%s", "checkpoint_bytes": %s, "device": "%s",' \
 		"$ckpt" "$ckpt_bytes" "$device"
-	printf ' "hot_per_layer": %s, "steps": %s, "ctx": %s, "cgroup": "%s", "rows": [\n' "$hot" \
-		"$steps" "$ctx" "$(jstr "${cg_root:-none: $cg_why}")"
+	printf ' "hot_per_layer": %s, "steps": %s, "warmup": %s, "ctx": %s, "cgroup": "%s", "rows": [\n' \
+		"$hot" "$steps" "$warmup" "$ctx" "$(jstr "${cg_root:-none: $cg_why}")"
 	for i in "${!json_rows[@]}"; do
 		[ "$i" = 0 ] || printf ',\n'
 		printf '  %s' "${json_rows[$i]}"

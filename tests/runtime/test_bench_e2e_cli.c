@@ -119,25 +119,38 @@ int main(void)
 	      "embed once per timed step (prefill and warm-up not counted): %g", calls);
 	unsetenv("MOET_MICROBATCH");
 	free(out);
-	/* --profile-out: the routing of the timed decode steps, every MoE layer top_k per token */
-	char prof[600];
+	/* --profile-out: the routing of the timed decode steps, every MoE layer top_k per token,
+	 * however many untimed warm-up steps come first (--warmup: 1 by default, 0, 5) */
+	char prof[600], jsw[600];
 	snprintf(prof, sizeof(prof), "%s/steps-profile.json", dir);
-	rc = moet_test_cli(NULL, "bench e2e --model %s --device cpu --modes cpu --batches 2,3 "
-			   "--prefill 4 --ctx 4 --steps 2 --no-overlap-check --profile-out %s", model,
-			   prof);
+	snprintf(jsw, sizeof(jsw), "%s/e2e-warmup.json", dir);
+	static const char *const warm[3] = { "", "--warmup 0", "--warmup 5" };
+	static const int warm_n[3] = { 1, 0, 5 };
 	moet_profile *pf = NULL;
-	CHECK(rc == 0 && moet_profile_load(prof, &pf) == 0, "profile-out: exit %d, %s", rc,
-	      moet_errmsg());
-	for (int64_t l = 0; pf && l < pf->n_layers; l++) {
-		uint64_t sum = 0;
-		for (int64_t e = 0; e < pf->n_experts; e++)
-			sum += pf->counts[moet_profile_at(pf, MOET_PROFILE_DECODE, l) + e];
-		uint64_t want = pf->is_moe[l] ? (uint64_t)(TOPK * (2 + 3) * 2) : 0;
-		CHECK(sum == want, "layer %lld: %llu decode routings, want %llu (top_k x tokens of "
-		      "the timed steps)", (long long)l, (unsigned long long)sum,
-		      (unsigned long long)want);
+	for (int w = 0; w < 3; w++) {
+		rc = moet_test_cli(NULL, "bench e2e --model %s --device cpu --modes cpu --batches "
+				   "2,3 --prefill 4 --ctx 4 --steps 2 --no-overlap-check %s "
+				   "--profile-out %s --json %s", model, warm[w], prof, jsw);
+		CHECK(rc == 0 && moet_profile_load(prof, &pf) == 0, "profile-out %s: exit %d, %s",
+		      warm[w], rc, moet_errmsg());
+		json_t *rw = json_load_file(jsw, 0, NULL);
+		CHECK(rw && json_integer_value(json_object_get(rw, "decode_warmup_steps")) ==
+				    warm_n[w], "%s: the record's decode_warmup_steps", warm[w]);
+		json_decref(rw);
+		for (int64_t l = 0; pf && l < pf->n_layers; l++) {
+			uint64_t sum = 0;
+			for (int64_t e = 0; e < pf->n_experts; e++)
+				sum += pf->counts[moet_profile_at(pf, MOET_PROFILE_DECODE, l) + e];
+			uint64_t want = pf->is_moe[l] ? (uint64_t)(TOPK * (2 + 3) * 2) : 0;
+			CHECK(sum == want, "%s layer %lld: %llu decode routings, want %llu (top_k x "
+			      "tokens of the timed steps)", warm[w], (long long)l,
+			      (unsigned long long)sum, (unsigned long long)want);
+		}
+		moet_profile_free(pf);
+		pf = NULL;
 	}
-	moet_profile_free(pf);
+	moet_test_cli_expect("bench e2e --model /nonexistent --warmup -1", 1, "--warmup: '-1'");
+	moet_test_cli_expect("bench e2e --model /nonexistent --warmup 2x", 1, "--warmup: '2x'");
 
 	/* --predict-profile: each measured decode step beside the cost model's, the hybrid's
 	 * equal to `plan --predict` of the same placement, profile and batch */

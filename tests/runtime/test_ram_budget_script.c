@@ -90,7 +90,8 @@ static int run_script(const char *env, const char *out, const char *ckpt, char *
 	else
 		snprintf(build, sizeof(build), ".");
 	snprintf(cmd, sizeof(cmd), "MOET_RB_DEVICE=cpu MOET_RB_PRESET=tiny MOET_RB_DROP=0 "
-		 "MOET_RB_STEPS=3 MOET_RB_CTX=4 MOET_RB_BATCHES=1,3 %s bash %s/tests/gpu/ram_budget.sh "
+		 "MOET_RB_STEPS=3 MOET_RB_WARMUP=2 MOET_RB_CTX=4 MOET_RB_BATCHES=1,3 %s bash "
+		 "%s/tests/gpu/ram_budget.sh "
 		 "%s %s %s", env, moet_test_source_dir(), build, out, ckpt);
 	return moet_test_run(cmd, text);
 }
@@ -127,6 +128,16 @@ int main(void)
 	json_t *r = json_load_file(path, 0, NULL);
 	const json_t *rows = json_object_get(r, "rows");
 	CHECK(json_array_size(rows) == 4, "2 budgets x 2 batches: %zu rows", json_array_size(rows));
+	CHECK(json_integer_value(json_object_get(r, "warmup")) == 2, "the table's warm-up steps");
+	static const char *const recs[3] = { "all", "tier-50pct", "mmap-25pct" };
+	for (int k = 0; k < 3; k++) { /* every bench it ran took them */
+		char rp[700];
+		snprintf(rp, sizeof(rp), "%s/%s.json", out1, recs[k]);
+		json_t *rr = json_load_file(rp, 0, NULL);
+		CHECK(rr && json_integer_value(json_object_get(rr, "decode_warmup_steps")) == 2,
+		      "%s: decode_warmup_steps", rp);
+		json_decref(rr);
+	}
 	size_t i;
 	const json_t *row;
 	json_array_foreach(rows, i, row) {
