@@ -13,8 +13,9 @@
  *                   reading the routed experts of a fresh mapping.
  *                   NOTE (why the kernel's rate first): on the GPU machine's host the
  *                   decode kernel streams experts faster than that plain read (issue 3's
- *                   records: 1.04-1.16 of it; H200 run of 78c2919: 117 GB/s against a
- *                   ceiling of 77-105 GB/s), and the plain read moves from run to run.
+ *                   records: 1.04-1.16 of it; the H200 run of 78c2919: about 117 GB/s,
+ *                   inferred from its Tc, against a ceiling of 77-105 GB/s), and the
+ *                   plain read moves from run to run.
  *   pcie_gbps       ceilings.h2d_GBps: pinned host-to-device copies (a GPU run only)
  *   gpu_dense_ms    per gpu-mode batch, steps[].dense_ms: the median step less the cost
  *                   model's GPU expert time for that batch's own routing (steps[].
