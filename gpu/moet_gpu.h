@@ -244,6 +244,87 @@ int moet_gpu_sample(const float *logits, int64_t n_rows, int64_t n_cols, int64_t
 		    int32_t *out_ids, double *out_mass, void *stream);
 
 /*
+ * ---- Grouping of a MoE layer's routing pairs on the device (gpu/group.cu) --------------------
+ * What runtime/dispatch.c does on the host after downloading the router's ids (staging off),
+ * element for element: the pairs sorted by (expert, pair index) (moet_expert_pairs_sort),
+ * split by tier with the layer's owner row (device 0, 1, .., n_dev-1, then the CPU tier), and
+ * the combine's slot table. Not yet used by the engine (docs/gpu.md, "Device-side grouping").
+ */
+#define MOET_GPU_GROUP_MAX_PAIRS (65536 * 8) /* n_pairs limit (65536 tokens x top_k 8) */
+#define MOET_GPU_GROUP_MAX_EXP 4096          /* n_exp limit */
+#define MOET_GPU_GROUP_MAX_DEV 64            /* n_dev limit (moet_model_set_placement's) */
+#define MOET_GPU_GROUP_N_CLASS 6 /* token-count classes 1, 2, 3-4, 5-8, 9-16, 17+ (rows.cu) */
+
+/* err[0] flags (err[1], err[2]: the first offender, -1 if none) */
+#define MOET_GPU_GROUP_BAD_ID 1    /* an id outside [0, n_exp); err[1] = its smallest pair */
+#define MOET_GPU_GROUP_BAD_OWNER 2 /* owner[e] not in [-1, n_dev); err[2] = smallest such e */
+
+/* One routing pair: the layout of moet_expert_pair (runtime/moet_backend.h), its padding
+ * spelled out and written as 0, so that arrays of both compare with memcmp. */
+typedef struct moet_gpu_pair {
+	int32_t expert;
+	int32_t pad;  /* 0 */
+	int64_t pair; /* t * top_k + i */
+} moet_gpu_pair;
+
+/* One touched expert of device 0: its pairs are positions first .. first + n_tok - 1. */
+typedef struct moet_gpu_group_exp {
+	int32_t expert;
+	int32_t first; /* position of its first pair in the tier-ordered list (= its y row) */
+	int32_t n_tok; /* its pairs (>= 1) */
+} moet_gpu_group_exp;
+
+/* The outputs: device memory of the caller, sizes in elements; P = n_pairs, X = min(P, n_exp),
+ * T = n_dev + 1. Every field is required. */
+typedef struct moet_gpu_group_bufs {
+	moet_gpu_pair *pairs;      /* [P] the pairs in tier order (positions 0 .. P-1) */
+	int32_t *slot;             /* [P] slot[pair] = the pair's position in `pairs` */
+	int32_t *tier_first;       /* [T] first position of tier g (g = n_dev: the CPU tier) */
+	int32_t *tier_count;       /* [T] its number of pairs */
+	moet_gpu_group_exp *dev0;  /* [X] device 0's touched experts, by expert id */
+	moet_gpu_group_exp *dev0_class; /* [X] the same, by (class of n_tok, expert id) */
+	int32_t *class_first;      /* [6] first index in dev0_class of each class */
+	int32_t *class_count;      /* [6] experts of each class */
+	int32_t *n_dev0;           /* [1] number of device 0's touched experts */
+	int32_t *err;              /* [3] 0, -1, -1 or the MOET_GPU_GROUP_BAD_* report */
+} moet_gpu_group_bufs;
+
+/* *out_bytes = device scratch of moet_gpu_group_pairs for n_pairs pairs over n_exp experts.
+ * Returns 0, MOET_EINVAL (counts outside the limits above) or MOET_EUNSUP without CUDA. */
+int moet_gpu_group_scratch_bytes(int64_t n_pairs, int64_t n_exp, size_t *out_bytes);
+
+/*
+ * Groups the n_pairs routing pairs of ids (device int32 [n_pairs], pair p = t * top_k + i, the
+ * router's output) over n_exp experts:
+ *   tier of expert e:  owner NULL: device 0 (n_dev >= 1);  else owner[e] (device int16
+ *                      [n_exp], the layer's row of the placement): g >= 0 device g, -1 the CPU
+ *   pairs:             for g = 0 .. n_dev-1 the pairs of g's experts, then the CPU tier's, each
+ *                      tier in (expert, pair) order: runtime/dispatch.c's y rows with staging
+ *                      off (the staged class of long prefills is not separated: the CPU tier
+ *                      takes every cold pair)
+ *   slot[p]:           p's position; tier_first/tier_count: each tier's run
+ *   dev0, n_dev0:      device 0's experts with >= 1 pair, by id, with first and n_tok (what a
+ *                      row kernel's group table needs); dev0_class, class_first/count: the same
+ *                      list ordered by token-count class (1, 2, 3-4, 5-8, 9-16, 17+), then id
+ * Entries past n_dev0 (dev0, dev0_class) are left as they were.
+ * Bad input on the device never writes out of bounds: a pair whose id is outside [0, n_exp),
+ * or whose expert has an owner outside [-1, n_dev), gets slot -1 and is in no tier (the tiers
+ * then end before P); err (see MOET_GPU_GROUP_BAD_*) says so. err is written by every call,
+ * so the caller reads it after moet_gpu_sync(stream) (or on the stream) instead of checking
+ * the ids on the host.
+ * Deterministic: the ranks within an expert come from one warp walking each chunk of pairs in
+ * order, integer counts only (gpu/group.cu); repeated calls give the same bytes.
+ * scratch: device memory of moet_gpu_group_scratch_bytes(n_pairs, n_exp) bytes, 256-byte
+ * aligned (borrowed). Queued on `stream` (a few kernels); no allocation, no host wait.
+ * Returns 0, MOET_EINVAL (counts outside the limits, NULL pointers, misaligned or small
+ * scratch; the detail names which), MOET_EDEVICE (a launch failed) or MOET_EUNSUP without CUDA.
+ * Thread-safe for different outputs and scratch.
+ */
+int moet_gpu_group_pairs(const int32_t *ids, int64_t n_pairs, int64_t n_exp,
+			 const int16_t *owner, int n_dev, void *scratch, size_t scratch_bytes,
+			 const moet_gpu_group_bufs *out, void *stream);
+
+/*
  * ---- Fast mode of the expert FFN (gpu/expert_fast.cu; docs/fast-mode.md) ---------------------
  * NOT the exact-numerics contract: tensor-core GEMMs (cuBLAS, bf16 inputs, binary32
  * accumulation) on weights dequantized to bf16 per expert. Outputs differ from

@@ -253,7 +253,7 @@ int moet_gpu_attention_latent(const float *q, long long q_stride, long long n_ro
 	return moet_err(MOET_EUNSUP, "attention_latent: this build has no CUDA");
 }
 
-/* ---- Device sampling and fast expert mode: MOET_EUNSUP. ---- */
+/* ---- Device sampling, grouping and fast expert mode: MOET_EUNSUP. ---- */
 
 int moet_gpu_sample_scratch_bytes(int64_t n_rows, int64_t n_cols, size_t *out_bytes)
 {
@@ -270,6 +270,23 @@ int moet_gpu_sample(const float *logits, int64_t n_rows, int64_t n_cols, int64_t
 	(void)logits, (void)n_rows, (void)n_cols, (void)stride, (void)rows, (void)scratch;
 	(void)scratch_bytes, (void)out_ids, (void)out_mass, (void)stream;
 	return no_cuda("moet_gpu_sample");
+}
+
+int moet_gpu_group_scratch_bytes(int64_t n_pairs, int64_t n_exp, size_t *out_bytes)
+{
+	(void)n_pairs, (void)n_exp;
+	if (out_bytes)
+		*out_bytes = 0;
+	return no_cuda("moet_gpu_group_scratch_bytes");
+}
+
+int moet_gpu_group_pairs(const int32_t *ids, int64_t n_pairs, int64_t n_exp,
+			 const int16_t *owner, int n_dev, void *scratch, size_t scratch_bytes,
+			 const moet_gpu_group_bufs *out, void *stream)
+{
+	(void)ids, (void)n_pairs, (void)n_exp, (void)owner, (void)n_dev, (void)scratch;
+	(void)scratch_bytes, (void)out, (void)stream;
+	return no_cuda("moet_gpu_group_pairs");
 }
 
 int moet_gpu_fast_create(moet_gpu_fast **out)
