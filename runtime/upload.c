@@ -3,8 +3,8 @@
  * link's speed: the hot experts' upload at start (issue 5: >= 80% of min(source read
  * bandwidth, host-to-device bandwidth)).
  *
- *   ranges -> chunks of at most CHUNK bytes (a range may span several chunks, a chunk several
- *             ranges)
+ *   ranges -> chunks of at most a buffer's bytes (a range may span several chunks, a chunk
+ *             several ranges)
  *   chunk i: T threads copy its pieces into pinned buffer i % NBUF (each thread a slice, in
  *            parallel: one thread reads ~10-15 GB/s, the link takes ~55), then one async copy
  *            of the buffer to the device on a copy stream and an event; before buffer b is
@@ -18,8 +18,10 @@
  * too much); they meet the caller once per chunk (a generation counter under a mutex).
  *
  * Per uploaded byte the host's DRAM moves three: the source read, the staging write, the
- * DMA's read of the staging. MOET_UPLOAD=register (upload_reg.c) DMAs from the mapped pages
- * in place instead; moet_upload_many picks between the two.
+ * DMA's read of the staging. Two ways to fewer, both switches: MOET_UPLOAD_STORE=cached with
+ * buffers that fit the last-level cache (MOET_UPLOAD_CHUNK_MB; staged_opts says why), and
+ * MOET_UPLOAD=register (upload_reg.c), which DMAs from the mapped pages in place;
+ * moet_upload_many picks the source.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -37,7 +39,7 @@
 #include "moet_topo.h"
 #include "moet_upload.h"
 
-#define CHUNK ((size_t)64 << 20)
+#define CHUNK_MB 64 /* default staging buffer (MOET_UPLOAD_CHUNK_MB) */
 #define NBUF 4
 
 typedef struct piece {
@@ -56,6 +58,7 @@ typedef struct team {
 	int n_pc;
 	char *buf;
 	size_t chunk_bytes;
+	int cached;        /* plain stores (MOET_UPLOAD_STORE=cached), else non-temporal */
 } team;
 
 typedef struct worker {
@@ -101,7 +104,9 @@ static void copy_slice(const team *t, int id, int n_threads)
 	for (int i = 0; i < t->n_pc && lo < hi; i++) {
 		const piece *p = &t->pc[i];
 		size_t a = p->at > lo ? p->at : lo, b = p->at + p->bytes < hi ? p->at + p->bytes : hi;
-		if (a < b)
+		if (a < b && t->cached)
+			memcpy(t->buf + a, p->src + (a - p->at), b - a);
+		else if (a < b)
 			nt_copy(t->buf + a, p->src + (a - p->at), b - a);
 	}
 }
@@ -165,6 +170,43 @@ int moet_upload_many(const moet_upload_item *items, int64_t n, int n_threads,
 	return moet_upload_many_staged(items, n, n_threads, stats);
 }
 
+/*
+ * The staging buffers' size and the copy's stores, from the environment:
+ *   MOET_UPLOAD_CHUNK_MB  1..1024 (default 64): each of the NBUF pinned buffers
+ *   MOET_UPLOAD_STORE     nt (default): non-temporal stores, the buffers' lines written to
+ *                         DRAM and read from it again by the DMA (3 bytes of DRAM traffic
+ *                         per byte uploaded: source read, buffer write, DMA read);
+ *                         cached: plain stores. NOTE (why a switch): with buffers that fit
+ *                         the host's last-level cache together (e.g. 4 x 8 MiB against the
+ *                         H200 host's 300 MB L3), the lines stay there between the fill and
+ *                         the DMA (device reads are snooped), so the DRAM moves the source
+ *                         read alone; with larger buffers the plain stores' reads for
+ *                         ownership add a pass instead. Which wins is the GPU machine's to
+ *                         say (docs/hybrid.md); the bytes on the device are the same.
+ * MOET_EINVAL naming the variable for anything else.
+ */
+static int staged_opts(size_t *out_chunk, int *out_cached)
+{
+	const char *v = getenv("MOET_UPLOAD_CHUNK_MB");
+	long mb = CHUNK_MB;
+	if (v && *v) {
+		char *end;
+		mb = strtol(v, &end, 10);
+		if (*end || mb < 1 || mb > 1024)
+			return moet_err(MOET_EINVAL, "MOET_UPLOAD_CHUNK_MB='%.40s' (want 1..1024)",
+					v);
+	}
+	*out_chunk = (size_t)mb << 20;
+	v = getenv("MOET_UPLOAD_STORE");
+	if (!v || !*v || !strcmp(v, "nt"))
+		*out_cached = 0;
+	else if (!strcmp(v, "cached"))
+		*out_cached = 1;
+	else
+		return moet_err(MOET_EINVAL, "MOET_UPLOAD_STORE='%.40s' (want nt or cached)", v);
+	return 0;
+}
+
 int moet_upload_many_staged(const moet_upload_item *items, int64_t n, int n_threads,
 			    moet_upload_stats *stats)
 {
@@ -176,21 +218,24 @@ int moet_upload_many_staged(const moet_upload_item *items, int64_t n, int n_thre
 	worker *wk = NULL;
 	team t = { 0 };
 	const int want = n_threads < 1 ? 1 : n_threads > 64 ? 64 : n_threads;
-	int rc = 0;
+	size_t chunk_cap = 0;
+	int rc = staged_opts(&chunk_cap, &t.cached);
 	double t0 = now_s();
 	size_t total = 0;
+	if (rc)
+		goto out;
 	for (int64_t i = 0; i < n; i++)
 		total += items[i].bytes;
 	if (total == 0)
 		goto out;
-	size_t max_pieces = (size_t)n + CHUNK / 4096 + 2;
+	size_t max_pieces = (size_t)n + chunk_cap / 4096 + 2;
 	if (!(pc = malloc(max_pieces * sizeof(*pc))) ||
 	    !(th = calloc((size_t)want, sizeof(*th))) || !(wk = calloc((size_t)want, sizeof(*wk)))) {
 		rc = moet_err(MOET_ENOMEM, "upload tables");
 		goto out;
 	}
 	for (int b = 0; b < NBUF && !rc; b++) {
-		rc = moet_gpu_host_alloc(CHUNK, (void **)&buf[b]);
+		rc = moet_gpu_host_alloc(chunk_cap, (void **)&buf[b]);
 		if (!rc)
 			rc = moet_gpu_event_create(&ev[b]);
 	}
@@ -221,10 +266,10 @@ int moet_upload_many_staged(const moet_upload_item *items, int64_t n, int n_thre
 		/* pieces of this chunk */
 		int np = 0;
 		size_t fill = 0;
-		while (it < n && fill < CHUNK) {
+		while (it < n && fill < chunk_cap) {
 			size_t take = items[it].bytes - off;
-			if (take > CHUNK - fill)
-				take = CHUNK - fill;
+			if (take > chunk_cap - fill)
+				take = chunk_cap - fill;
 			if (take)
 				pc[np++] = (piece){ (const char *)items[it].src + off,
 						    (char *)items[it].dst + off, take, fill };

@@ -10,7 +10,8 @@
  *   - the CPU tier's counters agree with the tier counts (pairs, bytes copied back);
  *   - prefill staging of cold experts (MOET_PREFILL_STAGE=0, 1, auto at 4 tokens): a 64-token
  *     prompt's logits equal the CPU reference's, experts staged and not as switched;
- *   - the upload sources plain, uring and register (small chunks, two registering threads,
+ *   - the upload sources plain, uring, staged with small cached-store buffers, and register
+ *     (small chunks, two registering threads,
  *     and a failed registration that sends the rest through staging) give the same logits;
  *   - the register source on a file mapped PROT_READ, MAP_PRIVATE (as the checkpoint's
  *     shards are): random ranges land on the device equal to the file's bytes, with the
@@ -312,6 +313,22 @@ int main(void)
 	}
 	moet_model_close(ur);
 	unsetenv("MOET_UPLOAD_BUF_KB");
+	/* the staged source with 1 MiB buffers (several turns of the ring for this small model)
+	 * and plain stores (MOET_UPLOAD_STORE=cached): the same bytes */
+	setenv("MOET_UPLOAD", "staged", 1);
+	setenv("MOET_UPLOAD_CHUNK_MB", "1", 1);
+	setenv("MOET_UPLOAD_STORE", "cached", 1);
+	moet_model *sc = NULL;
+	CHECK(moet_model_open_on(dir, "cuda", &sc) == 0, "open staged cached: %s", moet_errmsg());
+	if (sc) {
+		CHECK(moet_model_set_placement(sc, own, 1) == 0, "staged cached upload: %s",
+		      moet_errmsg());
+		CHECK(run(sc, 1, got) == 0 && memcmp(ref, got, n_log * sizeof(float)) == 0,
+		      "MOET_UPLOAD_STORE=cached, 1 MiB buffers: logits equal the CPU reference");
+	}
+	moet_model_close(sc);
+	unsetenv("MOET_UPLOAD_CHUNK_MB");
+	unsetenv("MOET_UPLOAD_STORE");
 	/* the register source: the mapped pages page-locked in 64 KiB chunks (many turns of the
 	 * pipeline for this small model), two registering threads; then a failed registration
 	 * at the third chunk: the rest staged, the same logits */

@@ -10,7 +10,8 @@
  *     chunks are split only when full; each piece lies in its chunk;
  *   - bad items and sizes: one-line messages naming the item and the problem;
  *   - MOET_UPLOAD=register parsed, unknown values refused; bad MOET_UPLOAD_REG_* values
- *     refused by name before any CUDA call, through moet_upload_many too.
+ *     refused by name before any CUDA call, through moet_upload_many too; the same for the
+ *     staged source's MOET_UPLOAD_CHUNK_MB and MOET_UPLOAD_STORE (upload.c).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -256,6 +257,20 @@ static void switch_cases(void)
 		expect(moet_upload_many(&it, 1, 1, NULL), MOET_EINVAL, bad[i][2], bad[i][2]);
 		unsetenv(bad[i][0]);
 	}
+	/* the staged source's knobs, refused before anything is allocated */
+	setenv("MOET_UPLOAD", "staged", 1);
+	const char *bads[][3] = { { "MOET_UPLOAD_CHUNK_MB", "0", "MOET_UPLOAD_CHUNK_MB='0'" },
+				  { "MOET_UPLOAD_CHUNK_MB", "2048", "MOET_UPLOAD_CHUNK_MB='2048'" },
+				  { "MOET_UPLOAD_CHUNK_MB", "8M", "MOET_UPLOAD_CHUNK_MB='8M'" },
+				  { "MOET_UPLOAD_STORE", "stream", "MOET_UPLOAD_STORE='stream'" } };
+	for (size_t i = 0; i < sizeof(bads) / sizeof(bads[0]); i++) {
+		setenv(bads[i][0], bads[i][1], 1);
+		expect(moet_upload_many(&it, 1, 1, NULL), MOET_EINVAL, bads[i][2], bads[i][2]);
+		expect(moet_upload_many_staged(&it, 1, 1, NULL), MOET_EINVAL, bads[i][2],
+		       bads[i][2]);
+		unsetenv(bads[i][0]);
+	}
+	setenv("MOET_UPLOAD", "register", 1);
 	moet_upload_reg_opts o = { .max_chunks = 70 };
 	expect(moet_upload_many_register(&it, 1, &o, NULL), MOET_EINVAL, "70 chunks",
 	       "70 chunks by option");
