@@ -287,17 +287,25 @@ static size_t elem_bytes(moet_dtype dt)
 
 /* ---- one token ------------------------------------------------------------------------ */
 
-/* The partial sums P of one block of one row (kb columns from k0) with v: 16 lanes. */
-AI __m512 block1(moet_dtype dt, const void *row, int64_t k0, int kb, const float *v)
+/* One block of one row decoded for the streaming paths: the one-token decode of full FP8
+ * blocks (dec64_e4m3_wt), dec_block otherwise. */
+AI void dec_block1(moet_dtype dt, const void *row, int64_t k0, int kb, __m512 w[8])
 {
-	__m512 w[8], p = _mm512_setzero_ps();
 #ifdef __AVX512VBMI__
 	if (dt == MOET_DT_F8_E4M3 && kb == MOET_BLOCK) {
 		dec64_e4m3_wt((const uint8_t *)row + k0, w);
 		dec64_e4m3_wt((const uint8_t *)row + k0 + 64, w + 4);
-	} else
+		return;
+	}
 #endif
-		dec_block(dt, row, k0, kb, w);
+	dec_block(dt, row, k0, kb, w);
+}
+
+/* The partial sums P of one block of one row (kb columns from k0) with v: 16 lanes. */
+AI __m512 block1(moet_dtype dt, const void *row, int64_t k0, int kb, const float *v)
+{
+	__m512 w[8], p = _mm512_setzero_ps();
+	dec_block1(dt, row, k0, kb, w);
 #pragma GCC unroll 8
 	for (int t = 0; t < 8; t++) {
 		if (16 * t >= kb)
@@ -440,13 +448,7 @@ AI void blockT(const int T, moet_dtype dt, const void *row, int64_t k0, int kb,
 	       const float *x, int64_t xs, __m512 *p)
 {
 	__m512 w[8];
-#ifdef __AVX512VBMI__
-	if (dt == MOET_DT_F8_E4M3 && kb == MOET_BLOCK) {
-		dec64_e4m3_wt((const uint8_t *)row + k0, w);
-		dec64_e4m3_wt((const uint8_t *)row + k0 + 64, w + 4);
-	} else
-#endif
-		dec_block(dt, row, k0, kb, w);
+	dec_block1(dt, row, k0, kb, w);
 #pragma GCC unroll 8
 	for (int j = 0; j < T; j++)
 		p[j] = _mm512_setzero_ps();

@@ -102,6 +102,9 @@ int moet_test_write_file(const char *path, const void *data, size_t n)
 
 void *moet_test_read_file(const char *path, size_t *out_n)
 {
+	size_t dummy;
+	if (!out_n)
+		out_n = &dummy;
 	*out_n = 0;
 	FILE *f = fopen(path, "rb");
 	if (!f)
@@ -245,4 +248,25 @@ int moet_test_kimi(int64_t n_layers, int64_t n_experts, moet_config *out_cf,
 		gp.n_experts = n_experts;
 	int rc = moet_gen_config(&gp, out_cf);
 	return rc ? rc : moet_placement_sizes_from_config(out_cf, out_sizes);
+}
+
+void moet_test_routing_ids(int32_t *ids, int64_t n, int64_t k, int64_t E, int mode,
+			   uint64_t *state)
+{
+	const int64_t pool = mode == 0 ? E : mode == 1 ? (k + 2 < E ? k + 2 : E) : 3;
+	const int64_t off =
+		mode == 0 ? 0 : (int64_t)(moet_test_xorshift64(state) % (uint32_t)(E - pool + 1));
+	for (int64_t t = 0; t < n; t++)
+		for (int64_t i = 0; i < k; i++) {
+			int32_t e;
+			int again;
+			do {
+				e = (int32_t)(off + (int64_t)(moet_test_xorshift64(state) %
+							      (uint32_t)pool));
+				again = 0;
+				for (int64_t j = 0; mode < 2 && j < i; j++)
+					again |= ids[t * k + j] == e;
+			} while (again);
+			ids[t * k + i] = e;
+		}
 }

@@ -66,12 +66,18 @@ int moet_test_write_file(const char *path, const void *data, size_t n);
 
 /* The whole file at path, malloc'd with one NUL byte after its *out_n bytes (so text files
  * read as strings); NULL when it cannot be opened, is not a regular file, or cannot be fully
- * read (*out_n then 0). */
+ * read (*out_n then 0). out_n may be NULL. */
 void *moet_test_read_file(const char *path, size_t *out_n);
 
 /* One step of xorshift64 (13, 7, 17) on *state, which must not be 0; returns the new state.
  * The tests' reproducible random numbers: each test keeps its own seeded state. */
 uint64_t moet_test_xorshift64(uint64_t *state);
+
+/* Routing ids for n tokens x top_k over E experts, from *state (xorshift64, % the range):
+ * mode 0 distinct per token over all E; 1 distinct per token over top_k + 2 experts from a
+ * random offset (heavy ties); 2 anything (repeats within a token too) over 3 experts. */
+void moet_test_routing_ids(int32_t *ids, int64_t n, int64_t k, int64_t E, int mode,
+			   uint64_t *state);
 
 typedef struct moet_model moet_model;
 typedef struct moet_gen_params moet_gen_params;

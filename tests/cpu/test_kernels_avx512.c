@@ -355,17 +355,6 @@ fail:
 	return rc;
 }
 
-static char *slurp(const char *path, size_t *n)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return NULL;
-	char *buf = malloc(1 << 24);
-	*n = buf ? fread(buf, 1, 1 << 24, f) : 0;
-	fclose(f);
-	return buf;
-}
-
 static void test_env_and_model(void)
 {
 	char self[4096], cmd[9000], *out = NULL;
@@ -406,7 +395,7 @@ static void test_env_and_model(void)
 		out = NULL;
 	}
 	size_t nr = 0, na = 0;
-	char *br = slurp(pr, &nr), *ba = slurp(pa, &na);
+	char *br = moet_test_read_file(pr, &nr), *ba = moet_test_read_file(pa, &na);
 	CHECK(br && ba && nr > 0 && nr == na && !memcmp(br, ba, nr),
 	      "groups fixture logits differ between the ref and avx512 tables (%zu vs %zu bytes)",
 	      nr, na);

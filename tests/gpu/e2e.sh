@@ -30,11 +30,7 @@ batches=${MOET_E2E_BATCHES:-1,4,16,64}
 vhot=${MOET_E2E_VERIFY_HOT:-96}
 skip=${MOET_E2E_SKIP:-}
 mkdir -p "$out"
-if ls .deb/*.deb >/dev/null 2>&1; then
-	mkdir -p /tmp/moet-debs
-	for f in .deb/*.deb; do dpkg -x "$f" /tmp/moet-debs; done
-	export LD_LIBRARY_PATH="/tmp/moet-debs/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-fi
+. tests/gpu/debs.sh
 bin=$build/moet-hybrid
 step() { echo "== $(date +%T) $*" | tee -a "$out/e2e.log"; }
 

@@ -71,11 +71,7 @@ case $reps in
 '' | *[!0-9]* | 0) echo "plan_auto: MOET_PA_REPS=$reps (want a whole number >= 1)" >&2; exit 1 ;;
 esac
 mkdir -p "$out"
-if ls .deb/*.deb >/dev/null 2>&1; then
-	mkdir -p /tmp/moet-debs
-	for f in .deb/*.deb; do dpkg -x "$f" /tmp/moet-debs; done
-	export LD_LIBRARY_PATH="/tmp/moet-debs/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-fi
+. tests/gpu/debs.sh
 bin=$build/moet-hybrid
 step() { echo "== $(date +%T) $*" | tee -a "$out/plan_auto.log"; }
 

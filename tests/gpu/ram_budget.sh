@@ -95,11 +95,7 @@ margin=$((${MOET_RB_OOM_MARGIN_MB:-512} << 20))
 fake=${MOET_RB_FAKE_CGROUP:-}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-if ls .deb/*.deb >/dev/null 2>&1; then
-	mkdir -p /tmp/moet-debs
-	for f in .deb/*.deb; do dpkg -x "$f" /tmp/moet-debs; done
-	export LD_LIBRARY_PATH="/tmp/moet-debs/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-fi
+. tests/gpu/debs.sh
 bin=$build/moet-hybrid
 log=$out/ram_budget.log
 step() { echo "== $(date +%T) $*" | tee -a "$log"; }

@@ -13,11 +13,7 @@ cd "$(dirname "$0")/../.."
 build=${1:-build}
 out=${2:-${OUT:-gpu-test-out}}
 mkdir -p "$out"
-if ls .deb/*.deb >/dev/null 2>&1; then
-	mkdir -p /tmp/moet-debs
-	for f in .deb/*.deb; do dpkg -x "$f" /tmp/moet-debs; done
-	export LD_LIBRARY_PATH="/tmp/moet-debs/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-fi
+. tests/gpu/debs.sh
 if [ ! -x "$build/moet-hybrid" ]; then
 	cmake -S . -B "$build" -G Ninja >"$out/configure.log" 2>&1 && cmake --build "$build" >"$out/build.log" 2>&1 || {
 		echo "build failed (see $out/build.log)"; exit 1; }

@@ -6,9 +6,8 @@
  *   compared as "any NaN" where it does not):  linear (moet_dot_ref), router ids and weights
  *   (moet_router_select_ref after the CPU's sigmoid), combine (the forward pass's loop), embed,
  *   residual add, kv write (the forward pass's cache layout), attention (moet_attend_ref:
- *   the GPU repeats its binary64 sums in index order), attention in the absorbed form
- *   (moet_attend_latent_ref, both kernels of MOET_GPU_LATENT); greedy draws are
- *   test_gpu_sample's;
+ *   the GPU repeats its binary64 sums in index order); the absorbed form is
+ *   test_gpu_latent's, greedy draws are test_gpu_sample's;
  *   within a stated tolerance: rmsnorm (2 ulp of moet_rmsnorm_ref; exact matches counted),
  *   rope (1 binary32 ulp of each table entry's effect; exact matches counted, >= 99.9%).
  *   Attention batch invariance: every row of a ragged batch (several sequences, prefill chunks
@@ -31,64 +30,7 @@
 #include "moet_gpu.h"
 #include "moet_test.h"
 
-static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static uint64_t rnd(void)
-{
-	return moet_test_xorshift64(&rng_state);
-}
-static float rnd_unit(void) /* [-1, 1) */
-{
-	return (float)((double)(rnd() >> 11) * 0x1p-52 - 1.0);
-}
-
-/* ---- device helpers: every failure is counted and printed ------------------------------- */
-
-static int dev_fail(int rc, const char *what)
-{
-	if (rc)
-		CHECK(0, "%s: %s", what, moet_errmsg());
-	return rc;
-}
-
-static void *up(const void *h, size_t bytes)
-{
-	void *d = NULL;
-	if (dev_fail(moet_gpu_alloc(bytes ? bytes : 4, &d), "alloc"))
-		return NULL;
-	if (h && dev_fail(moet_gpu_copy_h2d(d, h, bytes), "h2d")) {
-		moet_gpu_free(d);
-		return NULL;
-	}
-	return d;
-}
-
-static int down(void *h, const void *d, size_t bytes)
-{
-	int rc = dev_fail(moet_gpu_sync(NULL), "sync");
-	return rc ? rc : dev_fail(moet_gpu_copy_d2h(h, d, bytes), "d2h");
-}
-
-/* ---- comparisons ------------------------------------------------------------------------ */
-
-static int nan_f(float f)
-{
-	return f != f;
-}
-
-/* Bit-equal, any NaN equal to any NaN when nan_any. Prints the first mismatch. */
-static int same_bits(const char *what, const float *g, const float *c, size_t n, int nan_any)
-{
-	for (size_t i = 0; i < n; i++) {
-		if (nan_any && nan_f(g[i]) && nan_f(c[i]))
-			continue;
-		if (memcmp(&g[i], &c[i], 4)) {
-			CHECK(0, "%s: element %zu: gpu %08x (%g), cpu %08x (%g)", what, i,
-			      moet_f32_bits(g[i]), (double)g[i], moet_f32_bits(c[i]), (double)c[i]);
-			return 0;
-		}
-	}
-	return 1;
-}
+#include "gpu_check.h"
 
 static int64_t ordered(float f) /* monotone integer image of a float (+0 == -0) */
 {
@@ -182,30 +124,6 @@ static void lin_row(void *ctx, int64_t i)
 			}
 			pthread_mutex_unlock(&c->mu);
 			return;
-		}
-	}
-}
-
-/* Fills n weight elements quickly (large matrices): e4m3 codes without NaN, bf16 of [-2, 2),
- * f32 of [-2, 2); edge != 0 mixes in zeros of both signs and subnormals. */
-static void fill_weights(moet_dtype dt, void *p, size_t n, int edge)
-{
-	for (size_t i = 0; i < n; i += 4) {
-		uint64_t r = rnd();
-		for (size_t k = i; k < i + 4 && k < n; k++, r >>= 16) {
-			uint16_t b = (uint16_t)r;
-			if (edge && (b & 7) == 0)
-				b = (b & 0x8000) | ((b >> 3) & 3); /* +-0, tiny subnormal */
-			if (dt == MOET_DT_F8_E4M3) {
-				uint8_t c = (uint8_t)b;
-				((uint8_t *)p)[k] = (c & 0x7F) == 0x7F ? (uint8_t)(c ^ 1) : c;
-			} else if (dt == MOET_DT_BF16) { /* sign, 2^-7 .. 2^0, any mantissa */
-				uint16_t v = (uint16_t)((b & 0x807F) | ((120 + ((b >> 7) & 7)) << 7));
-				((uint16_t *)p)[k] = edge && (b & 7) == 0 ? b : v;
-			} else {
-				((float *)p)[k] = edge && (b & 7) == 0 ? moet_bits_f32(b & 0x8003)
-								       : rnd_unit() * 2.0f;
-			}
 		}
 	}
 }
@@ -661,140 +579,6 @@ static void test_attention(void)
 	attention_case("kimi-k2-4k", (attn_dims){ 64, 128, 64, 128 }, 2, dlen, deep, 2);
 }
 
-/* ---- attention, absorbed form ----------------------------------------------------------- */
-
-/* Every row has a cache of its own: n_pos[t] positions of [c | kpe | pad], random. Both
- * kernels (MOET_GPU_LATENT=ref, fast) and the default against moet_attend_latent_ref, bit for
- * bit, a repeat identical, and (fast) each row alone = its batch bits. */
-static void latent_case(const char *name, moet_dtype dt, attn_dims a, int64_t L,
-			const int32_t *n_pos, int n_rows)
-{
-	const size_t esz = dt == MOET_DT_F8_E4M3 ? 1 : dt == MOET_DT_BF16 ? 2 : 4;
-	const int64_t R = a.heads * (a.nope + a.dv), cs = L + a.rope + 2;
-	const int64_t qs = a.heads * (a.nope + a.rope), os = a.heads * a.dv;
-	const int64_t nb = ((R + 127) / 128) * ((L + 127) / 128);
-	void *w = malloc((size_t)(R * L) * esz);
-	float *sc = dt == MOET_DT_F8_E4M3 ? malloc((size_t)nb * sizeof(float)) : NULL;
-	float *q = malloc((size_t)(n_rows * qs) * sizeof(float));
-	float *ref = malloc((size_t)(n_rows * os) * sizeof(float));
-	float *got = malloc((size_t)(n_rows * os) * sizeof(float));
-	float *one = malloc((size_t)os * sizeof(float));
-	float *hc[8] = { 0 }, *dc[8] = { 0 }, *scr = NULL;
-	int32_t pos[8];
-	void *dw = NULL, *ds = NULL, *dq = NULL, *dout = NULL, *dcb = NULL, *dpos = NULL;
-	int64_t max_pos = 0;
-	for (int t = 0; t < n_rows; t++)
-		max_pos = n_pos[t] > max_pos ? n_pos[t] : max_pos;
-	scr = malloc((size_t)(2 * L + max_pos) * sizeof(float));
-	if (n_rows > 8 || !w || (esz == 1 && !sc) || !q || !ref || !got || !one || !scr) {
-		CHECK(0, "%s: host memory", name);
-		goto out;
-	}
-	fill_weights(dt, w, (size_t)(R * L), 0);
-	for (int64_t b = 0; sc && b < nb; b++)
-		sc[b] = ldexpf(1.0f + rnd_unit() * 0.5f, -4 - (int)(rnd() % 4));
-	for (int64_t i = 0; i < n_rows * qs; i++)
-		q[i] = rnd_unit() * 2.0f;
-	for (int t = 0; t < n_rows; t++) {
-		const size_t n = (size_t)(n_pos[t] * cs);
-		if (!(hc[t] = malloc(n * sizeof(float)))) {
-			CHECK(0, "%s: host memory", name);
-			goto out;
-		}
-		for (size_t i = 0; i < n; i++)
-			hc[t][i] = rnd_unit();
-		if (!(dc[t] = up(hc[t], n * sizeof(float))))
-			goto out;
-		pos[t] = n_pos[t] - 1;
-	}
-	dw = up(w, (size_t)(R * L) * esz);
-	ds = sc ? up(sc, (size_t)nb * sizeof(float)) : NULL;
-	dq = up(q, (size_t)(n_rows * qs) * sizeof(float));
-	dout = up(NULL, (size_t)(n_rows * os) * sizeof(float));
-	dcb = up(dc, (size_t)n_rows * sizeof(float *));
-	dpos = up(pos, (size_t)n_rows * sizeof(int32_t));
-	if (!dw || (sc && !ds) || !dq || !dout || !dcb || !dpos)
-		goto out;
-	const moet_mat hm = { dt, R, L, w, sc }, dm = { dt, R, L, dw, ds };
-	const float scale = 0.07f;
-	for (int t = 0; t < n_rows; t++)
-		for (int64_t h = 0; h < a.heads; h++) {
-			const float *qh = q + t * qs + h * (a.nope + a.rope);
-			moet_attend_latent_ref(qh, qh + a.nope, &hm, h, a.nope, a.dv, a.rope, hc[t],
-					       cs, NULL, 0, n_pos[t], scale, scr,
-					       ref + t * os + h * a.dv);
-		}
-	static const char *const var[4] = { "ref", "fast", "", "fast" };
-	for (int v = 0; v < 4; v++) {
-		setenv("MOET_GPU_LATENT", var[v], 1);
-		for (int64_t i = 0; i < n_rows * os; i++)
-			got[i] = moet_bits_f32(0x7fc00bad); /* a NaN no kernel writes */
-		if (dev_fail(moet_gpu_copy_h2d(dout, got, (size_t)(n_rows * os) * 4), "poison") ||
-		    dev_fail(moet_gpu_attention_latent(dq, qs, n_rows, a.heads, a.nope, a.rope,
-						       a.dv, &dm, dcb, cs, dpos, NULL, scale, dout,
-						       os, NULL), name) ||
-		    down(got, dout, (size_t)(n_rows * os) * sizeof(float)))
-			goto out;
-		char what[96];
-		snprintf(what, sizeof(what), "latent %s (MOET_GPU_LATENT=%s)", name, var[v]);
-		same_bits(what, got, ref, (size_t)(n_rows * os), 0);
-	}
-	/* the fast kernel: each row alone gives its batch bits */
-	for (int t = 0; t < n_rows; t++) {
-		if (dev_fail(moet_gpu_attention_latent((float *)dq + t * qs, qs, 1, a.heads, a.nope,
-						       a.rope, a.dv, &dm, (float **)dcb + t, cs,
-						       (int32_t *)dpos + t, NULL, scale, dout, os,
-						       NULL), name) ||
-		    down(one, dout, (size_t)os * sizeof(float)))
-			goto out;
-		CHECK(!memcmp(one, got + t * os, (size_t)os * sizeof(float)),
-		      "latent %s: row %d (%d positions) alone differs from the batch", name, t,
-		      n_pos[t]);
-	}
-	unsetenv("MOET_GPU_LATENT");
-	printf("attention_latent %s: %d rows x %lld heads, both kernels bit-equal to "
-	       "moet_attend_latent_ref; each row alone = batch\n", name, n_rows,
-	       (long long)a.heads);
-out:
-	unsetenv("MOET_GPU_LATENT");
-	for (int t = 0; t < 8; t++) {
-		free(hc[t]);
-		moet_gpu_free(dc[t]);
-	}
-	moet_gpu_free(dw);
-	moet_gpu_free(ds);
-	moet_gpu_free(dq);
-	moet_gpu_free(dout);
-	moet_gpu_free(dcb);
-	moet_gpu_free(dpos);
-	free(w);
-	free(sc);
-	free(q);
-	free(ref);
-	free(got);
-	free(one);
-	free(scr);
-}
-
-static void test_attention_latent(void)
-{
-	/* 1 position, a short decode context, one across a 1024-position score tile, two */
-	const int32_t n_pos[4] = { 1, 65, 1500, 2049 };
-	latent_case("tiny f8", MOET_DT_F8_E4M3, (attn_dims){ 4, 16, 8, 16 }, 32, n_pos, 4);
-	latent_case("tiny bf16", MOET_DT_BF16, (attn_dims){ 3, 24, 8, 20 }, 200, n_pos, 3);
-	latent_case("kimi-k2 f8", MOET_DT_F8_E4M3, (attn_dims){ 64, 128, 64, 128 }, 512, n_pos,
-		    4);
-	setenv("MOET_GPU_LATENT", "bogus", 1);
-	float *d = up(NULL, 4096);
-	CHECK(moet_gpu_attention_latent(d, 64, 1, 1, 8, 8, 8,
-					&(moet_mat){ MOET_DT_F32, 16, 16, d, NULL }, (float **)d,
-					24, (int32_t *)d, NULL, 1.0f, d, 8, NULL) == MOET_EINVAL &&
-	      strstr(moet_errmsg(), "MOET_GPU_LATENT"), "MOET_GPU_LATENT=bogus: %s",
-	      moet_errmsg());
-	unsetenv("MOET_GPU_LATENT");
-	moet_gpu_free(d);
-}
-
 /* ---- router ----------------------------------------------------------------------------- */
 
 static void router_case(const char *name, int64_t E, int64_t G, int64_t TG, int64_t K, int norm,
@@ -1061,7 +845,6 @@ int main(void)
 	test_rmsnorm();
 	test_rope();
 	test_attention();
-	test_attention_latent();
 	test_linear();
 	return moet_test_done("test_gpu_dense");
 }

@@ -248,26 +248,6 @@ out:
 	free(r.dev0_class), free(r.class_first), free(r.class_count), free(r.n_dev0), free(r.err);
 }
 
-/* ids for n tokens x top_k: mode 0 distinct per token over all E, 1 distinct per token over
- * top_k + 2 hot experts (heavy ties), 2 repeats allowed, over 3 experts */
-static void make_ids(int32_t *ids, int64_t n, int64_t k, int64_t E, int mode)
-{
-	const int64_t pool = mode == 0 ? E : mode == 1 ? (k + 2 < E ? k + 2 : E) : 3;
-	const int64_t off = mode == 0 ? 0 : rnd((uint32_t)(E - pool + 1));
-	for (int64_t t = 0; t < n; t++)
-		for (int64_t i = 0; i < k; i++) {
-			int32_t e;
-			int again;
-			do {
-				e = (int32_t)(off + rnd((uint32_t)pool));
-				again = 0;
-				for (int64_t j = 0; mode < 2 && j < i; j++)
-					again |= ids[t * k + j] == e;
-			} while (again);
-			ids[t * k + i] = e;
-		}
-}
-
 /* owner rows: 0 none (1 device), 1 random over {-1, 0, 1, 2}, 2 all -1, 3 all 1 (3 devices),
  * 4 all -1 with no devices, 5 random over {-1 .. n_dev-1} */
 static void one(int64_t n, int64_t k, int64_t E, int mode, int ow, int n_dev)
@@ -279,7 +259,7 @@ static void one(int64_t n, int64_t k, int64_t E, int mode, int ow, int n_dev)
 		free(ids), free(owner);
 		return;
 	}
-	make_ids(ids, n, k, E, mode);
+	moet_test_routing_ids(ids, n, k, E, mode, &rng);
 	for (int64_t e = 0; e < E; e++)
 		owner[e] = (int16_t)(ow == 1 ? (int)rnd(4) - 1 : ow == 2 || ow == 4 ? -1 :
 				     ow == 3 ? 1 : (int)rnd((uint32_t)n_dev + 1) - 1);
@@ -327,7 +307,7 @@ static void test_bad_ids(void)
 		return;
 	}
 	for (int round = 0; round < 3; round++) {
-		make_ids(ids, n, k, E, 0);
+		moet_test_routing_ids(ids, n, k, E, 0, &rng);
 		const int32_t bad[] = { -1, (int32_t)E, INT32_MAX, INT32_MIN, 1000 };
 		for (int i = 0; i < 40 && round != 1; i++)
 			ids[1 + rnd((uint32_t)P - 1)] = bad[rnd(5)];
@@ -342,7 +322,7 @@ static void test_bad_ids(void)
 		run_case(what, ids, P, E, owner, 3);
 	}
 	/* the report as an error */
-	make_ids(ids, n, k, E, 0);
+	moet_test_routing_ids(ids, n, k, E, 0, &rng);
 	ids[77] = 999;
 	moet_gpu_group_bufs r = { 0 };
 	int32_t *d_ids = NULL, *d_err = NULL, err[3] = { 0 };

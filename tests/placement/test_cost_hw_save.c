@@ -22,18 +22,6 @@
 
 static char *tmp;
 
-static char *slurp(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return NULL;
-	char *b = calloc(1, 1 << 16);
-	if (b)
-		(void)!fread(b, 1, (1 << 16) - 1, f);
-	fclose(f);
-	return b;
-}
-
 static int same_curve(const moet_cost_curve *a, const moet_cost_curve *b)
 {
 	if (a->n != b->n)
@@ -108,7 +96,7 @@ static void test_round_trip(void)
 	CHECK(rc == 0, "load: %d %s", rc, moet_errmsg());
 	CHECK(same_hw(&hw, &back) && !strcmp(back.name, hw.name) && back.from_file,
 	      "every figure reads back bit for bit");
-	char *t = slurp(path);
+	char *t = moet_test_read_file(path, NULL);
 	CHECK(t != NULL, "read %s", path);
 	if (!t)
 		return;
@@ -160,7 +148,7 @@ static void test_subset(void)
 	def.gpu_dense_ms = hw.gpu_dense_ms;
 	CHECK(same_hw(&def, &back) && !strcmp(back.name, def.name), "subset: the defaults but "
 	      "for the written keys");
-	char *t = slurp(path);
+	char *t = moet_test_read_file(path, NULL);
 	CHECK(t && !strstr(t, "\ngpu_read_gbps:") && !strstr(t, "name:") &&
 	      strstr(t, "# gpu_read_gbps: not measured"), "left out:\n%s", t ? t : "");
 	free(t);

@@ -34,18 +34,6 @@
 #include "moet_profile.h"
 #include "moet_test.h"
 
-static char *slurp(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return NULL;
-	char *b = calloc(1, 1 << 16);
-	if (b)
-		(void)!fread(b, 1, (1 << 16) - 1, f);
-	fclose(f);
-	return b;
-}
-
 /* The comments' text with the wraps undone ("\n# " read as a space), for phrases. */
 static char *flat(const char *t)
 {
@@ -140,7 +128,7 @@ static void test_noisy_points(const char *dir)
 	      "kept 1, 4, 16 of 1, 2, 4, 8, 16: %d points", c->n);
 	CHECK(hw.pcie_gbps == 55.5 && hw.cpu_read_gbps == def.cpu_read_gbps, "pcie %g cpu %g",
 	      hw.pcie_gbps, hw.cpu_read_gbps);
-	char *t = slurp(path);
+	char *t = moet_test_read_file(path, NULL);
 	char *ft = flat(t);
 	CHECK(ft && strstr(ft, "Left out: batch 2, -0.5000 ms: not above 0") &&
 	      strstr(ft, "Left out: batch 8, 1.5000 ms: below a smaller batch's") &&
@@ -235,7 +223,7 @@ int main(void)
 		/* written bit for bit, or said to be left out (a noisy fall) */
 		char left[64];
 		snprintf(left, sizeof(left), "Left out: batch %lld,", (long long)B);
-		char *t = slurp(hwp);
+		char *t = moet_test_read_file(hwp, NULL);
 		CHECK(point(&hw.gpu_dense_ms, B) == dense || (t && strstr(t, left)),
 		      "batch %lld: file %g, record %g", (long long)B, point(&hw.gpu_dense_ms, B),
 		      dense);
@@ -243,7 +231,7 @@ int main(void)
 	}
 	CHECK(hw.gpu_dense_ms.n >= 1, "gpu_dense_ms has points");
 	/* the rest: not measured on --device cpu, or never by bench e2e */
-	char *t = slurp(hwp);
+	char *t = moet_test_read_file(hwp, NULL);
 	static const char *absent[] = { "pcie_gbps", "gpu_read_gbps", "pcie_latency_us",
 					 "stage_copy_gbps", "cpu_overhead_us", "gpu_overhead_us",
 					 "act_bytes", "cpu_fma_gflops", "cpu_fma_frac",
@@ -313,7 +301,7 @@ int main(void)
 	/* the read term: what the model does not price apart (per MoE layer call) */
 	const double want_r = pick ? pick_bytes / (num(pick, "tc_s") - num(pick, "tc_cpu_layer_calls") *
 						   def.cpu_overhead_us * 1e-6) / 1e9 : -1;
-	char *raw1b = slurp(hw1b), *t1b = flat(raw1b);
+	char *raw1b = moet_test_read_file(hw1b, NULL), *t1b = flat(raw1b);
 	free(raw1b);
 	CHECK(pick && fabs(hw1.cpu_read_gbps - want_r) <= 1e-12 * want_r && t1b &&
 	      strstr(t1b, "CPU tier: its own decode rate"),
@@ -351,7 +339,7 @@ int main(void)
 	      fabs(d3 - (1e3 * num(st3, "step_s") - x3)) <= 1e-9 * 1e3 * num(st3, "step_s"),
 	      "batch 3 point %g: step %g ms - %g ms", d3, st3 ? 1e3 * num(st3, "step_s") : -1,
 	      x3);
-	t = slurp(hw2);
+	t = moet_test_read_file(hw2, NULL);
 	CHECK(t && strstr(t, base) && hw3.gpu_read_gbps == def.gpu_read_gbps,
 	      "names the hardware that priced the experts, copies none of it:\n%s", t ? t : "");
 	free(t);

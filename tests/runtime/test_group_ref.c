@@ -149,26 +149,6 @@ static void check_brute(const char *what, const int32_t *ids, int64_t P, int64_t
 			      b->slot[p]);
 }
 
-/* ids for n tokens x top_k: mode 0 distinct per token over all E, 1 distinct per token over
- * top_k + 2 hot experts (heavy ties), 2 anything (repeats within a token too) over 3 experts */
-static void make_ids(int32_t *ids, int64_t n, int64_t k, int64_t E, int mode)
-{
-	const int64_t pool = mode == 0 ? E : mode == 1 ? (k + 2 < E ? k + 2 : E) : 3;
-	const int64_t off = mode == 0 ? 0 : rnd((uint32_t)(E - pool + 1));
-	for (int64_t t = 0; t < n; t++)
-		for (int64_t i = 0; i < k; i++) {
-			int32_t e;
-			int again;
-			do {
-				e = (int32_t)(off + rnd((uint32_t)pool));
-				again = 0;
-				for (int64_t j = 0; mode < 2 && j < i; j++)
-					again |= ids[t * k + j] == e;
-			} while (again);
-			ids[t * k + i] = e;
-		}
-}
-
 static void test_random(void)
 {
 	const int64_t ns[] = { 0, 1, 7, 8, 64, 512 }, ks[] = { 8, 6 }, Es[] = { 384, 256, 64 };
@@ -189,7 +169,7 @@ static void test_random(void)
 			free(ids), free(owner), free(srt);
 			return;
 		}
-		make_ids(ids, n, k, E, mode);
+		moet_test_routing_ids(ids, n, k, E, mode, &rng);
 		for (int64_t e = 0; e < E; e++)
 			owner[e] = (int16_t)(ow == 1 ? (int)rnd(4) - 1 : ow == 2 || ow == 4 ? -1 : 1);
 		const int16_t *orow = ow == 0 ? NULL : owner;
@@ -231,7 +211,7 @@ static void test_bad(void)
 		CHECK(0, "out of memory");
 		return;
 	}
-	make_ids(ids, 8, 8, E, 0);
+	moet_test_routing_ids(ids, 8, 8, E, 0, &rng);
 	ids[9] = -3;
 	ids[20] = (int32_t)E;
 	ids[40] = INT32_MIN;
@@ -256,7 +236,7 @@ static void test_bad(void)
 	CHECK(rc == MOET_ERANGE && strstr(moet_errmsg(), "routing pair 9"), "check: %s",
 	      moet_errmsg());
 	/* owners alone */
-	make_ids(ids, 8, 8, E, 0);
+	moet_test_routing_ids(ids, 8, 8, E, 0, &rng);
 	rc = moet_group_ref(ids, P, E, owner, 3, &h.b);
 	CHECK(rc == 0 && h.b.err[0] == MOET_GPU_GROUP_BAD_OWNER && h.b.err[1] == -1 &&
 	      h.b.err[2] == 5, "bad owner: err %d %d %d", h.b.err[0], h.b.err[1], h.b.err[2]);
