@@ -5,6 +5,9 @@
 #   BUILD_DIR  a build made on a development machine and carried here (default: build), or
 #              built here if missing (needs cmake, nvcc and the Debian -dev packages)
 #   OUT_DIR    where logs go (default: $OUT if set, else ./gpu-test-out)
+# Environment: MOET_GPU_TESTS (a glob of the tests to run, default test_*),
+# MOET_GPU_TEST_TIMEOUT (seconds one test may run before it is killed and counted as failed,
+# default 300: a hang must not eat the rest of a GPU machine's lease).
 # Debian runtime libraries the binaries link (libjansson, ...) may be carried as .deb files in
 # .deb/ (see docs/benchmarks.md); they are unpacked into /tmp/moet-debs and put on
 # LD_LIBRARY_PATH.
@@ -25,16 +28,18 @@ export MOET_SOURCE_DIR=$PWD MOET_BIN=$PWD/$build/moet-hybrid MOET_TMP=/tmp/moet-
 logs=$(mktemp -d)
 mkdir -p "$MOET_TMP"
 pass=0 fail=0 skip=0
-for t in "$build"/test_*; do
+limit=${MOET_GPU_TEST_TIMEOUT:-300}
+for t in "$build"/${MOET_GPU_TESTS:-test_*}; do
 	[ -x "$t" ] || continue
 	name=$(basename "$t")
 	start=$(date +%s%N)
-	"$t" >"$logs/$name.log" 2>&1
+	timeout -s KILL "$limit" "$t" >"$logs/$name.log" 2>&1
 	rc=$?
 	ms=$((($(date +%s%N) - start) / 1000000))
 	case $rc in
 	0) pass=$((pass + 1)); st=PASS ;;
 	77) skip=$((skip + 1)); st=SKIP ;;
+	137) fail=$((fail + 1)); st="TIMEOUT(${limit}s)" ;;
 	*) fail=$((fail + 1)); st="FAIL($rc)" ;;
 	esac
 	printf '%-28s %-8s %7d ms  %s\n' "$name" "$st" "$ms" "$(tail -n 1 "$logs/$name.log")" |

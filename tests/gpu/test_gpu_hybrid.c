@@ -311,6 +311,7 @@ int main(void)
 		CHECK(run(ur, 1, got) == 0 && memcmp(ref, got, n_log * sizeof(float)) == 0,
 		      "MOET_UPLOAD=uring: logits equal the CPU reference");
 	}
+	printf("uring: done\n");
 	moet_model_close(ur);
 	unsetenv("MOET_UPLOAD_BUF_KB");
 	/* the staged source with 1 MiB buffers (several turns of the ring for this small model)
@@ -326,6 +327,7 @@ int main(void)
 		CHECK(run(sc, 1, got) == 0 && memcmp(ref, got, n_log * sizeof(float)) == 0,
 		      "MOET_UPLOAD_STORE=cached, 1 MiB buffers: logits equal the CPU reference");
 	}
+	printf("staged, cached stores, 1 MiB buffers: done\n");
 	moet_model_close(sc);
 	unsetenv("MOET_UPLOAD_CHUNK_MB");
 	unsetenv("MOET_UPLOAD_STORE");
@@ -351,6 +353,7 @@ int main(void)
 		}
 		moet_model_close(rg);
 		unsetenv("MOET_UPLOAD_REG_FAULT");
+		printf("register%s: done\n", fault ? " (fault at chunk 3)" : "");
 	}
 	unsetenv("MOET_UPLOAD_REG_KB");
 	unsetenv("MOET_UPLOAD_REG_CHUNKS");
