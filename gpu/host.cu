@@ -1,7 +1,7 @@
 /*
- * host.cu: pinned host memory (allocated or registered in place), device selection,
- * asynchronous copies and events for the hybrid engine (moet_gpu_host.h). Thin wrappers:
- * each CUDA failure becomes MOET_EDEVICE naming the call (gpu_int.h).
+ * host.cu: pinned host memory, device selection, asynchronous copies and events for the
+ * hybrid engine (moet_gpu_host.h). Thin wrappers: each CUDA failure becomes MOET_EDEVICE
+ * naming the call (gpu_int.h).
  */
 #include "moet_gpu_host.h"
 
@@ -26,60 +26,9 @@ extern "C" void moet_gpu_host_free(void *p)
 		cudaFreeHost(p);
 }
 
-/* NOTE: a refused cudaHostRegisterReadOnly is retried without it, the first error kept for
- * the message: a read-only mapping registered without the flag fails too, and the detail
- * should say why both attempts failed. */
-extern "C" int moet_gpu_host_register(void *p, size_t bytes, int read_only, int *out_read_only)
-{
-	const unsigned base = cudaHostRegisterPortable;
-	cudaError_t e_ro = cudaSuccess, e;
-	if (out_read_only)
-		*out_read_only = 0;
-	if (!p || bytes == 0)
-		return moet_err(MOET_EINVAL, "moet_gpu_host_register: %s", p ? "0 bytes" : "NULL");
-	if (read_only) {
-		e_ro = cudaHostRegister(p, bytes, base | cudaHostRegisterReadOnly);
-		if (e_ro == cudaSuccess) {
-			if (out_read_only)
-				*out_read_only = 1;
-			return 0;
-		}
-		(void)cudaGetLastError();
-		if (e_ro != cudaErrorNotSupported && e_ro != cudaErrorInvalidValue)
-			return moet_err(MOET_EDEVICE, "%s:%d: cudaHostRegister(%p, %zu, ReadOnly): %s",
-					__FILE__, __LINE__, p, bytes, cudaGetErrorString(e_ro));
-	}
-	e = cudaHostRegister(p, bytes, base);
-	if (e == cudaSuccess)
-		return 0;
-	(void)cudaGetLastError();
-	if (read_only)
-		return moet_err(MOET_EDEVICE, "%s:%d: cudaHostRegister(%p, %zu): ReadOnly: %s; "
-				"default flags: %s", __FILE__, __LINE__, p, bytes,
-				cudaGetErrorString(e_ro), cudaGetErrorString(e));
-	return moet_err(MOET_EDEVICE, "%s:%d: cudaHostRegister(%p, %zu): %s", __FILE__, __LINE__, p,
-			bytes, cudaGetErrorString(e));
-}
-
-extern "C" int moet_gpu_host_unregister(void *p)
-{
-	if (!p)
-		return moet_err(MOET_EINVAL, "moet_gpu_host_unregister: NULL");
-	MOET_CUDA_TRY(cudaHostUnregister(p));
-	return 0;
-}
-
 extern "C" int moet_gpu_set_device(int device)
 {
 	MOET_CUDA_TRY(cudaSetDevice(device));
-	return 0;
-}
-
-extern "C" int moet_gpu_get_device(int *out)
-{
-	if (!out)
-		return moet_err(MOET_EINVAL, "moet_gpu_get_device: out is NULL");
-	MOET_CUDA_TRY(cudaGetDevice(out));
 	return 0;
 }
 

@@ -1,7 +1,6 @@
 /*
  * moet_gpu_host.h: what the hybrid engine needs of the CUDA runtime beyond gpu/moet_gpu.h:
- * pinned (page-locked) host memory (allocated, or existing memory registered in place), the
- * current device, asynchronous copies and events.
+ * pinned (page-locked) host memory, the current device, asynchronous copies and events.
  *
  * Pinned buffers are what makes a host<->device copy run at the link's speed and what lets it
  * overlap with kernels; the engine allocates them once (runtime/hybrid.c) and never per token.
@@ -22,25 +21,8 @@ int moet_gpu_host_alloc(size_t bytes, void **out);
 /* Frees memory of moet_gpu_host_alloc; NULL is accepted. */
 void moet_gpu_host_free(void *p);
 
-/*
- * Page-locks existing host memory [p, p + bytes) in place (cudaHostRegister with
- * cudaHostRegisterPortable), so that copies from it are DMA'd at the link's speed without
- * a staging copy; moet_gpu_host_unregister(p) makes it pageable again (p: the same pointer).
- * read_only 1: with cudaHostRegisterReadOnly first, which a PROT_READ mapping (a checkpoint's
- * shards) needs where the device does not use the host's page tables; where the driver
- * refuses that flag (cudaErrorNotSupported: no cudaDevAttrHostRegisterReadOnlySupported;
- * cudaErrorInvalidValue) once more without it. *out_read_only (optional): 1 when registered
- * with the flag. p and bytes should be page-aligned. Thread-safe (the calling thread's
- * current device). Returns 0, MOET_EINVAL (NULL p, 0 bytes), MOET_EDEVICE (detail: both
- * attempts' errors) or MOET_EUNSUP without CUDA.
- */
-int moet_gpu_host_register(void *p, size_t bytes, int read_only, int *out_read_only);
-int moet_gpu_host_unregister(void *p);
-
 /* Makes device `device` current for the calling thread (cudaSetDevice). */
 int moet_gpu_set_device(int device);
-/* *out = the calling thread's current device (cudaGetDevice). */
-int moet_gpu_get_device(int *out);
 
 /* Copies queued on `stream` (NULL: the legacy default stream); the host side should be pinned
  * for the copy to be truly asynchronous. */

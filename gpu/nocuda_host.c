@@ -24,31 +24,10 @@ void moet_gpu_host_free(void *p)
 	(void)p;
 }
 
-int moet_gpu_host_register(void *p, size_t bytes, int read_only, int *out_read_only)
-{
-	(void)p, (void)bytes, (void)read_only;
-	if (out_read_only)
-		*out_read_only = 0;
-	return no_cuda("moet_gpu_host_register");
-}
-
-int moet_gpu_host_unregister(void *p)
-{
-	(void)p;
-	return no_cuda("moet_gpu_host_unregister");
-}
-
 int moet_gpu_set_device(int device)
 {
 	(void)device;
 	return no_cuda("moet_gpu_set_device");
-}
-
-int moet_gpu_get_device(int *out)
-{
-	if (out)
-		*out = 0;
-	return no_cuda("moet_gpu_get_device");
 }
 
 int moet_gpu_copy_h2d_async(void *dst, const void *src, size_t bytes, void *stream)

@@ -236,8 +236,7 @@ int moet_model_bind_experts(moet_model *m, const int16_t *owner)
 	double t0 = now_s();
 	/* MOET_UPLOAD=plain: one bind_mat per matrix (the driver's pageable path), the
 	 * reference of the staged upload; staged: always the staging; uring: from the shard
-	 * files (upload_uring.c); register: the bulk path, which page-locks the mapped pages
-	 * (upload_reg.c) */
+	 * files (upload_uring.c) */
 	int src = 0;
 	if ((rc = moet_upload_source(&src)))
 		goto out;
@@ -247,8 +246,7 @@ int moet_model_bind_experts(moet_model *m, const int16_t *owner)
 	size_t total = 0;
 	for (int64_t i = 0; i < 3 * n; i++)
 		total += mat_bytes(&host[i]);
-	const int staged = src ? src == MOET_UPLOAD_STAGED || src == MOET_UPLOAD_REGISTER
-			       : total >= ((size_t)256 << 20);
+	const int staged = src ? src == MOET_UPLOAD_STAGED : total >= ((size_t)256 << 20);
 	if (src == MOET_UPLOAD_URING) {
 		rc = bind_uring(m, host, 3 * n, dev);
 	} else if (op->bind_mats && staged) {

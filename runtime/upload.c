@@ -18,10 +18,11 @@
  * too much); they meet the caller once per chunk (a generation counter under a mutex).
  *
  * Per uploaded byte the host's DRAM moves three: the source read, the staging write, the
- * DMA's read of the staging. Two ways to fewer, both switches: MOET_UPLOAD_STORE=cached with
- * buffers that fit the last-level cache (MOET_UPLOAD_CHUNK_MB; staged_opts says why), and
- * MOET_UPLOAD=register (upload_reg.c), which DMAs from the mapped pages in place;
- * moet_upload_many picks the source.
+ * DMA's read of the staging. MOET_UPLOAD_STORE=cached with buffers that fit the last-level
+ * cache (MOET_UPLOAD_CHUNK_MB; staged_opts says why) is meant to save the last two.
+ * NOTE (what was tried): DMA from the mapped pages page-locked in place (cudaHostRegister,
+ * MOET_UPLOAD=register) measured 1.0-1.4 GB/s serial, and its threaded version hung on the
+ * H200 machine; removed (docs/hybrid.md).
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -157,19 +158,6 @@ static double now_s(void)
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-int moet_upload_many(const moet_upload_item *items, int64_t n, int n_threads,
-		     moet_upload_stats *stats)
-{
-	int src = 0, rc = moet_upload_source(&src);
-	if (rc)
-		return rc;
-	if (src == MOET_UPLOAD_REGISTER) {
-		moet_upload_reg_opts o = { .staged_threads = n_threads };
-		return moet_upload_many_register(items, n, &o, stats);
-	}
-	return moet_upload_many_staged(items, n, n_threads, stats);
-}
-
 /*
  * The staging buffers' size and the copy's stores, from the environment:
  *   MOET_UPLOAD_CHUNK_MB  1..1024 (default 64): each of the NBUF pinned buffers
@@ -207,8 +195,8 @@ static int staged_opts(size_t *out_chunk, int *out_cached)
 	return 0;
 }
 
-int moet_upload_many_staged(const moet_upload_item *items, int64_t n, int n_threads,
-			    moet_upload_stats *stats)
+int moet_upload_many(const moet_upload_item *items, int64_t n, int n_threads,
+		     moet_upload_stats *stats)
 {
 	char *buf[NBUF] = { 0 };
 	void *ev[NBUF] = { 0 }, *stream = NULL;

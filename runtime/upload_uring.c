@@ -251,11 +251,9 @@ int moet_upload_source(int *out)
 	       : !strcmp(s, "plain")	? MOET_UPLOAD_PLAIN
 	       : !strcmp(s, "staged")	? MOET_UPLOAD_STAGED
 	       : !strcmp(s, "uring")	? MOET_UPLOAD_URING
-	       : !strcmp(s, "register")	? MOET_UPLOAD_REGISTER
 					: -1;
 	if (*out < 0)
-		return moet_err(MOET_EINVAL, "MOET_UPLOAD='%s': expected staged, plain, uring or "
-				"register", s);
+		return moet_err(MOET_EINVAL, "MOET_UPLOAD='%s': expected staged, plain or uring", s);
 	return 0;
 }
 

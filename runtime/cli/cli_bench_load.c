@@ -18,7 +18,7 @@ static void usage(FILE *f)
 	fprintf(f, "usage: moet-hybrid bench load --model DIR [--ram-budget-gb G] [--qd N]\n"
 		   "                              [--buffered] [--disk-gb G] [--no-gpu] [--no-register]\n"
 		   "                              [--device cuda|cpu [--placement FILE]\n"
-		   "                              [--upload uring|staged|plain|register]] [--quiet]"
+		   "                              [--upload uring|staged|plain]] [--quiet]"
 		   " [--json FILE]\n\n"
 		   "Time to make the CPU tier (every routed expert) resident in RAM slots by\n"
 		   "io_uring reads, against the disk's sequential read bandwidth (O_DIRECT) and,\n"
@@ -98,9 +98,9 @@ int moet_cli_bench_load(int argc, char **argv)
 		case 'p': place = optarg; break;
 		case 'u':
 			if (strcmp(optarg, "uring") && strcmp(optarg, "staged") &&
-			    strcmp(optarg, "plain") && strcmp(optarg, "register"))
-				rc = moet_err(MOET_EINVAL, "--upload '%s': uring, staged, plain or "
-					      "register", optarg);
+			    strcmp(optarg, "plain"))
+				rc = moet_err(MOET_EINVAL, "--upload '%s': uring, staged or plain",
+					      optarg);
 			o.upload = optarg;
 			break;
 		case 'j': json_path = optarg; break;

@@ -10,29 +10,20 @@
  *   - the CPU tier's counters agree with the tier counts (pairs, bytes copied back);
  *   - prefill staging of cold experts (MOET_PREFILL_STAGE=0, 1, auto at 4 tokens): a 64-token
  *     prompt's logits equal the CPU reference's, experts staged and not as switched;
- *   - the upload sources plain, uring, staged with small cached-store buffers, and register
- *     (small chunks, two registering threads,
- *     and a failed registration that sends the rest through staging) give the same logits;
- *   - the register source on a file mapped PROT_READ, MAP_PRIVATE (as the checkpoint's
- *     shards are): random ranges land on the device equal to the file's bytes, with the
- *     chunks and locked bytes of moet_upload_plan_make, and again after an injected failure
- *     at the first and at a later chunk (the rest staged).
+ *   - the upload sources plain, uring and staged with small cached-store buffers give the
+ *     same logits.
  * Skips (77) without a CUDA device.
  */
-#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "moet_err.h"
 #include "moet_gen.h"
 #include "moet_gpu.h"
 #include "moet_model.h"
 #include "moet_test.h"
-#include "moet_upload.h"
 
 #define SEQS 4
 #define STEPS 5
@@ -47,99 +38,6 @@ static uint64_t next(void)
 static int run(moet_model *m, int batched, float *out)
 {
 	return moet_test_ragged_run(m, SEQS, STEPS, batched, out);
-}
-
-/* MOET_UPLOAD=register straight through moet_upload_many_register on a read-only private
- * mapping of a file of random bytes: the device's bytes against the file's. */
-static void register_direct(const char *dir)
-{
-	enum { N_IT = 48 };
-	const size_t fbytes = ((size_t)3 << 20) + 12345;
-	char path[512];
-	snprintf(path, sizeof(path), "%s/upload-reg.bin", dir);
-	char *data = malloc(fbytes), *back = malloc(fbytes * 2), *zero = calloc(fbytes * 2, 1);
-	for (size_t i = 0; data && i < fbytes; i++)
-		data[i] = (char)(next() >> 24);
-	int fd = -1;
-	const char *map = MAP_FAILED;
-	if (data && moet_test_write_file(path, data, fbytes) == 0 &&
-	    (fd = open(path, O_RDONLY)) >= 0)
-		map = mmap(NULL, fbytes, PROT_READ, MAP_PRIVATE, fd, 0);
-	char *dev = NULL;
-	CHECK(map != MAP_FAILED && back && zero && moet_gpu_alloc(fbytes * 2, (void **)&dev) == 0,
-	      "register: mapping and device block: %s", moet_errmsg());
-	if (map == MAP_FAILED || !dev || !back || !zero)
-		goto out;
-	moet_upload_item it[N_IT];
-	size_t at = 0, src = 0, total = 0;
-	for (int i = 0; i < N_IT; i++) {
-		const unsigned kind = (unsigned)(next() % 6);
-		size_t len = i == 0 ? fbytes / 2 : kind == 0 ? 0 : 1 + next() % 40000;
-		size_t off = kind == 1 ? src : kind == 2 ? (src > 99 ? src - 99 : 0)
-					  : next() % fbytes;
-		if (off + len > fbytes)
-			off = fbytes - len;
-		if (at + len > fbytes * 2)
-			len = 0;
-		it[i] = (moet_upload_item){ map + off, dev + at, len };
-		at += len, src = off + len, total += len;
-	}
-	struct {
-		size_t chunk;
-		int K, R;
-		const char *fault;
-	} cf[] = { { 64 << 10, 2, 1, NULL }, { 64 << 10, 3, 2, NULL }, { 1 << 20, 4, 4, NULL },
-		   { 0, 0, 0, NULL }, { 64 << 10, 3, 2, "3" }, { 64 << 10, 2, 1, "1" } };
-	for (size_t c = 0; c < sizeof(cf) / sizeof(cf[0]); c++) {
-		moet_upload_reg_opts o = { .chunk_bytes = cf[c].chunk, .max_chunks = cf[c].K,
-					   .n_threads = cf[c].R, .quiet = c > 0 };
-		moet_upload_plan pl = { 0 };
-		moet_upload_stats st = { 0 };
-		CHECK(moet_upload_plan_make(it, N_IT, (size_t)sysconf(_SC_PAGESIZE),
-					    cf[c].chunk ? cf[c].chunk : (size_t)256 << 20, &pl) == 0,
-		      "register plan: %s", moet_errmsg());
-		CHECK(moet_gpu_copy_h2d(dev, zero, fbytes * 2) == 0, "clear: %s", moet_errmsg());
-		if (cf[c].fault)
-			setenv("MOET_UPLOAD_REG_FAULT", cf[c].fault, 1);
-		int rc = moet_upload_many_register(it, N_IT, &o, &st);
-		unsetenv("MOET_UPLOAD_REG_FAULT");
-		CHECK(rc == 0, "register config %zu: %s", c, moet_errmsg());
-		CHECK(moet_gpu_copy_d2h(back, dev, fbytes * 2) == 0, "back: %s", moet_errmsg());
-		int same = 1;
-		for (int i = 0; i < N_IT && same; i++)
-			same = memcmp(back + ((char *)it[i].dst - dev), it[i].src, it[i].bytes) == 0;
-		CHECK(same, "register config %zu: device bytes differ from the file's", c);
-		CHECK(st.bytes == total, "register config %zu: %zu bytes of %zu", c, st.bytes,
-		      total);
-		if (!cf[c].fault)
-			CHECK(!st.reg_fallback && st.reg_chunks == (uint64_t)pl.n_chunks &&
-			      st.reg_bytes == pl.locked_bytes, "register config %zu: %llu chunks "
-			      "(plan %lld), %llu locked bytes (plan %zu), fallback %d", c,
-			      (unsigned long long)st.reg_chunks, (long long)pl.n_chunks,
-			      (unsigned long long)st.reg_bytes, pl.locked_bytes, st.reg_fallback);
-		else
-			CHECK(st.reg_fallback && st.fallback_bytes > 0 &&
-			      (cf[c].fault[0] != '1' || st.fallback_bytes == total),
-			      "register fault at chunk %s: fallback %d, %llu bytes staged", cf[c].fault,
-			      st.reg_fallback, (unsigned long long)st.fallback_bytes);
-		printf("register: chunk %zu KiB, K %d, R %d%s: %lld chunks, %.1f MB locked, "
-		       "read-only %d, register %.3f s, unregister %.3f s, waited %.3f s%s\n",
-		       cf[c].chunk >> 10, cf[c].K, cf[c].R, cf[c].fault ? " (fault)" : "",
-		       (long long)pl.n_chunks, (double)st.reg_bytes / 1e6, st.reg_read_only,
-		       st.reg_seconds, st.unreg_seconds, st.reg_wait_seconds,
-		       st.reg_fallback ? ": the rest staged" : "");
-		moet_upload_plan_free(&pl);
-	}
-out:
-	if (map != MAP_FAILED)
-		munmap((void *)map, fbytes);
-	if (fd >= 0)
-		close(fd);
-	unlink(path);
-	moet_gpu_free(dev);
-	free(data);
-	free(back);
-	free(zero);
 }
 
 int main(void)
@@ -331,34 +229,6 @@ int main(void)
 	moet_model_close(sc);
 	unsetenv("MOET_UPLOAD_CHUNK_MB");
 	unsetenv("MOET_UPLOAD_STORE");
-	/* the register source: the mapped pages page-locked in 64 KiB chunks (many turns of the
-	 * pipeline for this small model), two registering threads; then a failed registration
-	 * at the third chunk: the rest staged, the same logits */
-	setenv("MOET_UPLOAD", "register", 1);
-	setenv("MOET_UPLOAD_REG_KB", "64", 1);
-	setenv("MOET_UPLOAD_REG_CHUNKS", "3", 1);
-	setenv("MOET_UPLOAD_REG_THREADS", "2", 1);
-	for (int fault = 0; fault < 2; fault++) {
-		moet_model *rg = NULL;
-		if (fault)
-			setenv("MOET_UPLOAD_REG_FAULT", "3", 1);
-		CHECK(moet_model_open_on(dir, "cuda", &rg) == 0, "open register: %s",
-		      moet_errmsg());
-		if (rg) {
-			CHECK(moet_model_set_placement(rg, own, 1) == 0, "register upload%s: %s",
-			      fault ? " (fault)" : "", moet_errmsg());
-			CHECK(run(rg, 1, got) == 0 && memcmp(ref, got, n_log * sizeof(float)) == 0,
-			      "MOET_UPLOAD=register%s: logits equal the CPU reference",
-			      fault ? " after a failed registration" : "");
-		}
-		moet_model_close(rg);
-		unsetenv("MOET_UPLOAD_REG_FAULT");
-		printf("register%s: done\n", fault ? " (fault at chunk 3)" : "");
-	}
-	unsetenv("MOET_UPLOAD_REG_KB");
-	unsetenv("MOET_UPLOAD_REG_CHUNKS");
-	unsetenv("MOET_UPLOAD_REG_THREADS");
-	register_direct(dir);
 	setenv("MOET_UPLOAD", "staged", 1);
 	CHECK(moet_model_set_placement(gpu, own, moet_gpu_count(NULL) + 1) == MOET_EDEVICE,
 	      "more devices than the machine has");
