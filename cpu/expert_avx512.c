@@ -95,7 +95,6 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "expc_avx512.h"
@@ -287,8 +286,13 @@ static size_t elem_bytes(moet_dtype dt)
 
 /* ---- one token ------------------------------------------------------------------------ */
 
-/* One block of one row decoded for the streaming paths: the one-token decode of full FP8
- * blocks (dec64_e4m3_wt), dec_block otherwise. */
+/* One block of one row decoded for the one-token stream: the one-token decode of full FP8
+ * blocks (dec64_e4m3_wt), dec_block otherwise.
+ * NOTE (what was tried): a few-token path that streamed each row once for 2..8 tokens through
+ * this decode, partials in registers (0b3182a), was slower than the panels below on both
+ * machines: on the H200 host (bench cpu-experts, 16 threads, 2026-11-30) 0.718 / 0.891 /
+ * 1.067 ms at 2 / 3 / 4 tokens against 0.685 / 0.800 / 0.873 (one x load per FMA costs more
+ * than the panels' decode buffer); removed. */
 AI void dec_block1(moet_dtype dt, const void *row, int64_t k0, int kb, __m512 w[8])
 {
 #ifdef __AVX512VBMI__
@@ -417,127 +421,6 @@ static void rows1(const moet_mat *m, int64_t r0, int64_t r1, const float *v, flo
 		rows1_bf16(m, r0, r1, v, y);
 	else
 		rows1_f32(m, r0, r1, v, y);
-}
-
-/* ---- a few tokens --------------------------------------------------------------------- */
-
-/*
- * 2..MOET_KERNEL_FEW_MAX tokens (at most FEW_CAP; default FEW_DEFAULT = 0: off, the panels
- * below take every count from 2, until the GPU machine's host has measured both): every row
- * streamed block by block as at one token (the cheaper dec64_e4m3_wt
- * decode, the same prefetches), each decoded block applied to the T tokens' activations
- * straight from x (L1), T partials P and T accumulators in registers. NOTE (why): the panel
- * path decodes each (row, block) with dec64_e4m3 into an L1 buffer and reads it back per
- * register tile of 5 tokens, and keeps acc in stack slots (a load and a store per block):
- * at 2-4 tokens that made a call 1.6-2x the one-token time on the H200 host (the hardware
- * file's 2- and 4-token fractions), where the bytes allow about the same time. Per (row,
- * token) the operations and their order are the reference's, as in dot1.
- * Measured on the 2-core development VM (bench cpu-experts, alternating runs): 2 tokens
- * 3.05-3.07 ms both ways, 3 / 4 / 6 / 8 tokens 4.1-4.2 / 4.8 / 6.4-6.7 / 8.5 ms here against
- * 3.6 / 3.6-3.7 / 4.5 / 5.6 ms through the panels: there every path is compute bound (one
- * core computes its one-token stream at ~14-18 GB/s and also reads ~14-16 GB/s), and this
- * path spends more instructions per weight (one x load per FMA). On the H200 host a core's
- * share of the read ceiling is ~6.3 GB/s (101 GB/s, 16 threads), so a path that stays under
- * the read time at 2-4 tokens should take about the one-token time there: to measure
- * (MOET_KERNEL_FEW_MAX=0 / 2 / 4 / 8) before it is made the default.
- */
-enum { FEW_CAP = 8, FEW_DEFAULT = 0 };
-
-/* The partials of one block of one row for T tokens (x_j at x + j * xs). */
-AI void blockT(const int T, moet_dtype dt, const void *row, int64_t k0, int kb,
-	       const float *x, int64_t xs, __m512 *p)
-{
-	__m512 w[8];
-	dec_block1(dt, row, k0, kb, w);
-#pragma GCC unroll 8
-	for (int j = 0; j < T; j++)
-		p[j] = _mm512_setzero_ps();
-#pragma GCC unroll 8
-	for (int t = 0; t < 8; t++) {
-		if (16 * t >= kb)
-			break;
-		const __mmask16 mk = step_mask(kb, t);
-#pragma GCC unroll 8
-		for (int j = 0; j < T; j++) {
-			const __m512 xv = _mm512_maskz_loadu_ps(mk, x + j * xs + k0 + 16 * t);
-			p[j] = _mm512_mask3_fmadd_ps(w[t], xv, p[j], mk);
-		}
-	}
-}
-
-/* y[j * ys] = D(W, r, x_j) for j < T: one row streamed once for the T tokens. */
-AI void dotT(const int T, const moet_mat *m, moet_dtype dt, int64_t r, const float *x,
-	     int64_t xs, float *y, int64_t ys)
-{
-	const int64_t K = m->cols, n_blk = (K + MOET_BLOCK - 1) / MOET_BLOCK;
-	const size_t esz = elem_bytes(dt);
-	const uint8_t *row = (const uint8_t *)m->data + (size_t)r * (size_t)K * esz;
-	const float *srow = m->scale_inv ? m->scale_inv + (r / MOET_BLOCK) * n_blk : NULL;
-	__m512 acc[FEW_CAP], p[FEW_CAP];
-#pragma GCC unroll 8
-	for (int j = 0; j < T; j++)
-		acc[j] = _mm512_setzero_ps();
-	for (int64_t b = 0; b < n_blk; b++) {
-		const int64_t k0 = b * MOET_BLOCK;
-		const int kb = imin(MOET_BLOCK, K - k0);
-		if (kb == MOET_BLOCK)
-			prefetch_ahead((const char *)row + (size_t)k0 * esz, MOET_BLOCK * esz);
-		blockT(T, dt, row, k0, kb, x, xs, p);
-		const __m512 sv = _mm512_set1_ps(srow ? srow[b] : 1.0f);
-#pragma GCC unroll 8
-		for (int j = 0; j < T; j++)
-			acc[j] = _mm512_fmadd_ps(p[j], sv, acc[j]);
-	}
-#pragma GCC unroll 8
-	for (int j = 0; j < T; j++)
-		y[j * ys] = tree16(acc[j]);
-}
-
-#define FEW_CASE(N)                                                                        \
-	case N:                                                                            \
-		for (int64_t r = r0; r < r1; r++)                                          \
-			dotT(N, m, dt, r, x, xs, y + (r - r0), ys);                        \
-		break
-
-/* y[j * ys + (r - r0)] = D(W, r, x_j) for r0 <= r < r1, j < T (2..FEW_CAP). */
-AI void rows_few_dt(const moet_mat *m, moet_dtype dt, int64_t r0, int64_t r1, const float *x,
-		    int64_t xs, int T, float *y, int64_t ys)
-{
-	switch (T) {
-		FEW_CASE(2);
-		FEW_CASE(3);
-		FEW_CASE(4);
-		FEW_CASE(5);
-		FEW_CASE(6);
-		FEW_CASE(7);
-	default:
-		FEW_CASE(8);
-	}
-}
-
-static void rows_few(const moet_mat *m, int64_t r0, int64_t r1, const float *x, int64_t xs,
-		     int T, float *y, int64_t ys)
-{
-	if (m->dtype == MOET_DT_F8_E4M3)
-		rows_few_dt(m, MOET_DT_F8_E4M3, r0, r1, x, xs, T, y, ys);
-	else if (m->dtype == MOET_DT_BF16)
-		rows_few_dt(m, MOET_DT_BF16, r0, r1, x, xs, T, y, ys);
-	else
-		rows_few_dt(m, MOET_DT_F32, r0, r1, x, xs, T, y, ys);
-}
-
-/* The most tokens the few-token path takes: MOET_KERNEL_FEW_MAX (0..FEW_CAP; 0 or 1: none),
- * read at every call; unset, empty or anything else: FEW_DEFAULT. NOTE: a kernel table's
- * function has no error path, so a malformed value falls back to the default (both paths
- * give the same bits). */
-static int few_max(void)
-{
-	const char *v = getenv("MOET_KERNEL_FEW_MAX");
-	if (!v || !*v)
-		return FEW_DEFAULT;
-	char *end;
-	long n = strtol(v, &end, 10);
-	return (*end || n < 0 || n > FEW_CAP) ? FEW_DEFAULT : (int)n;
 }
 
 /* ---- many tokens ---------------------------------------------------------------------- */
@@ -695,10 +578,6 @@ static void rows_avx512(const moet_mat *w, int64_t r0, int64_t r1, const float *
 		rows1(w, r0, r1, x, y);
 		return;
 	}
-	if (n_tok <= few_max()) {
-		rows_few(w, r0, r1, x, x_stride, (int)n_tok, y, y_stride);
-		return;
-	}
 	for (int64_t j0 = 0; j0 < n_tok; j0 += TCH)
 		for (int64_t i0 = r0; i0 < r1; i0 += RP)
 			rows_panel(w, i0, imin(RP, r1 - i0), x + j0 * x_stride, x_stride,
@@ -726,19 +605,6 @@ static void gate_up_avx512(const moet_mat *gate, const moet_mat *up, int64_t r0,
 			rows1(gate, i0, i0 + n, x, g);
 			rows1(up, i0, i0 + n, x, u);
 			silu_mul(g, u, h + (i0 - r0), n);
-		}
-		return;
-	}
-	if (n_tok <= few_max()) {
-		float g[FEW_CAP * GU_ROWS], u[FEW_CAP * GU_ROWS];
-		const int T = (int)n_tok;
-		for (int64_t i0 = r0; i0 < r1; i0 += GU_ROWS) {
-			const int n = imin(GU_ROWS, r1 - i0);
-			rows_few(gate, i0, i0 + n, x, x_stride, T, g, GU_ROWS);
-			rows_few(up, i0, i0 + n, x, x_stride, T, u, GU_ROWS);
-			for (int j = 0; j < T; j++)
-				silu_mul(g + j * GU_ROWS, u + j * GU_ROWS,
-					 h + j * h_stride + (i0 - r0), n);
 		}
 		return;
 	}

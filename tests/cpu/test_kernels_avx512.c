@@ -13,8 +13,6 @@
  *      codes, results that underflow and overflow: a NaN then equals any NaN);
  *   3. gate_up and the whole expert FFN (moet_expert_ffn with the avx512 table vs
  *      moet_expert_ffn_ref; outputs are canonicalized, so a plain memcmp);
- *   2-3 run twice: the default paths, and with MOET_KERNEL_FEW_MAX=8 (2..8 tokens through the
- *      few-token path: rows streamed once for all the tokens);
  *   4. MOET_KERNEL_EXPERT: this program re-run with =ref, =avx512 and unset reports the table
  *      moet_cpu_kernels_get() returned;
  *   5. the CPU reference model's logits on tests/oracle/fixtures/groups, computed in two runs
@@ -424,11 +422,6 @@ int main(int argc, char **argv)
 	test_all_codes_columns();
 	test_rows();
 	test_gate_up_ffn();
-	/* the few-token path (off by default) for 2..8 tokens: the same bits */
-	setenv("MOET_KERNEL_FEW_MAX", "8", 1);
-	test_rows();
-	test_gate_up_ffn();
-	unsetenv("MOET_KERNEL_FEW_MAX");
 	test_env_and_model();
 	return moet_test_done("test_kernels_avx512");
 }
