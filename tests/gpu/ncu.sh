@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# tests/gpu/ncu.sh: Nsight Compute profiles of the kernels issue 4's targets are about, so
+# that their redesign starts from counters instead of estimates:
+#   rows    the contract expert kernel at 1, 2, 4 and 8 tokens per expert (bench gpu-experts at
+#           Kimi-K2 expert geometry: gate_up and down passes, rows_kernel instances)
+#   wide    the same at 64 and 256 tokens (rows_wide_kernel)
+#   latent  the absorbed-MLA kernel (latent_fast_kernel) at Kimi-K2 heads, from test_gpu_latent
+# Each profile is exported (.ncu-rep) and printed as the details page (text), both under
+# OUT_DIR/ncu/; OUT_DIR/ncu.tar.gz holds them all (the GPU machine's tool brings back few files).
+#
+# Usage (from the repository root): bash tests/gpu/ncu.sh BUILD_DIR OUT_DIR [WHAT...]
+#   BUILD_DIR  a build with moet-hybrid and test_gpu_latent (carried from a development
+#              machine is fine)
+#   OUT_DIR    where the reports go
+#   WHAT       any of rows wide latent (default: all three)
+# Environment: MOET_NCU (the ncu binary; default: ncu on PATH, else
+# /usr/local/cuda/bin/ncu, else the newest /usr/local/cuda-*/bin/ncu), MOET_NCU_SET (section
+# set, default full), MOET_NCU_COUNT (kernel launches profiled per report, default 6).
+# Needs permission to read the GPU's performance counters (root on the GPU machine).
+# Debian runtime libraries may be carried as .deb files in .deb/ (as for tests/gpu/run.sh).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+build=$1
+out=$2
+shift 2
+what=${*:-rows wide latent}
+mkdir -p "$out/ncu"
+. tests/gpu/debs.sh
+ncu=${MOET_NCU:-$(command -v ncu || true)}
+[ -n "$ncu" ] || [ ! -x /usr/local/cuda/bin/ncu ] || ncu=/usr/local/cuda/bin/ncu
+[ -n "$ncu" ] || ncu=$(ls -d /usr/local/cuda-*/bin/ncu 2>/dev/null | sort -V | tail -1)
+[ -x "$ncu" ] || { echo "ncu.sh: no ncu found (set MOET_NCU)"; exit 1; }
+set_=${MOET_NCU_SET:-full}
+count=${MOET_NCU_COUNT:-6}
+export MOET_SOURCE_DIR=$PWD MOET_TMP=/tmp/moet-test-tmp
+mkdir -p "$MOET_TMP"
+
+# prof NAME KERNEL_REGEX COMMAND...: one report of up to $count launches of the kernels whose
+# (demangled base) name matches, then its details page as text
+prof() {
+	local name=$1 kre=$2
+	shift 2
+	echo "== $(date +%T) $name: $*"
+	timeout -s KILL 540 "$ncu" --set "$set_" -k "regex:$kre" -c "$count" -f \
+		-o "$out/ncu/$name" "$@" >"$out/ncu/$name.run.txt" 2>&1
+	echo "   exit $?"
+	"$ncu" --import "$out/ncu/$name.ncu-rep" --page details >"$out/ncu/$name.txt" 2>&1
+	grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Warp Cycles Per Issued" \
+		"$out/ncu/$name.txt" | head -60
+}
+
+for w in $what; do
+	case $w in
+	rows)
+		for t in 1 2 4 8; do
+			prof "rows-t$t" 'rows_kernel' "$build/moet-hybrid" bench gpu-experts --tokens "$t" \
+				--reps 1 --experts-rotate 16
+		done ;;
+	wide)
+		for t in 64 256; do
+			prof "wide-t$t" 'rows_wide_kernel' "$build/moet-hybrid" bench gpu-experts \
+				--tokens "$t" --reps 1 --experts-rotate 16
+		done ;;
+	latent)
+		prof latent 'latent_fast_kernel' "$build/test_gpu_latent" ;;
+	*) echo "ncu.sh: unknown WHAT '$w' (rows, wide, latent)"; exit 1 ;;
+	esac
+done
+tar -czf "$out/ncu.tar.gz" -C "$out" ncu
