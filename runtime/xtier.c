@@ -305,7 +305,8 @@ static int alloc_slots(moet_xtier *x)
 	madvise(p, total, MADV_HUGEPAGE); /* advice only: may be refused */
 	x->slots = calloc((size_t)x->n_slots, sizeof(*x->slots));
 	x->pinned = calloc((size_t)x->n_slots, sizeof(*x->pinned));
-	if (!x->slots || !x->pinned)
+	x->pinned_e = calloc((size_t)x->n_slots + 1, sizeof(*x->pinned_e));
+	if (!x->slots || !x->pinned || !x->pinned_e)
 		return moet_err(MOET_ENOMEM, "%lld expert slots", (long long)x->n_slots);
 	for (int64_t s = 0; s < x->n_slots; s++)
 		x->slots[s].layer = x->slots[s].expert = -1;
@@ -629,6 +630,7 @@ void moet_xtier_destroy(moet_xtier *x)
 	free(x->table);
 	free(x->slots);
 	free(x->pinned);
+	free(x->pinned_e);
 	free(x->reg_buf);
 	free(x->reg_bytes);
 	free(x->scr);

@@ -66,6 +66,7 @@ struct moet_xtier {
 	uint8_t *mem;             /* n_slots x slot_bytes, page-aligned (mmap) */
 	xt_slot *slots;
 	int32_t *pinned;          /* slots pinned by the last acquire */
+	int64_t *pinned_e;        /* their experts (acquire's list; allocated once) */
 	int64_t n_pinned;
 	moet_ffn_w *table;        /* [E]: acquire's answer */
 	uint64_t tick, round;

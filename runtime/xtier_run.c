@@ -120,13 +120,11 @@ int moet_xtier_acquire(moet_xtier *x, int64_t layer, const moet_expert_pair *pai
 		       int64_t n_pairs, const moet_ffn_w **out_table, int64_t *out_n_pairs)
 {
 	const int64_t E = x->E, l = layer;
-	int64_t *pinned_e = malloc((size_t)(x->n_slots + 1) * sizeof(*pinned_e));
+	int64_t *pinned_e = x->pinned_e;
 	int64_t q = 0, n_cpu = 0;
 	int rc = 0;
 	moet_xtier_release(x, l);
 	*out_n_pairs = 0;
-	if (!pinned_e)
-		return moet_err(MOET_ENOMEM, "NVMe tier: pin list");
 	x->tick++;
 	const int counted = x->pred_layer == l;
 	for (int64_t e = 0; counted && e < E; e++)
@@ -182,7 +180,6 @@ int moet_xtier_acquire(moet_xtier *x, int64_t layer, const moet_expert_pair *pai
 		goto fail;
 	for (int64_t i = 0; i < x->n_pinned; i++)
 		x->table[pinned_e[i]] = x->slots[x->pinned[i]].views;
-	free(pinned_e);
 	*out_table = x->table;
 	*out_n_pairs = q;
 	return 0;
@@ -191,7 +188,6 @@ fail:
 		if (x->slots[x->pinned[i]].state == XT_FREE)
 			x->slots[x->pinned[i]].failed = 0;
 	moet_xtier_release(x, l);
-	free(pinned_e);
 	return rc;
 }
 
@@ -238,8 +234,12 @@ void moet_xtier_prefetch(moet_xtier *x, int64_t layer, const float *x_rows, int6
 		moet_uring_poll(x->u, 0);
 		return;
 	}
-	/* scratch: x rows, normed rows, logits, scores + selection scratch, ids, weights */
-	size_t need = (size_t)(2 * n * H + n * E + 2 * E + x->m->cfg.n_group + 1 + 2 * x->k);
+	/* scratch (grown, never shrunk: nothing allocated per token once the batch size has
+	 * been seen): x rows, normed rows, logits, scores + selection scratch, weights, then
+	 * the candidates at an 8-byte boundary */
+	const size_t n_f = (size_t)(2 * n * H + n * E + 2 * E + x->m->cfg.n_group + 1 + 2 * x->k);
+	const size_t c_at = (n_f + 1) & ~(size_t)1; /* floats are 4 bytes: an even count */
+	size_t need = c_at + (size_t)E * (sizeof(cand) / sizeof(float));
 	if (need > x->scr_elems) {
 		float *p = realloc(x->scr, need * sizeof(float));
 		if (!p)
@@ -253,9 +253,7 @@ void moet_xtier_prefetch(moet_xtier *x, int64_t layer, const float *x_rows, int6
 	if (x->m->be->ops->download(x->m->be, xh, x_rows, (size_t)(n * H) * sizeof(float)) ||
 	    predict(x, l2, xh, n, hn, logits, sc, ids, w))
 		return;
-	cand *cs = malloc((size_t)E * sizeof(*cs));
-	if (!cs)
-		return;
+	cand *cs = (cand *)(void *)(x->scr + c_at);
 	x->pred_layer = l2;
 	x->pred_cpu = 0;
 	x->round++;
@@ -284,6 +282,5 @@ void moet_xtier_prefetch(moet_xtier *x, int64_t layer, const float *x_rows, int6
 		x->slots[s].round = x->round;
 		x->st.prefetch_reads++;
 	}
-	free(cs);
 	moet_uring_poll(x->u, 0); /* submit; reap what is done */
 }
