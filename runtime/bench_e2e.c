@@ -362,6 +362,19 @@ static json_t *ram_json(const moet_xtier_stats *tp, const ram_bound *rb, const c
 			      (double)t.predicted_hits / act, "bytes_read",
 			      (json_int_t)t.bytes_read, "wait_s", (double)t.wait_ns * 1e-9,
 			      "direct", t.direct, "registered", t.registered);
+	/* the prefetch and its budget's inputs (moet_xtier.h) */
+	json_t *pf = j ? json_pack("{s:s, s:I, s:I, s:I, s:f, s:f, s:f, s:f}", "mode",
+				   t.prefetch_mode == MOET_XTIER_PF_ALL ? "all" : "budget", "reads",
+				   (json_int_t)t.prefetch_reads, "used", (json_int_t)t.prefetch_used,
+				   "declined", (json_int_t)t.prefetch_declined, "disk_GBps",
+				   t.pf_rate_Bps * 1e-9, "window_ms", t.pf_window_ns * 1e-6,
+				   "precision", t.pf_precision, "misses_per_acquire",
+				   t.pf_miss_avg)
+		       : NULL;
+	if (j && (!pf || json_object_set_new(j, "prefetch", pf))) {
+		json_decref(j);
+		return NULL;
+	}
 	if (!j || !rb->valid)
 		return j;
 	/* the hindsight bounds over the traced lookups (docs/io-uring.md) */

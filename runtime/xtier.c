@@ -170,6 +170,13 @@ static void on_read(void *ctx, const moet_uring_done *d)
 	if (--sl->segs_left)
 		return;
 	const int64_t l = sl->layer, e = sl->expert;
+	/* the disk's busy time and delivered bytes (the prefetch budget's rate) */
+	const size_t got_bytes = x->info[l * x->E + e].bytes;
+	x->loading_bytes -= got_bytes;
+	if (!sl->failed)
+		x->io_bytes += got_bytes;
+	if (--x->n_loading == 0)
+		x->io_busy_ns += moet_xtier_now_ns() - x->io_busy_t0;
 	if (sl->failed) {
 		/* nothing of a failed read is handed out: the slot is free again */
 		x->where[l * x->E + e] = -1;
@@ -211,6 +218,9 @@ int xt_load(moet_xtier *x, int64_t s, int64_t l, int64_t e, int demand)
 		return rc;
 	if (sl->state == XT_READY)
 		x->where[sl->layer * x->E + sl->expert] = -1;
+	if (x->n_loading++ == 0)
+		x->io_busy_t0 = moet_xtier_now_ns();
+	x->loading_bytes += in->bytes;
 	*sl = (xt_slot){ .layer = l, .expert = e, .state = XT_LOADING, .demand = demand,
 			 .prefetched = !demand, .segs_left = (unsigned)in->n_seg,
 			 .last_use = sl->last_use, .pins = sl->pins, .round = sl->round };
@@ -438,6 +448,23 @@ static int init(moet_model *m, const moet_xtier_opts *o, moet_xtier **out)
 	x->H = m->cfg.hidden_size;
 	x->k = m->cfg.num_experts_per_tok;
 	x->pred_layer = -1;
+	x->pf_miss_avg = 1.0; /* until acquires say otherwise: every demand read waits */
+	x->pf_mode = o->prefetch_mode;
+	if (x->pf_mode == MOET_XTIER_PF_ENV) {
+		const char *v = getenv("MOET_XTIER_PREFETCH");
+		x->pf_mode = !v || !*v || !strcmp(v, "all") ? MOET_XTIER_PF_ALL
+			     : !strcmp(v, "budget")	      ? MOET_XTIER_PF_BUDGET
+							      : -1;
+		if (x->pf_mode < 0) {
+			free(x);
+			return moet_err(MOET_EINVAL, "MOET_XTIER_PREFETCH='%.40s': expected all or "
+					"budget", v);
+		}
+	} else if (x->pf_mode != MOET_XTIER_PF_BUDGET && x->pf_mode != MOET_XTIER_PF_ALL) {
+		int bad = x->pf_mode;
+		free(x);
+		return moet_err(MOET_EINVAL, "NVMe tier: prefetch mode %d", bad);
+	}
 	moet_uring_opts uo = { .queue_depth = o->queue_depth, .direct = o->direct };
 	int rc = moet_uring_create(&uo, &x->u);
 	if (!rc)
@@ -583,9 +610,24 @@ moet_uring *moet_xtier_reader(moet_xtier *x)
 	return x->u;
 }
 
+/* The disk's rate while busy (bytes per ns), counting a busy period still open; 0 before any
+ * read completed. */
+double xt_io_rate(const moet_xtier *x)
+{
+	uint64_t busy = x->io_busy_ns;
+	if (x->n_loading > 0)
+		busy += moet_xtier_now_ns() - x->io_busy_t0;
+	return x->io_bytes && busy ? (double)x->io_bytes / (double)busy : 0;
+}
+
 void moet_xtier_stats_get(const moet_xtier *x, moet_xtier_stats *out)
 {
 	*out = x->st;
+	out->prefetch_mode = x->pf_mode;
+	out->pf_rate_Bps = 1e9 * xt_io_rate(x);
+	out->pf_window_ns = x->pf_window_ns;
+	out->pf_precision = ((double)x->pred_hit_tot + 1.0) / ((double)x->pred_tot + 2.0);
+	out->pf_miss_avg = x->pf_miss_avg;
 }
 
 void moet_xtier_stats_reset(moet_xtier *x)

@@ -78,6 +78,14 @@ struct moet_xtier {
 	int64_t pred_layer;       /* the layer the prediction is for, or -1 */
 	uint8_t *pred;            /* [E]: predicted experts of pred_layer */
 	int64_t pred_cpu;         /* how many of them are in the CPU tier */
+	/* the prefetch budget (moet_xtier.h, MOET_XTIER_PF_BUDGET): the disk's busy time (some
+	 * slot loading) and the bytes it delivered, what is loading now, the prediction-to-use
+	 * time and misses per acquire (moving averages), the predictor over the run */
+	int pf_mode;
+	int64_t n_loading;
+	uint64_t loading_bytes, io_bytes, io_busy_ns, io_busy_t0, pf_t0;
+	double pf_window_ns, pf_miss_avg;
+	uint64_t pred_tot, pred_hit_tot;
 	float *scr;               /* prefetch scratch */
 	size_t scr_elems;
 	/* slot registration in groups of whole slots (alloc_slots); with a warm fill, group g
@@ -93,6 +101,19 @@ struct moet_xtier {
 	char err[512];            /* the last failed read */
 	moet_xtier_stats st;
 };
+
+/*
+ * The prefetch budget's rule (moet_xtier.h): read a candidate ahead iff
+ * p x clamp(w, 0, t) >= (1 - p) x t x min(m, 1), with t its read time, w the disk's idle time
+ * left before the acquire (ns), p the predictor's precision, m misses per acquire.
+ */
+static inline int xt_pf_take(double p, double m, double t, double w)
+{
+	const double saved = w <= 0 ? 0 : w < t ? w : t;
+	return p * saved >= (1.0 - p) * t * (m < 1 ? m : 1);
+}
+
+double xt_io_rate(const moet_xtier *x);
 
 /* Is expert e of layer l in the CPU tier now? */
 static inline int xt_is_cpu(const moet_xtier *x, int64_t l, int64_t e)

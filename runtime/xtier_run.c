@@ -127,6 +127,12 @@ int moet_xtier_acquire(moet_xtier *x, int64_t layer, const moet_expert_pair *pai
 	*out_n_pairs = 0;
 	x->tick++;
 	const int counted = x->pred_layer == l;
+	const uint64_t misses0 = x->st.misses;
+	if (counted && x->pf_t0) {
+		/* prediction to use: the time the budget's reads have (moving average) */
+		const double w = (double)(moet_xtier_now_ns() - x->pf_t0);
+		x->pf_window_ns = x->pf_window_ns > 0 ? 0.75 * x->pf_window_ns + 0.25 * w : w;
+	}
 	for (int64_t e = 0; counted && e < E; e++)
 		n_cpu += xt_is_cpu(x, l, e);
 	while (q < n_pairs && x->n_pinned < x->n_slots) {
@@ -171,11 +177,13 @@ int moet_xtier_acquire(moet_xtier *x, int64_t layer, const moet_expert_pair *pai
 		if (counted) {
 			x->st.actual++;
 			x->st.predicted_hits += x->pred[e];
+			x->pred_hit_tot += x->pred[e];
 			x->st.chance_hits_x1e6 += (uint64_t)(1e6 * (double)x->pred_cpu /
 							     (double)(n_cpu ? n_cpu : 1));
 		}
 		q += r;
 	}
+	x->pf_miss_avg = 0.75 * x->pf_miss_avg + 0.25 * (double)(x->st.misses - misses0);
 	if ((rc = wait_pinned(x, l, pinned_e)))
 		goto fail;
 	for (int64_t i = 0; i < x->n_pinned; i++)
@@ -226,6 +234,42 @@ static int predict(moet_xtier *x, int64_t l2, const float *xh, int64_t n, float 
 	return 0;
 }
 
+/* The budget of one prediction round (moet_xtier.h, MOET_XTIER_PF_BUDGET). */
+typedef struct pf_budget {
+	int all;         /* no budget: ALL, or nothing measured yet */
+	double rate;     /* bytes per ns */
+	double idle;     /* ns the disk is left idle before the acquire */
+	double p, m;
+} pf_budget;
+
+static void pf_begin(const moet_xtier *x, pf_budget *b)
+{
+	*b = (pf_budget){ .all = 1 };
+	if (x->pf_mode == MOET_XTIER_PF_ALL)
+		return;
+	const double rate = x->o.pf_rate_Bps > 0 ? x->o.pf_rate_Bps * 1e-9 : xt_io_rate(x);
+	const double win = x->o.pf_window_ns > 0 ? x->o.pf_window_ns : x->pf_window_ns;
+	if (rate <= 0 || win <= 0)
+		return; /* NOTE: no figure yet (no read completed, or the first round): read as ALL */
+	b->all = 0;
+	b->rate = rate;
+	b->idle = win - (double)x->loading_bytes / rate;
+	b->p = ((double)x->pred_hit_tot + 1.0) / ((double)x->pred_tot + 2.0);
+	b->m = x->pf_miss_avg;
+}
+
+/* Is the next candidate (its bytes) worth reading ahead? Takes its time off the idle time. */
+static int pf_next(pf_budget *b, double bytes)
+{
+	if (b->all)
+		return 1;
+	const double t = bytes / b->rate;
+	if (!xt_pf_take(b->p, b->m, t, b->idle))
+		return 0;
+	b->idle -= t;
+	return 1;
+}
+
 void moet_xtier_prefetch(moet_xtier *x, int64_t layer, const float *x_rows, int64_t n)
 {
 	const int64_t H = x->H, E = x->E, l2 = x->next_moe[layer];
@@ -255,6 +299,7 @@ void moet_xtier_prefetch(moet_xtier *x, int64_t layer, const float *x_rows, int6
 		return;
 	cand *cs = (cand *)(void *)(x->scr + c_at);
 	x->pred_layer = l2;
+	x->pf_t0 = moet_xtier_now_ns();
 	x->pred_cpu = 0;
 	x->round++;
 	int64_t nc = 0;
@@ -269,8 +314,15 @@ void moet_xtier_prefetch(moet_xtier *x, int64_t layer, const float *x_rows, int6
 			cs[nc++] = (cand){ xt_value(x, l2, e, x->tick), e };
 	}
 	x->st.predicted += (uint64_t)x->pred_cpu;
+	x->pred_tot += (uint64_t)x->pred_cpu;
 	qsort(cs, (size_t)nc, sizeof(*cs), cmp_cand);
+	pf_budget b;
+	pf_begin(x, &b);
 	for (int64_t i = 0; i < nc; i++) {
+		if (!pf_next(&b, (double)x->info[l2 * E + cs[i].e].bytes)) {
+			x->st.prefetch_declined += (uint64_t)(nc - i);
+			break; /* candidates come in falling value (and equal sizes within a layer) */
+		}
 		int wait;
 		int64_t s = victim(x, cs[i].value, x->round, &wait);
 		if (s < 0)

@@ -122,6 +122,11 @@ void moet_cli_ram_report(const moet_model *m, FILE *f)
 		(unsigned long long)st.prefetch_reads, (unsigned long long)st.prefetch_used,
 		(double)st.bytes_read * 1e-6, (double)st.wait_ns * 1e-9,
 		(unsigned long long)st.read_errors);
+	fprintf(f, "NVMe tier: prefetch %s: %llu candidates declined; disk %.3f GB/s while busy, "
+		"prediction to use %.3f ms, precision %.3f, misses per acquire %.2f\n",
+		st.prefetch_mode == MOET_XTIER_PF_ALL ? "all" : "budget",
+		(unsigned long long)st.prefetch_declined, st.pf_rate_Bps * 1e-9,
+		st.pf_window_ns * 1e-6, st.pf_precision, st.pf_miss_avg);
 }
 
 int moet_cli_parse_list(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t **out,

@@ -8,7 +8,9 @@
  * hits + misses); with 100% nothing misses; the predictor's recall is above twice the recall
  * of a random prediction of the same size. Faults on the tier's reads (EIO, ENOSPC): the pass
  * fails with a message naming the file, offset and errno text, the expert it was for is not
- * resident, and the next pass gives the same bits; a short read changes nothing.
+ * resident, and the next pass gives the same bits; a short read changes nothing. The
+ * prefetch budget: its rule on hand-worked cases, a 1 byte/s disk reads nothing ahead where
+ * ALL does (the same bits both ways), its measured inputs after a run, MOET_XTIER_PREFETCH.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -22,6 +24,7 @@
 #include "moet_test.h"
 #include "moet_uring.h"
 #include "moet_xtier.h"
+#include "xtier_int.h"
 
 #define SEQS 3
 #define STEPS 6
@@ -68,13 +71,11 @@ static double ratio(uint64_t a, uint64_t b)
 }
 
 /* Sets the tier, runs, compares with ref; returns the stats. */
-static moet_xtier_stats check_budget(moet_model *m, const char *name, size_t bytes,
-				     const moet_profile *p, int no_prefetch, const float *ref,
-				     float *got, size_t n)
+static moet_xtier_stats check_opts(moet_model *m, const char *name, const moet_xtier_opts *o,
+				   const float *ref, float *got, size_t n)
 {
 	moet_xtier_stats st = { 0 };
-	moet_xtier_opts o = { .ram_budget_bytes = bytes, .profile = p, .no_prefetch = no_prefetch };
-	int rc = moet_model_set_xtier(m, &o);
+	int rc = moet_model_set_xtier(m, o);
 	CHECK(rc == 0, "%s: set: %s", name, moet_errmsg());
 	if (rc)
 		return st;
@@ -99,6 +100,83 @@ static moet_xtier_stats check_budget(moet_model *m, const char *name, size_t byt
 	       st.actual ? (double)st.chance_hits_x1e6 / 1e6 / (double)st.actual : 0,
 	       st.direct ? "O_DIRECT" : "buffered", st.registered ? "registered" : "unregistered");
 	return st;
+}
+
+static moet_xtier_stats check_budget(moet_model *m, const char *name, size_t bytes,
+				     const moet_profile *p, int no_prefetch, const float *ref,
+				     float *got, size_t n)
+{
+	moet_xtier_opts o = { .ram_budget_bytes = bytes, .profile = p, .no_prefetch = no_prefetch };
+	return check_opts(m, name, &o, ref, got, n);
+}
+
+/*
+ * The prefetch budget (moet_xtier.h): the rule's cases worked by hand; a disk too slow for
+ * any read to pay off (1 byte/s) reads nothing ahead where ALL reads ahead, and neither
+ * changes a bit; the measured inputs are there after a run; MOET_XTIER_PREFETCH is parsed.
+ */
+static void budget_cases(moet_model *m, size_t bytes, const moet_profile *p, const float *ref,
+			 float *got, size_t n)
+{
+	/* p x clamp(w, 0, t) >= (1 - p) x t x min(m, 1) */
+	CHECK(xt_pf_take(0.5, 1, 10, 10) && !xt_pf_take(0.4, 1, 10, 10), "even odds at w >= t");
+	CHECK(!xt_pf_take(0.9, 1, 21, 2) && xt_pf_take(0.9, 1, 21, 3),
+	      "slow disk: 0.9 x 2 < 0.1 x 21, 0.9 x 3 >= 2.1");
+	CHECK(xt_pf_take(0.6, 1, 5, 100) == xt_pf_take(0.6, 1, 5, 5), "w beyond t saves t only");
+	CHECK(!xt_pf_take(0.99, 0.5, 10, 0) && !xt_pf_take(0.99, 0.5, 10, -3),
+	      "no idle time left: nothing saved");
+	CHECK(xt_pf_take(0.1, 0, 10, 0) && xt_pf_take(0.1, 0, 10, -3),
+	      "no demand misses to delay: free");
+	CHECK(!xt_pf_take(0.3, 2, 10, 10) && xt_pf_take(0.3, 0.4, 10, 10),
+	      "misses per acquire count up to 1: 3 < 7 x 1, 3 >= 7 x 0.4 = 2.8");
+
+	moet_xtier_opts all = { .ram_budget_bytes = bytes, .profile = p,
+				.prefetch_mode = MOET_XTIER_PF_ALL };
+	moet_xtier_stats sa = check_opts(m, "prefetch all", &all, ref, got, n);
+	CHECK(sa.prefetch_mode == MOET_XTIER_PF_ALL && sa.prefetch_reads > 0 &&
+	      sa.prefetch_declined == 0, "ALL: %llu reads ahead, %llu declined",
+	      (unsigned long long)sa.prefetch_reads, (unsigned long long)sa.prefetch_declined);
+	moet_xtier_opts slow = all;
+	slow.prefetch_mode = MOET_XTIER_PF_BUDGET;
+	slow.pf_rate_Bps = 1;
+	slow.pf_window_ns = 1e6;
+	moet_xtier_stats ss = check_opts(m, "prefetch budget, 1 B/s", &slow, ref, got, n);
+	CHECK(ss.prefetch_reads == 0 && ss.prefetch_declined > 0, "1 B/s: %llu reads ahead, "
+	      "%llu declined", (unsigned long long)ss.prefetch_reads,
+	      (unsigned long long)ss.prefetch_declined);
+	moet_xtier_opts meas = slow;
+	meas.pf_rate_Bps = meas.pf_window_ns = 0;
+	moet_xtier_stats sm = check_opts(m, "prefetch budget", &meas, ref, got, n);
+	CHECK(sm.pf_rate_Bps > 0 && sm.pf_window_ns > 0 && sm.pf_precision > 0 &&
+	      sm.pf_precision < 1 && sm.pf_miss_avg >= 0, "measured: %.3g B/s, %.3g ns, "
+	      "precision %.3f, misses %.3f", sm.pf_rate_Bps, sm.pf_window_ns, sm.pf_precision,
+	      sm.pf_miss_avg);
+	printf("prefetch budget: disk %.3f GB/s busy, window %.3f ms, precision %.3f, misses per "
+	       "acquire %.2f: %llu read ahead, %llu declined\n", sm.pf_rate_Bps * 1e-9,
+	       sm.pf_window_ns * 1e-6, sm.pf_precision, sm.pf_miss_avg,
+	       (unsigned long long)sm.prefetch_reads, (unsigned long long)sm.prefetch_declined);
+	/* the environment decides when the option does not */
+	const char *env[] = { "all", "budget", "" };
+	const int want[] = { MOET_XTIER_PF_ALL, MOET_XTIER_PF_BUDGET, MOET_XTIER_PF_ALL };
+	moet_xtier_opts o = { .ram_budget_bytes = bytes, .no_warm = 1 };
+	for (int i = 0; i < 3; i++) {
+		moet_xtier_stats st = { 0 };
+		setenv("MOET_XTIER_PREFETCH", env[i], 1);
+		CHECK(moet_model_set_xtier(m, &o) == 0, "MOET_XTIER_PREFETCH='%s': %s", env[i],
+		      moet_errmsg());
+		if (moet_model_xtier(m))
+			moet_xtier_stats_get(moet_model_xtier(m), &st);
+		CHECK(st.prefetch_mode == want[i], "MOET_XTIER_PREFETCH='%s': mode %d", env[i],
+		      st.prefetch_mode);
+	}
+	setenv("MOET_XTIER_PREFETCH", "sometimes", 1);
+	CHECK(moet_model_set_xtier(m, &o) == MOET_EINVAL &&
+	      strstr(moet_errmsg(), "MOET_XTIER_PREFETCH='sometimes'") && !moet_model_xtier(m),
+	      "bad MOET_XTIER_PREFETCH: %s", moet_errmsg());
+	unsetenv("MOET_XTIER_PREFETCH");
+	o.prefetch_mode = 7;
+	CHECK(moet_model_set_xtier(m, &o) == MOET_EINVAL && strstr(moet_errmsg(), "mode 7"),
+	      "bad prefetch_mode: %s", moet_errmsg());
 }
 
 /* A fault on the tier's next read: the pass fails cleanly (or, for a prefetch read, recovers),
@@ -200,6 +278,7 @@ int main(void)
 	check_budget(m, "25% no prefetch", all / 4, p, 1, ref, got, n);
 	check_budget(m, "one slot", slot, p, 0, ref, got, n);
 	check_budget(m, "one slot no prefetch", slot, NULL, 1, ref, got, n);
+	budget_cases(m, all / 2, p, ref, got, n);
 
 	/* placement: half the experts on the CPU tier, the rest over 2 simulated devices */
 	int16_t *own = malloc((size_t)(L * E) * sizeof(*own));
