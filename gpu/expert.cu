@@ -62,6 +62,47 @@ static bool same_shape(const moet_mat *m, moet_dtype dt, int64_t rows, int64_t c
 	return m->dtype == dt && m->rows == rows && m->cols == cols;
 }
 
+/* The weight dtype and gate shape every expert of a call shares. */
+static int check_geom(moet_dtype dt, int64_t I, int64_t H)
+{
+	if (dt != MOET_DT_F8_E4M3 && dt != MOET_DT_BF16)
+		return moet_err(MOET_EUNSUP, "expert ffn: weight dtype %d (F8_E4M3 or BF16 only)",
+				(int)dt);
+	if (I < 1 || H < 1 || I > INT_MAX / 2 || H > INT_MAX / 2)
+		return moet_err(MOET_ESHAPE, "expert ffn: gate is %lldx%lld", (long long)I,
+				(long long)H);
+	return 0;
+}
+
+/* Expert e's three views against the call's dtype and shape; clears *vec_up (*vec_down) when
+ * its gate or up (down) data is not 16-byte aligned. */
+static int check_expert(const moet_gpu_expert *ex, int64_t e, moet_dtype dt, int64_t I,
+			int64_t H, bool *vec_up, bool *vec_down)
+{
+	const size_t esz = dt == MOET_DT_F8_E4M3 ? 1 : 2;
+	if (!same_shape(&ex->gate, dt, I, H) || !same_shape(&ex->up, dt, I, H) ||
+	    !same_shape(&ex->down, dt, H, I))
+		return moet_err(MOET_ESHAPE, "expert ffn: expert %lld: gate %lldx%lld, up %lldx%lld, "
+				"down %lldx%lld (dtypes %d %d %d); expected gate and up %lldx%lld, "
+				"down %lldx%lld, dtype %d", (long long)e, (long long)ex->gate.rows,
+				(long long)ex->gate.cols, (long long)ex->up.rows,
+				(long long)ex->up.cols, (long long)ex->down.rows,
+				(long long)ex->down.cols, (int)ex->gate.dtype, (int)ex->up.dtype,
+				(int)ex->down.dtype, (long long)I, (long long)H, (long long)H,
+				(long long)I, (int)dt);
+	const moet_mat *ms[3] = { &ex->gate, &ex->up, &ex->down };
+	for (int m = 0; m < 3; m++) {
+		if (!ms[m]->data || ((uintptr_t)ms[m]->data & (esz - 1)) ||
+		    ((uintptr_t)ms[m]->scale_inv & 3u))
+			return moet_err(MOET_EINVAL, "expert ffn: expert %lld: matrix %d: data %p, "
+					"scale_inv %p (NULL or misaligned)", (long long)e, m,
+					ms[m]->data, (const void *)ms[m]->scale_inv);
+		if (!aligned16(ms[m]->data))
+			*(m < 2 ? vec_up : vec_down) = false;
+	}
+	return 0;
+}
+
 extern "C" int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, const float *x,
 				   int64_t n_x, const int32_t *tok, void *scratch,
 				   size_t scratch_bytes, float *y, void *stream)
@@ -73,41 +114,16 @@ extern "C" int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, c
 		return 0;
 	const moet_dtype dt = exps[0].gate.dtype;
 	const int64_t I = exps[0].gate.rows, H = exps[0].gate.cols;
-	if (dt != MOET_DT_F8_E4M3 && dt != MOET_DT_BF16)
-		return moet_err(MOET_EUNSUP, "expert ffn: weight dtype %d (F8_E4M3 or BF16 only)",
-				(int)dt);
-	if (I < 1 || H < 1 || I > INT_MAX / 2 || H > INT_MAX / 2)
-		return moet_err(MOET_ESHAPE, "expert ffn: gate is %lldx%lld", (long long)I,
-				(long long)H);
+	int rc = check_geom(dt, I, H);
+	if (rc)
+		return rc;
 	const size_t esz = dt == MOET_DT_F8_E4M3 ? 1 : 2;
 	bool vec_up = (H * (int64_t)esz) % 16 == 0, vec_down = (I * (int64_t)esz) % 16 == 0;
 	int64_t n_pairs = 0;
 	for (int64_t e = 0; e < n_exp; e++) {
 		const moet_gpu_expert *ex = &exps[e];
-		if (!same_shape(&ex->gate, dt, I, H) || !same_shape(&ex->up, dt, I, H) ||
-		    !same_shape(&ex->down, dt, H, I))
-			return moet_err(MOET_ESHAPE, "expert ffn: expert %lld: gate %lldx%lld, up "
-					"%lldx%lld, down %lldx%lld (dtypes %d %d %d); expected gate "
-					"and up %lldx%lld, down %lldx%lld, dtype %d", (long long)e,
-					(long long)ex->gate.rows, (long long)ex->gate.cols,
-					(long long)ex->up.rows, (long long)ex->up.cols,
-					(long long)ex->down.rows, (long long)ex->down.cols,
-					(int)ex->gate.dtype, (int)ex->up.dtype, (int)ex->down.dtype,
-					(long long)I, (long long)H, (long long)H, (long long)I, (int)dt);
-		const moet_mat *ms[3] = { &ex->gate, &ex->up, &ex->down };
-		for (int m = 0; m < 3; m++) {
-			if (!ms[m]->data || ((uintptr_t)ms[m]->data & (esz - 1)) ||
-			    ((uintptr_t)ms[m]->scale_inv & 3u))
-				return moet_err(MOET_EINVAL, "expert ffn: expert %lld: matrix %d: data "
-						"%p, scale_inv %p (NULL or misaligned)", (long long)e,
-						m, ms[m]->data, (const void *)ms[m]->scale_inv);
-			if (!aligned16(ms[m]->data)) {
-				if (m < 2)
-					vec_up = false;
-				else
-					vec_down = false;
-			}
-		}
+		if ((rc = check_expert(ex, e, dt, I, H, &vec_up, &vec_down)))
+			return rc;
 		if (ex->n_tok < 0 || ex->n_tok > INT_MAX - n_pairs)
 			return moet_err(MOET_EINVAL, "expert ffn: expert %lld: n_tok %lld (total "
 					"pairs must stay below 2^31)", (long long)e,
@@ -125,8 +141,8 @@ extern "C" int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, c
 		return moet_err(MOET_EINVAL, "expert ffn: scratch of %zu bytes, %zu needed",
 				scratch_bytes, moet_gpu_expert_scratch_bytes(n_pairs, I));
 
-	int wide = 0, pdl = 0, rc = moet_rows_variant(&wide);
-	if (rc || (rc = moet_rows_pdl(&pdl)))
+	int wide = 0, pdl = 0;
+	if ((rc = moet_rows_variant(&wide)) || (rc = moet_rows_pdl(&pdl)))
 		return rc;
 	const int idt = dt == MOET_DT_F8_E4M3 ? MOET_ROWS_F8 : MOET_ROWS_BF16;
 	const int64_t hs = (I + 3) / 4 * 4; /* h row stride: 16-byte rows for the down pass */
@@ -163,4 +179,41 @@ extern "C" int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, c
 	d.wide = wide;
 	d.pdl = pdl ? MOET_ROWS_PDL_WAIT : 0;
 	return moet_rows_run(&d, get_down, exps, n_exp, (cudaStream_t)stream);
+}
+
+extern "C" int moet_gpu_expert_table(const moet_gpu_expert *exps, int64_t n_exp,
+				     moet_gpu_expert_ptrs *out_table,
+				     moet_gpu_expert_geom *out_geom)
+{
+	if (!exps || !out_table || !out_geom || n_exp < 1 || n_exp > MOET_GPU_GROUP_MAX_EXP)
+		return moet_err(MOET_EINVAL, "expert table: %lld experts (1 .. %d) at %p, outputs "
+				"%p %p", (long long)n_exp, MOET_GPU_GROUP_MAX_EXP,
+				(const void *)exps, (void *)out_table, (void *)out_geom);
+	int64_t first = 0;
+	while (first < n_exp && !exps[first].gate.data)
+		first++;
+	if (first == n_exp)
+		return moet_err(MOET_EINVAL, "expert table: none of the %lld experts is resident",
+				(long long)n_exp);
+	const moet_dtype dt = exps[first].gate.dtype;
+	const int64_t I = exps[first].gate.rows, H = exps[first].gate.cols;
+	int rc = check_geom(dt, I, H);
+	if (rc)
+		return rc;
+	const size_t esz = dt == MOET_DT_F8_E4M3 ? 1 : 2;
+	bool up16 = (H * (int64_t)esz) % 16 == 0, down16 = (I * (int64_t)esz) % 16 == 0;
+	for (int64_t e = 0; e < n_exp; e++) {
+		const moet_gpu_expert *ex = &exps[e];
+		moet_gpu_expert_ptrs *t = &out_table[e];
+		*t = moet_gpu_expert_ptrs{};
+		if (!ex->gate.data)
+			continue;
+		if ((rc = check_expert(ex, e, dt, I, H, &up16, &down16)))
+			return rc;
+		*t = moet_gpu_expert_ptrs{ { ex->gate.data, ex->up.data, ex->down.data },
+					   { ex->gate.scale_inv, ex->up.scale_inv,
+					     ex->down.scale_inv } };
+	}
+	*out_geom = moet_gpu_expert_geom{ n_exp, I, H, (int)dt, up16, down16 };
+	return 0;
 }

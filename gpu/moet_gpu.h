@@ -325,6 +325,76 @@ int moet_gpu_group_pairs(const int32_t *ids, int64_t n_pairs, int64_t n_exp,
 			 const moet_gpu_group_bufs *out, void *stream);
 
 /*
+ * ---- The expert FFN grouped on the device (gpu/rows_dev.cu; docs/hybrid.md, CUDA graphs,
+ * step 2) -------------------------------------------------------------------------------------
+ * moet_gpu_expert_ffn's computation for device 0's pairs of a moet_gpu_group_pairs result,
+ * with no host knowledge of the routing: the kernels read the group table and the experts'
+ * weight pointers from device memory, so the launches depend on the batch size only.
+ */
+
+/* One expert's weights as the device-grouped call reads them (an entry of a device table
+ * indexed by expert id): gate, up, down data and their F32 block scales (NULL: 1.0f). An
+ * expert whose w[0] is NULL is not resident (its entry is never read for weights). */
+typedef struct moet_gpu_expert_ptrs {
+	const void *w[3];  /* gate, up, down: device pointers */
+	const float *s[3];
+} moet_gpu_expert_ptrs;
+
+/* What the host knows of a layer's table, checked once (moet_gpu_expert_table). */
+typedef struct moet_gpu_expert_geom {
+	int64_t n_exp;        /* entries of the table (the layer's experts) */
+	int64_t inter, hidden; /* I, H: gate and up [I x H], down [H x I] */
+	int dtype;            /* moet_dtype: MOET_DT_F8_E4M3 or MOET_DT_BF16 */
+	int up16, down16;     /* 16-byte staging for gate and up (down): rows of a multiple of
+			       * 16 bytes, every resident expert's data 16-byte aligned */
+} moet_gpu_expert_geom;
+
+/*
+ * Builds a layer's table on the host (the caller uploads it once, e.g. when the placement is
+ * bound): exps [n_exp] (host array, index = expert id) are device views as for
+ * moet_gpu_expert_ffn, an expert with gate.data NULL not resident (its other fields and
+ * n_tok are ignored); out_table [n_exp] (host) gets the pointers, out_geom the shape.
+ * Returns 0, MOET_EINVAL (NULL pointers, n_exp outside [1, MOET_GPU_GROUP_MAX_EXP], no
+ * resident expert, misaligned data), MOET_ESHAPE (matrices that do not chain or differ between
+ * experts; the detail names the expert) or MOET_EUNSUP (dtype, or a build without CUDA).
+ */
+int moet_gpu_expert_table(const moet_gpu_expert *exps, int64_t n_exp,
+			  moet_gpu_expert_ptrs *out_table, moet_gpu_expert_geom *out_geom);
+
+/* err[0] flags of moet_gpu_experts_devgroup (0: every pair of device 0 computed) */
+#define MOET_GPU_DEVGROUP_OVER_MAX 1  /* an expert had more than max_tok pairs: not computed */
+#define MOET_GPU_DEVGROUP_ABSENT 2    /* an expert of device 0 with no resident weights (or an
+				       * id outside the table): not computed */
+
+/*
+ * For every touched expert e of device 0 in grp (dev0_class, class_first, class_count, pairs:
+ * a moet_gpu_group_pairs result for these n_pairs pairs, device memory) and each of its pair
+ * positions q = first .. first + n_tok - 1, with t = pairs[q].pair / top_k:
+ *   y[q][.] = canon(D(down_e, ., silu_c(D(gate_e, ., x[t])) * D(up_e, ., x[t])))
+ * bit for bit moet_gpu_expert_ffn over the same experts with tok[q] = t (the same kernels'
+ * arithmetic; tests/gpu/test_gpu_devgroup.c). Rows of y of other tiers are not written.
+ * table: device [geom->n_exp] (moet_gpu_expert_table's, uploaded); x [n_x][H], y [n_pairs][H]
+ * binary32, device; a token outside [0, n_x) reads as a row of +0. scratch: device memory of
+ * moet_gpu_expert_scratch_bytes(n_pairs, I) bytes (h). max_tok: a bound on any expert's pairs
+ * (the token count when each token's ids are distinct, as the router's are; n_pairs always
+ * holds): classes of more tokens are not launched, so fewer launches at small batches. err:
+ * device int32 [1], set to 0 then to the MOET_GPU_DEVGROUP_* flags on the stream; read it
+ * after moet_gpu_sync(stream).
+ * The launches (a memset and at most 6 kernels per pass, each with the worst-case grid of its
+ * token-count class) depend only on n_pairs, max_tok, geom, the variant switches
+ * (MOET_GPU_ROWS_KERNEL, MOET_GPU_PDL, read at every call) and the alignment of x and scratch:
+ * capturable in a CUDA graph and replayed for new ids of the same batch size. No allocation,
+ * no host wait. Deterministic. Returns 0, MOET_EINVAL (NULL or misaligned pointers, counts
+ * out of range, scratch too small, a bad geometry), MOET_EUNSUP (without CUDA) or
+ * MOET_EDEVICE. Thread-safe for different outputs, scratch and err.
+ */
+int moet_gpu_experts_devgroup(const moet_gpu_expert_geom *geom,
+			      const moet_gpu_expert_ptrs *table, const moet_gpu_group_bufs *grp,
+			      int64_t n_pairs, int64_t top_k, int64_t max_tok, const float *x,
+			      int64_t n_x, void *scratch, size_t scratch_bytes, float *y,
+			      int32_t *err, void *stream);
+
+/*
  * ---- Fast mode of the expert FFN (gpu/expert_fast.cu; docs/fast-mode.md) ---------------------
  * NOT the exact-numerics contract: tensor-core GEMMs (cuBLAS, bf16 inputs, binary32
  * accumulation) on weights dequantized to bf16 per expert. Outputs differ from

@@ -329,3 +329,21 @@ int moet_gpu_expert_ffn_fast(moet_gpu_fast *f, const moet_gpu_expert *exps, int6
 	(void)scratch, (void)scratch_bytes, (void)y, (void)stream;
 	return no_cuda("moet_gpu_expert_ffn_fast");
 }
+
+int moet_gpu_expert_table(const moet_gpu_expert *exps, int64_t n_exp,
+			  moet_gpu_expert_ptrs *out_table, moet_gpu_expert_geom *out_geom)
+{
+	(void)exps, (void)n_exp, (void)out_table, (void)out_geom;
+	return no_cuda("moet_gpu_expert_table");
+}
+
+int moet_gpu_experts_devgroup(const moet_gpu_expert_geom *geom,
+			      const moet_gpu_expert_ptrs *table, const moet_gpu_group_bufs *grp,
+			      int64_t n_pairs, int64_t top_k, int64_t max_tok, const float *x,
+			      int64_t n_x, void *scratch, size_t scratch_bytes, float *y,
+			      int32_t *err, void *stream)
+{
+	(void)geom, (void)table, (void)grp, (void)n_pairs, (void)top_k, (void)max_tok, (void)x;
+	(void)n_x, (void)scratch, (void)scratch_bytes, (void)y, (void)err, (void)stream;
+	return no_cuda("moet_gpu_experts_devgroup");
+}

@@ -1,0 +1,253 @@
+/*
+ * rows_wide_body.cuh: the work of one tile of rows_wide_kernel (gpu/rows_wide.cu) as a device
+ * function, shared by the host-grouped kernel there and the device-grouped one of rows_dev.cu,
+ * as rows_body.cuh does for rows_kernel (its conventions: the group object G, the job object
+ * A, the tile, the PDL bits). The mapping onto threads and why it is exact: rows_wide.cu.
+ *
+ * CUDA files of gpu/ only; include after rows_int.h.
+ */
+#ifndef MOET_GPU_ROWS_WIDE_BODY_CUH
+#define MOET_GPU_ROWS_WIDE_BODY_CUH
+
+#include "rows_body.cuh"
+
+#define MOET_ROWS_WTHREADS 256
+#define MOET_ROWS_WIDE_NS 3 /* raw stages in flight */
+
+template <int DT, int NMAT> struct moet_rows_wcfg {
+	static constexpr int VR = 32;                     /* virtual rows per tile */
+	static constexpr int RB = VR / NMAT;              /* output rows per tile */
+	static constexpr int TB = 16;                     /* tokens per tile */
+	static constexpr int ESZ = DT == MOET_ROWS_F8 ? 1 : 2;
+	static constexpr int WS = VR + 16;                /* floats per (lane, step) in wf */
+	static constexpr int WF = 16 * 8 * WS;            /* floats of wf */
+	static constexpr int XF = 16 * 8 * TB;            /* floats of xf */
+	static constexpr int DEC = (WF + XF) * 4;         /* bytes of the decoded chunk */
+	static constexpr int WRS = 128 * ESZ + 16;        /* bytes per raw weight row */
+	static constexpr int XRS = 128 + 4;               /* floats per raw activation row */
+	static constexpr int STAGE = VR * WRS + TB * XRS * 4;
+	static constexpr int RS = VR + 1;                 /* floats per (lane pair, token) in red */
+	static constexpr int RED = 8 * TB * RS * 4;
+	static constexpr int SMEM = DEC + MOET_ROWS_WIDE_NS * STAGE;
+	static_assert(RED <= DEC, "the tree's table fits in the decoded chunk");
+	static_assert((VR * WRS) % 16 == 0 && DEC % 16 == 0 && STAGE % 16 == 0, "16-byte stages");
+	static_assert(TB * 8 <= MOET_ROWS_WTHREADS, "one activation unit per thread at most");
+	static_assert(SMEM + TB * 4 <= MOET_ROWS_SM120_SMEM_MAX,
+		      "sm_120: 99 KB of shared memory per block");
+};
+
+static __device__ __forceinline__ uint32_t moet_rows_word_of(const uint4 &v, int i)
+{
+	return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+/* One tile of rows_wide_kernel (rows_body.cuh says what A, G, the tile and pdl are; the
+ * mapping is at the top of rows_wide.cu). Every thread of the block calls it with the same
+ * tile; a caller that runs a second tile syncs first. */
+template <int DT, int NMAT, class A, class G>
+static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &g, int row0,
+							   int tok0, int n_e, int pdl)
+{
+	using C = moet_rows_wcfg<DT, NMAT>;
+	constexpr int WTHREADS = MOET_ROWS_WTHREADS, NS = MOET_ROWS_WIDE_NS;
+	extern __shared__ __align__(16) unsigned char smem[];
+	__shared__ int xrow_s[C::TB];
+
+	const int tid = threadIdx.x, li = tid & 31, w = tid >> 5;
+	const int rt = li & 7, tt = li >> 3;
+	const int n_rows = min(C::RB, a.rows - row0), n_toks = min(C::TB, n_e - tok0);
+	const int K = a.K, n_chunk = (K + 127) / 128;
+
+	/* NOTE: as a programmatic dependent (rows_int.h) this variant waits before its first load;
+	 * it never triggers early (its dependents start as its blocks exit). At 9+ tokens the
+	 * work is the fmas, so there is little to overlap. */
+	if (pdl & MOET_ROWS_PDL_WAIT)
+		moet_grid_dep_wait();
+	if (tid < C::TB) {
+		int xr = -1;
+		if (tid < n_toks) {
+			long long r = g.src((long long)g.pair0() + tok0 + tid);
+			xr = (r >= 0 && r < a.n_x) ? (int)r : -1;
+		}
+		xrow_s[tid] = xr;
+	}
+	__syncthreads();
+
+	float *const wf = (float *)smem, *const xf = wf + C::WF;
+	unsigned char *const raw = smem + C::DEC;
+
+	/* Raw stage st <- chunk c: weight rows (16-byte pieces, zero-filled past the last row or
+	 * column) and activation rows (zero-filled for tokens past the tile or out of range). */
+	auto fetch = [&](int c, int st) {
+		unsigned char *ws = raw + st * C::STAGE;
+		float *xs = (float *)(ws + C::VR * C::WRS);
+		const int kc0 = c * 128, kcols = min(128, K - kc0);
+		constexpr int PPR = 128 * C::ESZ / 16; /* pieces per weight row */
+		for (int p = tid; p < C::VR * PPR; p += WTHREADS) {
+			const int vr = p / PPR, q = p % PPR;
+			const int m = NMAT == 2 ? vr >> 4 : 0;
+			const int row = row0 + (NMAT == 2 ? (vr & 15) : vr);
+			const bool ok = row < a.rows && q * 16 < kcols * C::ESZ;
+			const unsigned char *src = (const unsigned char *)g.w(m) +
+				(ok ? ((size_t)row * K + kc0) * C::ESZ + q * 16 : 0);
+			moet_cp_async16z(ws + vr * C::WRS + q * 16, src, ok);
+		}
+		for (int p = tid; p < C::TB * 32; p += WTHREADS) {
+			const int i = p >> 5, q = p & 31;
+			const int xr = xrow_s[i];
+			const bool ok = xr >= 0 && q * 4 < kcols;
+			const float *src = a.x + (ok ? (long long)xr * a.x_stride + kc0 + q * 4 : 0);
+			moet_cp_async16z(xs + i * C::XRS + q * 4, src, ok);
+		}
+		moet_cp_async_commit();
+	};
+
+	/* Decode raw stage st into wf / xf: weights unit (virtual row dv, step dt: 16 columns, one
+	 * per lane), activations unit (token xt, step xst). */
+	const int dv = (li & 15) + 16 * (w & 1), dt = 2 * (w >> 1) + (li >> 4);
+	const int xt = tid % C::TB, xst = tid / C::TB;
+	auto decode = [&](int st) {
+		const unsigned char *ws = raw + st * C::STAGE;
+		const float *xs = (const float *)(ws + C::VR * C::WRS);
+		float *d = wf + dt * C::WS + dv;
+		const uint4 *src = (const uint4 *)(ws + dv * C::WRS + 16 * dt * C::ESZ);
+		if constexpr (DT == MOET_ROWS_F8) {
+			const uint4 u = src[0];
+#pragma unroll
+			for (int i = 0; i < 4; i++) {
+				float v[4];
+				moet_dec4_f8(moet_rows_word_of(u, i), v);
+#pragma unroll
+				for (int q = 0; q < 4; q++)
+					d[(4 * i + q) * 8 * C::WS] = v[q];
+			}
+		} else {
+			const uint4 u[2] = { src[0], src[1] };
+#pragma unroll
+			for (int i = 0; i < 8; i++) {
+				uint32_t b = moet_rows_word_of(u[i >> 2], i & 3);
+				d[(2 * i) * 8 * C::WS] = __uint_as_float(b << 16);
+				d[(2 * i + 1) * 8 * C::WS] = __uint_as_float(b & 0xFFFF0000u);
+			}
+		}
+		if (tid < C::TB * 8) {
+			const float4 *xsrc = (const float4 *)(xs + xt * C::XRS + 16 * xst);
+			float *xd = xf + xst * C::TB + xt;
+#pragma unroll
+			for (int q = 0; q < 4; q++) {
+				const float4 v = xsrc[q];
+				xd[(4 * q + 0) * 8 * C::TB] = v.x;
+				xd[(4 * q + 1) * 8 * C::TB] = v.y;
+				xd[(4 * q + 2) * 8 * C::TB] = v.z;
+				xd[(4 * q + 3) * 8 * C::TB] = v.w;
+			}
+		}
+	};
+
+	/* My scale: virtual rows 4rt .. 4rt+3 are of one matrix (NMAT 2 splits at 16). */
+	const int mm = NMAT == 2 ? (rt >= 4) : 0;
+	const int srow = row0 + (NMAT == 2 ? (4 * rt) & 15 : 4 * rt);
+	const float *sp = g.s(mm);
+	const bool has_s = sp && srow < a.rows;
+	if (has_s)
+		sp += (size_t)(srow / 128) * n_chunk;
+
+	float p[2][4][4], acc[2][4][4];
+#pragma unroll
+	for (int h = 0; h < 2; h++)
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+#pragma unroll
+			for (int j = 0; j < 4; j++)
+				p[h][i][j] = acc[h][i][j] = 0.0f;
+
+	/* Step t of lane w + 8h. */
+	auto step = [&](int h, int t) {
+		const int ln = w + 8 * h;
+		const float4 w4 = *(const float4 *)(wf + (ln * 8 + t) * C::WS + 4 * rt);
+		const float4 x4 = *(const float4 *)(xf + (ln * 8 + t) * C::TB + 4 * tt);
+		const float wr[4] = { w4.x, w4.y, w4.z, w4.w };
+		const float xv[4] = { x4.x, x4.y, x4.z, x4.w };
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+#pragma unroll
+			for (int j = 0; j < 4; j++)
+				p[h][i][j] = fmaf(wr[i], xv[j], p[h][i][j]);
+	};
+
+#pragma unroll
+	for (int st = 0; st < NS - 1; st++) {
+		if (st < n_chunk)
+			fetch(st, st);
+		else
+			moet_cp_async_commit();
+	}
+	for (int c = 0; c < n_chunk; c++) {
+		moet_cp_async_wait<NS - 2>();
+		__syncthreads(); /* raw chunk c landed for all; every warp is done with wf / xf */
+		const int nc = c + NS - 1;
+		if (nc < n_chunk)
+			fetch(nc, nc % NS);
+		else
+			moet_cp_async_commit();
+		decode(c % NS);
+		__syncthreads();
+		const float sc = has_s ? __ldg(sp + c) : 1.0f;
+		const int kcols = min(128, K - c * 128);
+		if (kcols == 128) {
+#pragma unroll
+			for (int t = 0; t < 8; t++) {
+				step(0, t);
+				step(1, t);
+			}
+		} else {
+			for (int t = 0; t < 8; t++) {
+				if (16 * t + w < kcols)
+					step(0, t);
+				if (16 * t + w + 8 < kcols)
+					step(1, t);
+			}
+		}
+#pragma unroll
+		for (int h = 0; h < 2; h++)
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+#pragma unroll
+				for (int j = 0; j < 4; j++) {
+					acc[h][i][j] = fmaf(p[h][i][j], sc, acc[h][i][j]);
+					p[h][i][j] = 0.0f;
+				}
+	}
+	moet_cp_async_wait<0>();
+	__syncthreads(); /* every warp is done with wf / xf */
+
+	float *red = (float *)smem;
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+#pragma unroll
+		for (int j = 0; j < 4; j++)
+			red[(w * C::TB + 4 * tt + j) * C::RS + 4 * rt + i] = acc[0][i][j] + acc[1][i][j];
+	__syncthreads();
+	auto tree = [&](int tl, int vr) {
+		float s[4];
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			s[i] = red[(i * C::TB + tl) * C::RS + vr] + red[((i + 4) * C::TB + tl) * C::RS + vr];
+		float u0 = s[0] + s[2], u1 = s[1] + s[3];
+		return u0 + u1;
+	};
+	for (int o = tid; o < C::RB * C::TB; o += WTHREADS) {
+		const int r = o % C::RB, tl = o / C::RB;
+		if (r < n_rows && tl < n_toks) {
+			float v;
+			if constexpr (NMAT == 2)
+				v = moet_silu_c(tree(tl, r)) * tree(tl, 16 + r);
+			else
+				v = a.canon ? moet_canon_nan(tree(tl, r)) : tree(tl, r);
+			long long pair = (long long)g.pair0() + tok0 + tl;
+			a.out[pair * a.out_stride + row0 + r] = v;
+		}
+	}
+}
+
+#endif
