@@ -43,6 +43,14 @@ void moet_bench_stats_of(double *s, int n, moet_bench_stats *out)
 	out->median_s = (n % 2) ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
 }
 
+double moet_bench_mean(const double *s, int n)
+{
+	double sum = 0;
+	for (int i = 0; i < n; i++)
+		sum += s[i];
+	return sum / n;
+}
+
 /* First line of `cmd`'s stdout without its newline, or "" (also when the command fails). */
 static void run_line(const char *cmd, char *out, size_t n)
 {
@@ -211,6 +219,8 @@ int moet_bench_add_row(json_t *rec, const moet_bench_row *r)
 	json_object_set_new(row, "median_s", json_real(r->st.median_s));
 	json_object_set_new(row, "min_s", json_real(r->st.min_s));
 	json_object_set_new(row, "max_s", json_real(r->st.max_s));
+	if (r->mean_s > 0)
+		json_object_set_new(row, "mean_s", json_real(r->mean_s));
 	json_object_set_new(row, "reps", json_integer(r->st.reps));
 	if (r->bytes > 0)
 		json_object_set_new(row, "bytes", json_real(r->bytes));

@@ -35,6 +35,10 @@ double moet_bench_now_s(void);
 /* Median (mean of the middle two for even n), min and max of n > 0 samples; sorts them. */
 void moet_bench_stats_of(double *samples_s, int n, moet_bench_stats *out);
 
+/* The mean of n > 0 samples. NOTE (why, beside the median): a throughput is the mean; the
+ * median hides a few long steps (e.g. the NVMe tier's steps that wait for a read). */
+double moet_bench_mean(const double *samples_s, int n);
+
 /*
  * A new record for bench `bench`: schema, date (UTC), git commit and dirty flag of the
  * source tree the binary was built from (asked of git at run time; MOET_GIT_COMMIT and
@@ -55,6 +59,7 @@ typedef struct moet_bench_row {
 	double bytes, flops;   /* per repetition; 0: not applicable (omitted) */
 	const char *ceiling;   /* the ceiling's name in "ceilings" */
 	double ratio;          /* achieved / ceiling, same run */
+	double mean_s;         /* the mean repetition, where kept (> 0: written as "mean_s") */
 } moet_bench_row;
 
 /* Appends a row to results. Returns 0 or MOET_ENOMEM. */

@@ -68,11 +68,14 @@ enum {
  *           read takes much longer than a layer (the H200 machine's virtual disk: 21 ms for
  *           44 MB against ~2 ms per layer at batch 1) it reads little or nothing ahead.
  *   ALL     every predicted candidate that finds a slot of lower value (the first policy;
- *           the default until BUDGET has been measured on the GPU machine's slow disk)
- * NOTE (where BUDGET is too careful): it treats the disk as serving one read at a time at
- * its measured rate, so where reads are latency-bound and more in flight would go faster
- * (small experts, test models) it declines reads that would have arrived in time: on
- * test_xtier's model at 50% its hit rate was 0.863 against ALL's 0.934.
+ *           the reference path)
+ * Measured (tests/xtier/slow_disk.sh, dev VM, docs/io-uring.md): with a throttled disk where
+ * one expert's read takes ~6 all-in-RAM steps, BUDGET's mean decode step is 0.74 x ALL's at
+ * batch 1 and 0.55 x at batch 16; unthrottled, about the same as ALL's. NOTE (where BUDGET
+ * is too careful): it treats the disk as serving one read at a time at its measured rate, so
+ * where reads are latency-bound and more in flight would go faster (small experts) it
+ * declines some reads that would have arrived in time (test_xtier's model at 50%: hit rate
+ * 0.863 against ALL's 0.934).
  */
 enum { MOET_XTIER_PF_ENV = 0, MOET_XTIER_PF_BUDGET, MOET_XTIER_PF_ALL };
 
@@ -83,8 +86,8 @@ typedef struct moet_xtier_opts {
 	unsigned queue_depth;      /* io_uring requests in flight; 0: 64 */
 	int direct;                /* MOET_URING_DIRECT_* (moet_uring.h); 0: auto */
 	int no_prefetch;           /* 1: no router-based prefetch */
-	int prefetch_mode;         /* MOET_XTIER_PF_*; 0: MOET_XTIER_PREFETCH=all|budget, else
-				      all */
+	int prefetch_mode;         /* MOET_XTIER_PF_*; 0: MOET_XTIER_PREFETCH=budget|all, else
+				      budget */
 	double pf_rate_Bps;        /* tests: the disk's rate the budget assumes (bytes/s); 0:
 				      measured */
 	double pf_window_ns;       /* tests: prediction-to-use time the budget assumes; 0:

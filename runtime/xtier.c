@@ -452,13 +452,13 @@ static int init(moet_model *m, const moet_xtier_opts *o, moet_xtier **out)
 	x->pf_mode = o->prefetch_mode;
 	if (x->pf_mode == MOET_XTIER_PF_ENV) {
 		const char *v = getenv("MOET_XTIER_PREFETCH");
-		x->pf_mode = !v || !*v || !strcmp(v, "all") ? MOET_XTIER_PF_ALL
-			     : !strcmp(v, "budget")	      ? MOET_XTIER_PF_BUDGET
-							      : -1;
+		x->pf_mode = !v || !*v || !strcmp(v, "budget") ? MOET_XTIER_PF_BUDGET
+			     : !strcmp(v, "all")		    ? MOET_XTIER_PF_ALL
+								    : -1;
 		if (x->pf_mode < 0) {
 			free(x);
-			return moet_err(MOET_EINVAL, "MOET_XTIER_PREFETCH='%.40s': expected all or "
-					"budget", v);
+			return moet_err(MOET_EINVAL, "MOET_XTIER_PREFETCH='%.40s': expected budget "
+					"or all", v);
 		}
 	} else if (x->pf_mode != MOET_XTIER_PF_BUDGET && x->pf_mode != MOET_XTIER_PF_ALL) {
 		int bad = x->pf_mode;
@@ -524,7 +524,7 @@ const int32_t *moet_xtier_trace(const moet_xtier *x, int64_t *out_n)
 
 int moet_xtier_stats_bounds(const moet_xtier *x, moet_xtier_stats *out)
 {
-	*out = x->st;
+	moet_xtier_stats_get(x, out);
 	const int64_t nk = x->L * x->E, n = x->tr_n;
 	uint64_t m_opt = 0, m_any = 0, sh = 0;
 	int rc = moet_xtier_min_misses(x->tr, n, nk, x->n_slots, x->tr_init,

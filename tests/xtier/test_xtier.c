@@ -157,7 +157,7 @@ static void budget_cases(moet_model *m, size_t bytes, const moet_profile *p, con
 	       (unsigned long long)sm.prefetch_reads, (unsigned long long)sm.prefetch_declined);
 	/* the environment decides when the option does not */
 	const char *env[] = { "all", "budget", "" };
-	const int want[] = { MOET_XTIER_PF_ALL, MOET_XTIER_PF_BUDGET, MOET_XTIER_PF_ALL };
+	const int want[] = { MOET_XTIER_PF_ALL, MOET_XTIER_PF_BUDGET, MOET_XTIER_PF_BUDGET };
 	moet_xtier_opts o = { .ram_budget_bytes = bytes, .no_warm = 1 };
 	for (int i = 0; i < 3; i++) {
 		moet_xtier_stats st = { 0 };
