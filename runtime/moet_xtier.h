@@ -70,8 +70,8 @@ enum {
  *   ALL     every predicted candidate that finds a slot of lower value (the first policy;
  *           the reference path)
  * Measured (tests/xtier/slow_disk.sh, dev VM, docs/io-uring.md): with a throttled disk where
- * one expert's read takes ~6 all-in-RAM steps, BUDGET's mean decode step is 0.74 x ALL's at
- * batch 1 and 0.55 x at batch 16; unthrottled, about the same as ALL's. NOTE (where BUDGET
+ * one expert's read takes ~6 all-in-RAM steps, BUDGET's mean decode step is 0.73 x ALL's at
+ * batch 1 and 0.54 x at batch 16; unthrottled, about the same as ALL's. NOTE (where BUDGET
  * is too careful): it treats the disk as serving one read at a time at its measured rate, so
  * where reads are latency-bound and more in flight would go faster (small experts) it
  * declines some reads that would have arrived in time (test_xtier's model at 50%: hit rate
