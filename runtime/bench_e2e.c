@@ -344,7 +344,7 @@ static void ram_bound_of(const moet_xtier_stats *t, int steps, double all_s, dou
 
 /* One RAM-budget row's tier: its RAM (slots), its counters over the timed steps, the bounds. */
 static json_t *ram_json(const moet_xtier_stats *tp, const ram_bound *rb, const char *mode,
-			const char *budget, int64_t B, double step_s)
+			const char *budget, int64_t B, double step_s, double mean_s)
 {
 	const moet_xtier_stats t = *tp;
 	const double look = t.lookups ? (double)t.lookups : 1, act = t.actual ? (double)t.actual
@@ -362,6 +362,12 @@ static json_t *ram_json(const moet_xtier_stats *tp, const ram_bound *rb, const c
 			      (double)t.predicted_hits / act, "bytes_read",
 			      (json_int_t)t.bytes_read, "wait_s", (double)t.wait_ns * 1e-9,
 			      "direct", t.direct, "registered", t.registered);
+	/* the mean step: the throughput (a few steps wait for reads; the median hides them) */
+	if (j && (json_object_set_new(j, "mean_step_s", json_real(mean_s)) ||
+		  json_object_set_new(j, "mean_tokens_per_s", json_real((double)B / mean_s)))) {
+		json_decref(j);
+		return NULL;
+	}
 	/* the prefetch and its budget's inputs (moet_xtier.h) */
 	json_t *pf = j ? json_pack("{s:s, s:I, s:I, s:I, s:f, s:f, s:f, s:f}", "mode",
 				   t.prefetch_mode == MOET_XTIER_PF_ALL ? "all" : "budget", "reads",
@@ -612,7 +618,9 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 				1e3 * sp.cpu_s, 1e3 * sp.wait_s, 1e3 * sp.pcie_s);
 			if (bound > 0)
 				fprintf(out, " %10.3f", 1e3 * bound);
-			fputc('\n', out);
+			/* the throughput's step (the mean), last: tests/gpu/ram_budget.sh reads it */
+			fprintf(out, "   mean step %.3f ms = %.1f tok/s\n", 1e3 * r.mean_s,
+				(double)B / r.mean_s);
 			fflush(out);
 		}
 		/* the NVMe tier under RAM budgets (CPU-tier experts read from disk into slots) */
@@ -642,7 +650,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 					json_object_set_new(rec, "ram", ra);
 				if (!rc && (!ra || json_array_append_new(ra, ram_json(
 						&ts, &rb, mode_name[mode], o->ram_budgets[ri], B,
-						r.st.median_s))))
+						r.st.median_s, r.mean_s))))
 					rc = moet_err(MOET_ENOMEM, "bench e2e: RAM-budget record");
 				/* NOTE: the mean too: a slow disk makes a few steps wait long,
 				 * which the median hides and the throughput does not */

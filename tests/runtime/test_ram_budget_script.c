@@ -6,8 +6,9 @@
  * page cache, and no limit is enforced), so no real cgroup is ever made by this test.
  * Checked against the bench's own JSON records and the checkpoint, not the script's numbers:
  *   - table rows: one per (budget, batch); tok/s of each configuration equal to its record's
- *     (batch / median step, and the tier's "ram" entry), within the table's rounding; the
- *     tier's slot bytes = its record's resident bytes; the hit rate its record's;
+ *     (batch / mean step, and the tier's "ram" entry's mean_tokens_per_s), within the
+ *     table's rounding; the tier's slot bytes = its record's resident bytes; the hit rate its
+ *     record's;
  *   - the mmap limit = the stand-in's 2 GiB outside the page cache + the dense part (on the
  *     CPU backend both processes read it from the mapping): the checkpoint's bytes that are
  *     not routed-expert tensors;
@@ -36,7 +37,7 @@ static double num(const json_t *o, const char *k)
 	return json_number_value(json_object_get(o, k));
 }
 
-/* tokens/s of row `name` at batch B of a bench record: B / median step; 0 if absent. */
+/* tokens/s of row `name` at batch B of a bench record: B / mean step; 0 if absent. */
 static double rec_tok_s(const char *path, const char *name, int64_t B)
 {
 	json_t *r = json_load_file(path, 0, NULL);
@@ -46,7 +47,7 @@ static double rec_tok_s(const char *path, const char *name, int64_t B)
 	json_array_foreach(json_object_get(r, "results"), i, row) {
 		const char *n = json_string_value(json_object_get(row, "name"));
 		if (n && !strcmp(n, name) && json_integer_value(json_object_get(row, "tokens")) == B)
-			v = (double)B / num(row, "median_s");
+			v = (double)B / num(row, "mean_s"); /* the script's tok/s: the mean step's */
 	}
 	json_decref(r);
 	return v;
@@ -160,11 +161,11 @@ int main(void)
 		      (long long)B, all, all_r);
 		CHECK(mm > 0 && fabs(mm - mm_r) <= 0.051, "%s %lld: mmap %g, record %g", b,
 		      (long long)B, mm, mm_r);
-		CHECK(tier > 0 && fabs(tier - num(e, "tokens_per_s")) <= 0.051 &&
+		CHECK(tier > 0 && fabs(tier - num(e, "mean_tokens_per_s")) <= 0.051 &&
 		      fabs(num(row, "tier_hit_rate") - num(e, "hit_rate")) <= 0.0005 &&
 		      num(row, "tier_slot_bytes") == num(e, "resident_bytes"),
 		      "%s %lld: tier %g (record %g), hit %g (%g), slots %g (%g)", b, (long long)B,
-		      tier, num(e, "tokens_per_s"), num(row, "tier_hit_rate"), num(e, "hit_rate"),
+		      tier, num(e, "mean_tokens_per_s"), num(row, "tier_hit_rate"), num(e, "hit_rate"),
 		      num(row, "tier_slot_bytes"), num(e, "resident_bytes"));
 		CHECK(num(row, "mmap_limit_bytes") == 2147483648.0 + dense,
 		      "%s: limit %.0f, want 2 GiB + dense %.0f", b, num(row, "mmap_limit_bytes"),
