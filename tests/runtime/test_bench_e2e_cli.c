@@ -215,6 +215,12 @@ int main(void)
 		const char *nm = json_string_value(json_object_get(rw, "name"));
 		found += nm && (!strcmp(nm, "decode-hybrid-ram100%") ||
 				!strcmp(nm, "decode-hybrid-ram25%")) && num(rw, "median_s") > 0;
+		/* decode rows keep their mean step (the throughput's): within [min, max] */
+		if (nm && !strncmp(nm, "decode-", 7))
+			CHECK(num(rw, "mean_s") >= num(rw, "min_s") &&
+			      num(rw, "mean_s") <= num(rw, "max_s") && num(rw, "min_s") > 0,
+			      "%s: mean %g outside [%g, %g]", nm, num(rw, "mean_s"),
+			      num(rw, "min_s"), num(rw, "max_s"));
 	}
 	CHECK(found == 2, "rows of both budgets: %d", found);
 	json_decref(r2);
