@@ -18,6 +18,8 @@
  *                  uploaded (MOET_UPLOAD: uring streams shards -> pinned staging -> device),
  *                  the CPU tier made resident (warm fill); time to ready against
  *                  max(bytes read / disk ceiling, bytes uploaded / h2d ceiling)
+ *   fill           the staged upload's fill of its staging alone, three sources
+ *                  (bench_load_fill.c), against the read ceiling
  */
 #include "moet_bench_load.h"
 
@@ -32,6 +34,7 @@
 #include "moet_gpu.h"
 #include "moet_gpu_host.h"
 #include "moet_model.h"
+#include "moet_upload.h"
 #include "moet_uring.h"
 #include "moet_xtier.h"
 
@@ -243,8 +246,12 @@ static int start_bench(const moet_bench_load_opts *o, double disk_GBps, double h
 	if (o->upload && setenv("MOET_UPLOAD", o->upload, 1))
 		return moet_err(MOET_ENOMEM, "bench load: MOET_UPLOAD");
 	const char *src = getenv("MOET_UPLOAD");
-	fprintf(log, "bench load: start on %s, hot experts through MOET_UPLOAD=%s\n", o->device,
-		src && src[0] ? src : "(default)");
+	int read = 0;
+	if (moet_upload_read_mode(&read))
+		return moet_err_prefix(MOET_EINVAL, "bench load");
+	const char *rd = read == MOET_UPLOAD_READ_PREAD ? "pread" : "map";
+	fprintf(log, "bench load: start on %s, hot experts through MOET_UPLOAD=%s "
+		"MOET_UPLOAD_READ=%s\n", o->device, src && src[0] ? src : "(default)", rd);
 	double t0 = moet_bench_now_s(), t1 = t0, t2 = t0, t3 = t0;
 	int rc = moet_model_open_on(o->model_dir, o->device, &m);
 	t1 = moet_bench_now_s();
@@ -301,6 +308,8 @@ static int start_bench(const moet_bench_load_opts *o, double disk_GBps, double h
 		"ready_over_bound", bound > 0 ? ready / bound : 0));
 	if (numa)
 		json_object_set_new(json_object_get(rec, "start"), "numa", numa);
+	/* the staged source's read (MOET_UPLOAD_READ) */
+	json_object_set_new(json_object_get(rec, "start"), "read", json_string(rd));
 	fprintf(out, "%-15s %10.3f %10.3f %9.2f open %.3f s + hot experts %.3f s + tier %.3f s; "
 		"bound %.3f s (%s); ready/bound %.2f\n", "start", read_b / 1e9, ready,
 		ready > 0 ? read_b / ready / 1e9 : 0, t1 - t0, t2 - t1, t3 - t2, bound,
@@ -404,6 +413,8 @@ int moet_bench_load(const moet_bench_load_opts *o, json_t *rec, FILE *log, FILE 
 		if (numa)
 			json_object_set_new(json_object_get(rec, "load"), "numa", numa);
 	}
+	if (!rc)
+		rc = moet_bench_load_fill(o, m, disk_GBps, rec, log, out);
 	moet_model_close(m);
 	m = NULL;
 	if (!rc && o->device)

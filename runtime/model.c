@@ -200,6 +200,70 @@ static int bind_uring(moet_model *m, const moet_mat *host, int64_t n, moet_mat *
 	return 0;
 }
 
+/*
+ * The staged source (runtime/upload.c): backend memory per matrix, data and scales (as the
+ * CUDA backend's bind_mats allocates it), the bytes through the upload's staging by
+ * moet_upload_default_threads() threads. NOTE: built here rather than by the backend, which
+ * has no checkpoint: with MOET_UPLOAD_READ=pread each item carries its shard file and offset
+ * (moet_upload_files_locate; an item outside the mapping is copied from it). The model owns
+ * the allocations (freed at close); on failure they are freed and out[] is not to be used.
+ */
+static int bind_staged(moet_model *m, const moet_mat *host, int64_t n, moet_mat *out)
+{
+	const moet_backend_ops *op = m->be->ops;
+	moet_upload_item *items = NULL;
+	moet_upload_from *from = NULL;
+	moet_upload_files *files = NULL;
+	int64_t k = 0, n_new = 0;
+	int read = 0, rc = moet_upload_read_mode(&read);
+	if (rc)
+		return rc;
+	void **nb = realloc(m->dev_blocks, (size_t)(m->n_dev_blocks + 2 * n + 1) * sizeof(*nb));
+	if (!nb)
+		return moet_err(MOET_ENOMEM, "upload block list");
+	m->dev_blocks = nb;
+	void **mine = nb + m->n_dev_blocks;
+	if (!(items = malloc((size_t)(2 * n + 1) * sizeof(*items))) ||
+	    !(from = calloc((size_t)(2 * n + 1), sizeof(*from))))
+		rc = moet_err(MOET_ENOMEM, "upload list of %lld matrices", (long long)n);
+	if (!rc && read == MOET_UPLOAD_READ_PREAD && m->ck)
+		rc = moet_upload_files_open(m->ck, &files);
+	for (int64_t i = 0; i < n && !rc; i++) {
+		const moet_mat *h = &host[i];
+		const void *src[2] = { h->data, h->scale_inv };
+		const size_t b[2] = { moet_mat_data_bytes(h), moet_mat_scale_bytes(h) };
+		out[i] = *h;
+		for (int t = 0; t < 2 && !rc; t++) {
+			void *d = NULL;
+			if (t && !b[1])
+				continue;
+			if ((rc = op->alloc(m->be, b[t], &d)))
+				break;
+			mine[n_new++] = d;
+			if (t)
+				out[i].scale_inv = d;
+			else
+				out[i].data = d;
+			items[k] = (moet_upload_item){ src[t], d, b[t] };
+			if (files)
+				(void)moet_upload_files_locate(files, src[t], b[t], &from[k], NULL);
+			k++;
+		}
+	}
+	moet_upload_opts uo = { .host_dst = op->host_memory, .from = from };
+	if (!rc)
+		rc = moet_upload_many_opts(items, k, moet_upload_default_threads(), &uo, NULL);
+	if (rc)
+		for (int64_t i = 0; i < n_new; i++)
+			op->free(m->be, mine[i]);
+	else
+		m->n_dev_blocks += (int)n_new;
+	moet_upload_files_close(files);
+	free(items);
+	free(from);
+	return rc;
+}
+
 int moet_model_bind_experts(moet_model *m, const int16_t *owner)
 {
 	const moet_config *c = &m->cfg;
@@ -250,7 +314,7 @@ int moet_model_bind_experts(moet_model *m, const int16_t *owner)
 	if (src == MOET_UPLOAD_URING) {
 		rc = bind_uring(m, host, 3 * n, dev);
 	} else if (op->bind_mats && staged) {
-		rc = op->bind_mats(m->be, host, 3 * n, moet_upload_default_threads(), dev);
+		rc = bind_staged(m, host, 3 * n, dev);
 	} else {
 		for (int64_t i = 0; i < 3 * n && !rc; i++)
 			rc = op->bind_mat(m->be, &host[i], &dev[i]);

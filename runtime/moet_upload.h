@@ -5,7 +5,9 @@
  *   uring   the matrices' bytes read from the shard files with io_uring (O_DIRECT where the
  *           filesystem takes it) straight into registered pinned staging buffers, each filled
  *           buffer copied to the device while the next reads are in flight (upload_uring.c)
- * MOET_UPLOAD=plain|staged|uring picks one at moet_model_bind_experts (docs/hybrid.md).
+ * MOET_UPLOAD=plain|staged|uring picks one at moet_model_bind_experts (docs/hybrid.md);
+ * MOET_UPLOAD_READ=map|pread the staged source's read (from the mapping, or pread from the
+ * shard files into the staging).
  */
 #ifndef MOET_UPLOAD_H
 #define MOET_UPLOAD_H
@@ -17,15 +19,33 @@
 
 struct moet_ckpt;
 
+/* A file that holds items' source bytes, for MOET_UPLOAD_READ=pread (borrowed: open for the
+ * call). */
+typedef struct moet_upload_file {
+	int fd;               /* open for reading */
+	const char *path;     /* named in a failed read's message */
+} moet_upload_file;
+
 typedef struct moet_upload_item {
 	const void *src; /* host bytes (any memory: mapped files included) */
-	void *dst;       /* device memory */
+	void *dst;       /* device memory (host memory with moet_upload_opts.host_dst) */
 	size_t bytes;
 } moet_upload_item;
+
+/* Where an item's bytes lie in a file: with MOET_UPLOAD_READ=pread they are read from there
+ * (pread) instead of copied from src. file NULL: copied from src whatever MOET_UPLOAD_READ
+ * says. NOTE: beside the items (moet_upload_opts.from) rather than in them, so the items'
+ * existing initialisers { src, dst, bytes } stay complete. */
+typedef struct moet_upload_from {
+	const moet_upload_file *file;
+	uint64_t off;    /* file offset of the item's first byte */
+} moet_upload_from;
 
 typedef struct moet_upload_stats {
 	size_t bytes;
 	double seconds;  /* wall time of the call */
+	double copy_seconds; /* staged: from the first fill to the last byte copied (the setup:
+				buffers, threads, excluded); 0 for uring */
 	/* the uring source only (0 for staged) */
 	uint64_t read_bytes;   /* bytes read from the shards (aligned covers, merge gaps) */
 	uint64_t reads;        /* io_uring ranges */
@@ -36,10 +56,56 @@ typedef struct moet_upload_stats {
 
 /* Copies every item; returns when all bytes are on the device. n_threads: the threads that
  * read the host bytes (1..64; fewer are used if threads cannot be made). Returns 0,
- * MOET_ENOMEM, MOET_EDEVICE (a CUDA call; detail names it) or MOET_EUNSUP without CUDA.
- * stats (optional) gets the bytes and the wall time. */
+ * MOET_ENOMEM, MOET_EDEVICE (a CUDA call; detail names it) or MOET_EUNSUP without CUDA,
+ * MOET_EINVAL naming a bad MOET_UPLOAD_CHUNK_MB / _STORE / _READ (before anything is
+ * allocated), MOET_EIO "upload: PATH: read of N bytes at offset O failed: errno text" (a
+ * pread source's failed read: nothing later is copied; the destinations are the caller's to
+ * drop). stats (optional) gets the bytes and the wall time. = moet_upload_many_opts(.., NULL,
+ * ..). */
 int moet_upload_many(const moet_upload_item *items, int64_t n, int n_threads,
 		     moet_upload_stats *stats);
+
+typedef struct moet_upload_opts {
+	int host_dst;   /* 1: destinations are host memory (the CPU backend, tests): staging from
+			   aligned_alloc, copies by memcpy; no CUDA call. 0: device memory */
+	int fill_only;  /* 1: the staging buffers are filled and nothing is copied out (dst is
+			   not read: bench load's fill rows); no CUDA call */
+	const moet_upload_from *from; /* [n] (borrowed) or NULL: the items' files */
+	int read;       /* 0: MOET_UPLOAD_READ says; else MOET_UPLOAD_READ_MAP + 1 or
+			   MOET_UPLOAD_READ_PREAD + 1 (bench load's fill rows) */
+} moet_upload_opts;
+
+/* moet_upload_many with options (o NULL: device destinations). */
+int moet_upload_many_opts(const moet_upload_item *items, int64_t n, int n_threads,
+			  const moet_upload_opts *o, moet_upload_stats *stats);
+
+/* MOET_UPLOAD_READ: the staged source's read of items that have a file. map (unset, empty):
+ * copied from the mapping (src); pread: read from the file into the staging buffer (no page
+ * fault on the mapping, whose pages the upload never touches). MOET_EINVAL naming the value
+ * otherwise. */
+enum { MOET_UPLOAD_READ_MAP = 0, MOET_UPLOAD_READ_PREAD };
+int moet_upload_read_mode(int *out);
+
+/* ---- a checkpoint's shard files as upload sources (upload_files.c) ------------------------ */
+
+typedef struct moet_upload_files moet_upload_files;
+
+/* Every shard of ck opened for reading, with where its mapped tensors lie in the file
+ * (moet_uring_shard_maps). ck is borrowed and must outlive *out. Returns 0, MOET_EIO naming
+ * the shard (open or header), MOET_ENOMEM. */
+int moet_upload_files_open(const struct moet_ckpt *ck, moet_upload_files **out);
+
+/* *out (the shard's file and the offset of src there) when [src, src + bytes) lies in one
+ * shard's mapped tensors, and *out_shard (optional) the shard; returns 0. MOET_ERANGE (*out
+ * unchanged) otherwise. */
+int moet_upload_files_locate(const moet_upload_files *f, const void *src, size_t bytes,
+			     moet_upload_from *out, int *out_shard);
+
+/* Shard i's file (0 <= i < moet_ckpt_shard_count), NULL outside. */
+const moet_upload_file *moet_upload_files_at(const moet_upload_files *f, int i);
+
+/* Closes the files; accepts NULL. */
+void moet_upload_files_close(moet_upload_files *f);
 
 /* MOET_UPLOAD_THREADS (1..64), else every core of the machine but one (the driving
  * thread's), at most 64. */

@@ -23,12 +23,27 @@
  * NOTE (what was tried): DMA from the mapped pages page-locked in place (cudaHostRegister,
  * MOET_UPLOAD=register) measured 1.0-1.4 GB/s serial, and its threaded version hung on the
  * H200 machine; removed (docs/hybrid.md).
+ *
+ * The source (MOET_UPLOAD_READ): map copies from the items' host bytes (the checkpoint's
+ * mapping: the first touch of each page is a page fault taken by the filling thread); pread
+ * reads an item that has a file (moet_upload_opts.from) from it at its offset straight into
+ * the staging buffer (the kernel copies from the page cache: no fault, no page table). A
+ * thread's slice is read piece by piece: short reads continued, EINTR retried; a failed
+ * read stops the upload after the chunk (nothing later is copied) with the file, offset and
+ * errno named.
+ *
+ * Host destinations (moet_upload_opts.host_dst, fill_only) run the same pipeline on the CPU:
+ * staging from aligned_alloc, each chunk memcpy'd out (or not at all) instead of the async
+ * copies: the tests' and bench load's fill rows' form.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -47,7 +62,18 @@ typedef struct piece {
 	const char *src;
 	char *dst_dev;
 	size_t bytes, at; /* at: offset in the chunk's buffer */
+	const moet_upload_file *file; /* read from here at off (pread source), else NULL */
+	uint64_t off;
 } piece;
+
+/* A thread's failed read (the first of its slice). */
+typedef struct rd_err {
+	int failed;
+	int err;          /* errno; 0: the file ended first */
+	const moet_upload_file *file;
+	uint64_t off;
+	size_t bytes;     /* left to read */
+} rd_err;
 
 typedef struct team {
 	pthread_mutex_t mu;
@@ -60,11 +86,18 @@ typedef struct team {
 	char *buf;
 	size_t chunk_bytes;
 	int cached;        /* plain stores (MOET_UPLOAD_STORE=cached), else non-temporal */
+	int pread;         /* MOET_UPLOAD_READ=pread: pieces with a file are read from it */
+	/* test-only faults (MOET_UPLOAD_READ_FAULT, staged_opts) */
+	size_t fault_cap;  /* each pread asks at most this many bytes (0: no cap) */
+	long fault_at;     /* the fault_at-th pread of the call fails with EIO (0: none) */
+	long n_reads;      /* preads so far (atomic) */
+	rd_err self;       /* the caller's, when there is no team */
 } team;
 
 typedef struct worker {
 	team *t;
 	int id;
+	rd_err e;
 } worker;
 
 /* memcpy with non-temporal stores: the staging buffer is written without being read first
@@ -96,8 +129,40 @@ static void nt_copy(char *dst, const char *src, size_t n)
 #endif
 }
 
-/* Thread id's slice of the chunk's bytes, copied piece by piece. */
-static void copy_slice(const team *t, int id, int n_threads)
+/* n bytes of file at off into dst: short reads continued, EINTR retried. 0, or -1 with *e
+ * filled (errno, or 0 when the file ends first). */
+static int read_full(team *t, const moet_upload_file *f, char *dst, size_t n, uint64_t off,
+		     rd_err *e)
+{
+	while (n) {
+		/* NOTE: Linux moves at most 0x7ffff000 bytes per call */
+		size_t want = n > ((size_t)1 << 30) ? (size_t)1 << 30 : n;
+		if (t->fault_cap && want > t->fault_cap)
+			want = t->fault_cap;
+		ssize_t r;
+		if (t->fault_at && __atomic_add_fetch(&t->n_reads, 1, __ATOMIC_RELAXED) ==
+		    t->fault_at) {
+			r = -1;
+			errno = EIO;
+		} else {
+			r = pread(f->fd, dst, want, (off_t)off);
+		}
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			*e = (rd_err){ 1, r < 0 ? errno : 0, f, off, n };
+			return -1;
+		}
+		dst += r;
+		off += (uint64_t)r;
+		n -= (size_t)r;
+	}
+	return 0;
+}
+
+/* Thread id's slice of the chunk's bytes, copied (or read) piece by piece; stops at the
+ * first failed read (*e). */
+static void copy_slice(team *t, int id, int n_threads, rd_err *e)
 {
 	size_t per = (t->chunk_bytes + (size_t)n_threads - 1) / (size_t)n_threads;
 	per = (per + 4095) & ~(size_t)4095;
@@ -105,10 +170,16 @@ static void copy_slice(const team *t, int id, int n_threads)
 	for (int i = 0; i < t->n_pc && lo < hi; i++) {
 		const piece *p = &t->pc[i];
 		size_t a = p->at > lo ? p->at : lo, b = p->at + p->bytes < hi ? p->at + p->bytes : hi;
-		if (a < b && t->cached)
+		if (a >= b)
+			continue;
+		if (t->pread && p->file) {
+			if (read_full(t, p->file, t->buf + a, b - a, p->off + (a - p->at), e))
+				return;
+		} else if (t->cached) {
 			memcpy(t->buf + a, p->src + (a - p->at), b - a);
-		else if (a < b)
+		} else {
 			nt_copy(t->buf + a, p->src + (a - p->at), b - a);
+		}
 	}
 }
 
@@ -127,7 +198,7 @@ static void *worker_main(void *arg)
 		}
 		seen = t->gen;
 		pthread_mutex_unlock(&t->mu);
-		copy_slice(t, w->id, t->n_threads);
+		copy_slice(t, w->id, t->n_threads, &w->e);
 		pthread_mutex_lock(&t->mu);
 		if (--t->pending == 0)
 			pthread_cond_signal(&t->done);
@@ -139,7 +210,7 @@ static void *worker_main(void *arg)
 static void copy_chunk(team *t)
 {
 	if (t->n_threads == 0) {
-		copy_slice(t, 0, 1);
+		copy_slice(t, 0, 1, &t->self);
 		return;
 	}
 	pthread_mutex_lock(&t->mu);
@@ -158,8 +229,20 @@ static double now_s(void)
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+int moet_upload_read_mode(int *out)
+{
+	const char *v = getenv("MOET_UPLOAD_READ");
+	if (!v || !*v || !strcmp(v, "map"))
+		*out = MOET_UPLOAD_READ_MAP;
+	else if (!strcmp(v, "pread"))
+		*out = MOET_UPLOAD_READ_PREAD;
+	else
+		return moet_err(MOET_EINVAL, "MOET_UPLOAD_READ='%.40s' (want map or pread)", v);
+	return 0;
+}
+
 /*
- * The staging buffers' size and the copy's stores, from the environment:
+ * The staging buffers' size, the copy's stores and the source, from the environment:
  *   MOET_UPLOAD_CHUNK_MB  1..1024 (default 64): each of the NBUF pinned buffers
  *   MOET_UPLOAD_STORE     nt (default): non-temporal stores, the buffers' lines written to
  *                         DRAM and read from it again by the DMA (3 bytes of DRAM traffic
@@ -171,9 +254,14 @@ static double now_s(void)
  *                         read alone; with larger buffers the plain stores' reads for
  *                         ownership add a pass instead. Which wins is the GPU machine's to
  *                         say (docs/hybrid.md); the bytes on the device are the same.
+ *                         (The pread source's stores are the kernel's copy: cached.)
+ *   MOET_UPLOAD_READ      map (default) or pread (moet_upload_read_mode)
+ *   MOET_UPLOAD_READ_FAULT  tests only: short (each pread asks at most 1000 bytes, so
+ *                         every piece takes many reads) or eio:K (the K-th pread, K >= 1,
+ *                         fails with EIO)
  * MOET_EINVAL naming the variable for anything else.
  */
-static int staged_opts(size_t *out_chunk, int *out_cached)
+static int staged_opts(size_t *out_chunk, team *t, int force_read)
 {
 	const char *v = getenv("MOET_UPLOAD_CHUNK_MB");
 	long mb = CHUNK_MB;
@@ -187,16 +275,52 @@ static int staged_opts(size_t *out_chunk, int *out_cached)
 	*out_chunk = (size_t)mb << 20;
 	v = getenv("MOET_UPLOAD_STORE");
 	if (!v || !*v || !strcmp(v, "nt"))
-		*out_cached = 0;
+		t->cached = 0;
 	else if (!strcmp(v, "cached"))
-		*out_cached = 1;
+		t->cached = 1;
 	else
 		return moet_err(MOET_EINVAL, "MOET_UPLOAD_STORE='%.40s' (want nt or cached)", v);
+	int read = force_read - 1, rc = force_read ? 0 : moet_upload_read_mode(&read);
+	if (rc)
+		return rc;
+	t->pread = read == MOET_UPLOAD_READ_PREAD;
+	v = getenv("MOET_UPLOAD_READ_FAULT");
+	if (v && *v) {
+		char *end = NULL;
+		if (!strcmp(v, "short"))
+			t->fault_cap = 1000;
+		else if (!strncmp(v, "eio:", 4) && (t->fault_at = strtol(v + 4, &end, 10)) > 0 &&
+			 !*end)
+			;
+		else
+			return moet_err(MOET_EINVAL, "MOET_UPLOAD_READ_FAULT='%.40s' (want short or "
+					"eio:K, K >= 1)", v);
+	}
 	return 0;
+}
+
+/* The first failed read among the team's (and the caller's) slices: its MOET_EIO, else 0. */
+static int read_failure(const team *t, const worker *wk)
+{
+	const rd_err *e = t->self.failed ? &t->self : NULL;
+	for (int i = 0; !e && i < t->n_threads; i++)
+		if (wk[i].e.failed)
+			e = &wk[i].e;
+	if (!e)
+		return 0;
+	return moet_err(MOET_EIO, "upload: %s: read of %zu bytes at offset %llu failed: %s",
+			e->file->path, e->bytes, (unsigned long long)e->off,
+			e->err ? strerror(e->err) : "end of file");
 }
 
 int moet_upload_many(const moet_upload_item *items, int64_t n, int n_threads,
 		     moet_upload_stats *stats)
+{
+	return moet_upload_many_opts(items, n, n_threads, NULL, stats);
+}
+
+int moet_upload_many_opts(const moet_upload_item *items, int64_t n, int n_threads,
+			  const moet_upload_opts *o, moet_upload_stats *stats)
 {
 	char *buf[NBUF] = { 0 };
 	void *ev[NBUF] = { 0 }, *stream = NULL;
@@ -206,9 +330,14 @@ int moet_upload_many(const moet_upload_item *items, int64_t n, int n_threads,
 	worker *wk = NULL;
 	team t = { 0 };
 	const int want = n_threads < 1 ? 1 : n_threads > 64 ? 64 : n_threads;
+	/* host: no CUDA call (host destinations, or none) */
+	const int host = o && (o->host_dst || o->fill_only), copy_out = o ? !o->fill_only : 1;
 	size_t chunk_cap = 0;
-	int rc = staged_opts(&chunk_cap, &t.cached);
-	double t0 = now_s();
+	const moet_upload_from *from = o ? o->from : NULL;
+	int rc = o && (o->read < 0 || o->read > MOET_UPLOAD_READ_PREAD + 1)
+			 ? moet_err(MOET_EINVAL, "upload: read mode %d", o->read)
+			 : staged_opts(&chunk_cap, &t, o ? o->read : 0);
+	double t0 = now_s(), t1 = t0;
 	size_t total = 0;
 	if (rc)
 		goto out;
@@ -223,11 +352,20 @@ int moet_upload_many(const moet_upload_item *items, int64_t n, int n_threads,
 		goto out;
 	}
 	for (int b = 0; b < NBUF && !rc; b++) {
+		if (host) {
+			/* NOTE: touched here, as pinned memory is: the fill does not fault them */
+			if (!(buf[b] = aligned_alloc(4096, chunk_cap)))
+				rc = moet_err(MOET_ENOMEM, "upload: %d staging buffers of %zu bytes",
+					      NBUF, chunk_cap);
+			else
+				memset(buf[b], 0, chunk_cap);
+			continue;
+		}
 		rc = moet_gpu_host_alloc(chunk_cap, (void **)&buf[b]);
 		if (!rc)
 			rc = moet_gpu_event_create(&ev[b]);
 	}
-	if (!rc)
+	if (!rc && !host)
 		rc = moet_gpu_stream_create(&stream);
 	if (rc)
 		goto out;
@@ -236,7 +374,7 @@ int moet_upload_many(const moet_upload_item *items, int64_t n, int n_threads,
 	pthread_cond_init(&t.done, NULL);
 	/* NOTE: a thread that cannot be made is no error: fewer threads copy (or the caller) */
 	for (int i = 0; i < want; i++) {
-		wk[i] = (worker){ &t, i };
+		wk[i] = (worker){ &t, i, { 0 } };
 		pthread_mutex_lock(&t.mu);
 		if (pthread_create(&th[i], NULL, worker_main, &wk[i])) {
 			pthread_mutex_unlock(&t.mu);
@@ -245,25 +383,28 @@ int moet_upload_many(const moet_upload_item *items, int64_t n, int n_threads,
 		t.n_threads++;
 		pthread_mutex_unlock(&t.mu);
 	}
+	t1 = now_s();
 	int64_t it = 0;
 	size_t off = 0; /* in items[it] */
 	for (int chunk = 0; it < n && !rc; chunk++) {
 		int b = chunk % NBUF;
-		if (used[b] && (rc = moet_gpu_event_sync(ev[b])))
+		if (used[b] && !host && (rc = moet_gpu_event_sync(ev[b])))
 			break;
 		/* pieces of this chunk */
 		int np = 0;
 		size_t fill = 0;
 		while (it < n && fill < chunk_cap) {
-			size_t take = items[it].bytes - off;
+			const moet_upload_item *x = &items[it];
+			const moet_upload_file *fx = from ? from[it].file : NULL;
+			size_t take = x->bytes - off;
 			if (take > chunk_cap - fill)
 				take = chunk_cap - fill;
 			if (take)
-				pc[np++] = (piece){ (const char *)items[it].src + off,
-						    (char *)items[it].dst + off, take, fill };
+				pc[np++] = (piece){ (const char *)x->src + off, (char *)x->dst + off,
+						    take, fill, fx, fx ? from[it].off + off : 0 };
 			fill += take;
 			off += take;
-			if (off == items[it].bytes) {
+			if (off == x->bytes) {
 				it++;
 				off = 0;
 			}
@@ -273,6 +414,13 @@ int moet_upload_many(const moet_upload_item *items, int64_t n, int n_threads,
 		t.buf = buf[b];
 		t.chunk_bytes = fill;
 		copy_chunk(&t);
+		if ((rc = read_failure(&t, wk)))
+			break;
+		if (host) {
+			for (int i = 0; i < np && copy_out; i++)
+				memcpy(pc[i].dst_dev, buf[b] + pc[i].at, pc[i].bytes);
+			continue;
+		}
 		/* one async copy per piece (device ranges need not be contiguous) */
 		for (int i = 0; i < np && !rc; i++)
 			rc = moet_gpu_copy_h2d_async(pc[i].dst_dev, buf[b] + pc[i].at, pc[i].bytes,
@@ -290,10 +438,19 @@ int moet_upload_many(const moet_upload_item *items, int64_t n, int n_threads,
 	pthread_cond_destroy(&t.go);
 	pthread_cond_destroy(&t.done);
 	pthread_mutex_destroy(&t.mu);
-	if (!rc && stream)
-		rc = moet_gpu_sync(stream);
-out:
+	/* NOTE: after a failure too: the copies in flight read the buffers freed below */
+	if (stream) {
+		int e = moet_gpu_sync(stream);
+		if (!rc)
+			rc = e;
+	}
+out:;
+	const double t2 = now_s();
 	for (int b = 0; b < NBUF; b++) {
+		if (host) {
+			free(buf[b]);
+			continue;
+		}
 		moet_gpu_host_free(buf[b]);
 		moet_gpu_event_destroy(ev[b]);
 	}
@@ -302,7 +459,8 @@ out:
 	free(th);
 	free(wk);
 	if (stats)
-		*stats = (moet_upload_stats){ .bytes = total, .seconds = now_s() - t0 };
+		*stats = (moet_upload_stats){ .bytes = total, .seconds = now_s() - t0,
+					      .copy_seconds = t1 > t0 ? t2 - t1 : 0 };
 	return rc;
 }
 

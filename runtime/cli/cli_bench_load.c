@@ -18,8 +18,8 @@ static void usage(FILE *f)
 	fprintf(f, "usage: moet-hybrid bench load --model DIR [--ram-budget-gb G] [--qd N]\n"
 		   "                              [--buffered] [--disk-gb G] [--no-gpu] [--no-register]\n"
 		   "                              [--device cuda|cpu [--placement FILE]\n"
-		   "                              [--upload uring|staged|plain]] [--quiet]"
-		   " [--json FILE]\n\n"
+		   "                              [--upload uring|staged|plain]] [--fill-gb G]\n"
+		   "                              [--quiet] [--json FILE]\n\n"
 		   "Time to make the CPU tier (every routed expert) resident in RAM slots by\n"
 		   "io_uring reads, against the disk's sequential read bandwidth (O_DIRECT) and,\n"
 		   "with a GPU, the host-to-device bandwidth, measured in the same run. Progress\n"
@@ -38,6 +38,9 @@ static void usage(FILE *f)
 		   "  --placement FILE   the start's placement (default: every expert on GPU 0)\n"
 		   "  --upload S         the hot experts' source (MOET_UPLOAD; default: the\n"
 		   "                     environment's, else staged)\n"
+		   "  --fill-gb G        the fill rows (the staged upload's fill of its staging\n"
+		   "                     without the transfer: fresh mapping, mapping again,\n"
+		   "                     pread): at most G GiB of the hot experts (default 8)\n"
 		   "  --quiet            no progress bar\n"
 		   "  --json FILE        write the JSON record (docs/benchmarks.md)\n");
 }
@@ -56,6 +59,7 @@ int moet_cli_bench_load(int argc, char **argv)
 		{ "device", required_argument, NULL, 'd' },
 		{ "placement", required_argument, NULL, 'p' },
 		{ "upload", required_argument, NULL, 'u' },
+		{ "fill-gb", required_argument, NULL, 'F' },
 		{ "json", required_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -72,14 +76,18 @@ int moet_cli_bench_load(int argc, char **argv)
 		case 'm': o.model_dir = optarg; break;
 		case 'B':
 		case 'D':
+		case 'F':
 			v = strtod(optarg, &end);
 			if (end == optarg || *end || !(v > 0) || v > 1e6)
 				rc = moet_err(MOET_EINVAL, "--%s '%s': a size in GiB above 0",
-					      c == 'B' ? "ram-budget-gb" : "disk-gb", optarg);
+					      c == 'B' ? "ram-budget-gb" : c == 'D' ? "disk-gb" :
+					      "fill-gb", optarg);
 			else if (c == 'B')
 				o.ram_budget_bytes = (size_t)(v * (double)(1ull << 30));
-			else
+			else if (c == 'D')
 				o.disk_bytes = (size_t)(v * (double)(1ull << 30));
+			else
+				o.fill_bytes = (size_t)(v * (double)(1ull << 30));
 			break;
 		case 'q':
 			o.queue_depth = (unsigned)strtoul(optarg, &end, 10);

@@ -8,7 +8,11 @@
  * are the dense part + the hot experts + the CPU tier (counted here from the checkpoint by
  * tensor name), the start object's parts add up, the bound is the disk's. The slots' NUMA
  * report: one slot per expert of the checkpoint, each found on a node, every page queried;
- * on a one-node machine all on node 0 with no policy.
+ * on a one-node machine all on node 0 with no policy. The fill rows (fill-map-fresh,
+ * fill-map-warm, fill-pread: the staged upload's fill without a GPU) cover every routed
+ * expert's bytes without a placement and the hot experts' with one (counted here), with
+ * positive times; the start records MOET_UPLOAD_READ (start.read) and a bad value is refused
+ * by name; a bad --fill-gb is one line.
  */
 #include <jansson.h>
 #include <numa.h>
@@ -58,7 +62,7 @@ int main(void)
 	json_t *ceil = json_object_get(json_object_get(rec, "ceilings"), "disk_read_GBps");
 	CHECK(ceil && json_real_value(json_object_get(ceil, "value")) > 0, "disk ceiling");
 	json_t *rows = json_object_get(rec, "results");
-	CHECK(json_array_size(rows) == 2, "two rows");
+	CHECK(json_array_size(rows) == 5, "five rows");
 	json_t *r2 = json_array_get(rows, 1);
 	CHECK(r2 && !strcmp(json_string_value(json_object_get(r2, "name")), "load-tier") &&
 	      json_number_value(json_object_get(r2, "bytes")) == want,
@@ -69,6 +73,22 @@ int main(void)
 			    json_integer_value(json_object_get(ld, "tier_experts")) &&
 	      json_number_value(json_object_get(ld, "time_to_ready_s")) > 0, "load object");
 	CHECK(!strcmp(json_string_value(json_object_get(rec, "bench")), "load"), "bench name");
+	const char *fills[3] = { "fill-map-fresh", "fill-map-warm", "fill-pread" };
+	for (int k = 0; k < 3; k++) {
+		json_t *rf = json_array_get(rows, 2 + (size_t)k);
+		const char *nm = json_string_value(json_object_get(rf, "name"));
+		CHECK(nm && !strcmp(nm, fills[k]) &&
+		      json_number_value(json_object_get(rf, "bytes")) == want &&
+		      json_number_value(json_object_get(rf, "median_s")) > 0 &&
+		      json_number_value(json_object_get(rf, "ratio")) > 0,
+		      "row %s: %s, bytes %.0f (experts %.0f)", fills[k], nm ? nm : "-",
+		      json_number_value(json_object_get(rf, "bytes")), want);
+	}
+	json_t *fo = json_object_get(rec, "fill");
+	CHECK(fo && json_number_value(json_object_get(fo, "bytes")) == want &&
+	      json_number_value(json_object_get(fo, "pread_GBps")) > 0 &&
+	      json_number_value(json_object_get(fo, "map_fresh_GBps")) > 0 &&
+	      !strcmp(json_string_value(json_object_get(fo, "experts")), "all"), "fill object");
 	/* the slots' NUMA report: every slot (one per expert, counted from the checkpoint) is
 	 * found on a node; on a one-node machine all of them on node 0, no policy */
 	json_t *nm = json_object_get(ld, "numa");
@@ -107,6 +127,7 @@ int main(void)
 	const char *yaml = "version: 1\ngpus:\n  - {name: gpu0, budget: 1GiB, reserve: 0GiB}\n"
 			   "default: {gpu0: \"0-3\"}\n";
 	CHECK(moet_test_write_file(place, yaml, strlen(yaml)) == 0, "placement file");
+	setenv("MOET_UPLOAD_READ", "pread", 1);
 	rc = moet_test_cli(&out, "bench load --model %s --no-gpu --quiet --device cpu --placement "
 			   "%s --upload uring --json %s", ck, place, js);
 	CHECK(rc == 0 && strstr(out, "start") && strstr(out, "ready/bound") &&
@@ -128,7 +149,14 @@ int main(void)
 	rec = json_load_file(js, 0, &je);
 	CHECK(rec != NULL, "record: %s", je.text);
 	rows = json_object_get(rec, "results");
-	json_t *r3 = json_array_get(rows, 2), *st = json_object_get(rec, "start");
+	json_t *r3 = json_array_get(rows, 5), *st = json_object_get(rec, "start");
+	json_t *rfp = json_array_get(rows, 4);
+	CHECK(rfp && json_number_value(json_object_get(rfp, "bytes")) == hot &&
+	      !strcmp(json_string_value(json_object_get(json_object_get(rec, "fill"), "experts")),
+		      "placement"), "fill with the placement: the hot experts' %.0f bytes (%.0f)",
+	      hot, json_number_value(json_object_get(rfp, "bytes")));
+	const char *rdv = json_string_value(json_object_get(st, "read"));
+	CHECK(rdv && !strcmp(rdv, "pread"), "start.read: %s", rdv ? rdv : "-");
 	CHECK(r3 && !strcmp(json_string_value(json_object_get(r3, "name")), "start") &&
 	      json_number_value(json_object_get(r3, "bytes")) == dense + hot + tier,
 	      "start row bytes %.0f, checkpoint %.0f + %.0f + %.0f",
@@ -148,6 +176,12 @@ int main(void)
 	json_decref(rec);
 	snprintf(args, sizeof(args), "bench load --model %s --placement %s", ck, place);
 	moet_test_cli_expect(args, 1, "give --device");
+	setenv("MOET_UPLOAD_READ", "mmap", 1);
+	snprintf(args, sizeof(args), "bench load --model %s --no-gpu --quiet --device cpu", ck);
+	moet_test_cli_expect(args, 1, "MOET_UPLOAD_READ='mmap'");
+	unsetenv("MOET_UPLOAD_READ");
+	snprintf(args, sizeof(args), "bench load --model %s --fill-gb -1", ck);
+	moet_test_cli_expect(args, 1, "--fill-gb '-1'");
 	snprintf(args, sizeof(args), "bench load --model %s --device tpu", ck);
 	moet_test_cli_expect(args, 1, "--device 'tpu'");
 	snprintf(args, sizeof(args), "bench load --model %s --qd 0", ck);
