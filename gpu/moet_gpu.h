@@ -248,7 +248,7 @@ int moet_gpu_sample(const float *logits, int64_t n_rows, int64_t n_cols, int64_t
  * What runtime/dispatch.c does on the host after downloading the router's ids (staging off),
  * element for element: the pairs sorted by (expert, pair index) (moet_expert_pairs_sort),
  * split by tier with the layer's owner row (device 0, 1, .., n_dev-1, then the CPU tier), and
- * the combine's slot table. Not yet used by the engine (docs/gpu.md, "Device-side grouping").
+ * the combine's slot table. Used by the engine under MOET_GPU_DEVGROUP=1 (runtime/devgroup.c).
  */
 #define MOET_GPU_GROUP_MAX_PAIRS (65536 * 8) /* n_pairs limit (65536 tokens x top_k 8) */
 #define MOET_GPU_GROUP_MAX_EXP 4096          /* n_exp limit */

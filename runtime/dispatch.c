@@ -27,6 +27,9 @@
  * The staged pairs are computed last, after the device tiers are queued (the copies then run
  * beside the GPU's own experts, the CPU tier beside everything).
  *
+ * MOET_GPU_DEVGROUP=1 (devgroup.c): a layer whose experts are all on GPU 0 is grouped and
+ * computed on the device instead (the same y rows and slots, no ids to the host).
+ *
  * NOTE: simulated devices (moet_sim_device) are the CI's test double for GPUs: on the CPU
  * backend, each owns a private copy of the bytes of the experts placed on it and computes them
  * with the backend's kernels, so a wrong routing of pairs or bytes shows as a different bit.
@@ -115,6 +118,7 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 	const moet_config *c = &m->cfg;
 	const int64_t L = c->num_hidden_layers, E = c->n_routed_experts;
 	int rc = 0;
+	moet_devgroup_reset(m); /* the device expert tables follow the placement */
 	if (m->hy) {
 		for (int i = 0; i < MOET_HYBRID_SLOTS; i++)
 			moet_hybrid_cpu_finish(m->hy, i, m->be);
@@ -227,6 +231,7 @@ void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset)
 {
 	moet_hybrid_get_stats(m->hy, out);
 	out->split_passes = m->split_passes;
+	out->devgroup_calls = moet_devgroup_calls(m, reset);
 	if (reset) {
 		moet_hybrid_reset_stats(m->hy);
 		m->split_passes = 0;
@@ -282,6 +287,7 @@ void moet_model_free_dispatch(moet_model *m)
 	m->pairs = m->tier_list = m->stage_list = NULL;
 	m->ids_h = m->slot_h = NULL;
 	m->cap_pairs = 0;
+	moet_devgroup_free(m);
 }
 
 /* One tier's pairs (owner == tier, in sorted order) into y rows from *row; slots recorded. */
@@ -363,7 +369,10 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 	const int64_t k = c->num_experts_per_tok, P = n * k, E = c->n_routed_experts;
 	const moet_layer_w *lw = &m->layers[l];
 	int64_t row = 0;
-	int rc;
+	int rc, on_device = 0;
+	/* MOET_GPU_DEVGROUP=1 and every expert of the layer on GPU 0: no ids to the host */
+	if ((rc = moet_devgroup_dispatch(m, l, ids, n, h, y, slot, &on_device)) || on_device)
+		return rc;
 	if ((rc = ensure_pairs_h(m, P)) ||
 	    (rc = m->be->ops->download(m->be, m->ids_h, ids, (size_t)P * sizeof(int32_t))))
 		return rc;

@@ -506,6 +506,9 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 		use(m, &p[i]);
 		rc = logits_out(m, p[i].n, p[i].steps, p[i].n_steps);
 	}
+	/* MOET_GPU_DEVGROUP=1: the device's error words, after the logits' download */
+	const int rd = moet_devgroup_check(m, rc != 0);
+	rc = rc ? rc : rd;
 	if (rc) {
 		if (grown) /* every cache keeps only the blocks it had */
 			moet_kv_undo_batch(steps, n_steps);

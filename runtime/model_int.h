@@ -182,6 +182,7 @@ struct moet_model {
 	moet_route_fn route_fn;   /* optional observer of routing decisions */
 	void *route_ctx;
 	struct moet_xtier *xtier; /* NVMe expert tier of the CPU tier (moet_xtier.h), or NULL */
+	struct moet_devgroup *dg; /* MOET_GPU_DEVGROUP=1's tables and scratch (devgroup.c) */
 };
 
 /* kv_pool.c: a pool of KV blocks in one backend allocation (moet_model.h).
@@ -241,6 +242,25 @@ int moet_moe_dispatch_finish(struct moet_model *m);
  * all). */
 int moet_model_bind_experts(struct moet_model *m, const int16_t *owner);
 void moet_model_free_dispatch(struct moet_model *m);
+
+/* devgroup.c: a MoE layer's routed experts grouped on the device (MOET_GPU_DEVGROUP=1). */
+typedef struct moet_devgroup moet_devgroup;
+/* *out_on = MOET_GPU_DEVGROUP (unset or empty: 0); MOET_EINVAL naming it for other values. */
+int moet_devgroup_switch(int *out_on);
+/* Layer l's routed experts with no host sync when the switch is on and every expert of the
+ * layer is on GPU 0 (*out_done = 1: y and slot written as moet_moe_dispatch's, nothing left
+ * running); else *out_done = 0 and nothing was done. Errors on the device are reported by
+ * moet_devgroup_check. */
+int moet_devgroup_dispatch(struct moet_model *m, int64_t l, const int32_t *ids, int64_t n,
+			   const float *h, float *y, int32_t *slot, int *out_done);
+/* Once per forward pass, after its last device-grouped call: the device's error words read
+ * back (one download), a fault as MOET_EDEVICE naming the layer; discard: forget them. */
+int moet_devgroup_check(struct moet_model *m, int discard);
+/* The expert tables dropped (placement changing); built again at the next call. */
+void moet_devgroup_reset(struct moet_model *m);
+void moet_devgroup_free(struct moet_model *m);
+/* Device-grouped layer calls so far (reset: cleared after reading). */
+uint64_t moet_devgroup_calls(const struct moet_model *m, int reset);
 
 /* forward.c: releases the forward pass's buffers (backend memory). */
 void moet_model_free_bufs(struct moet_model *m);

@@ -171,9 +171,12 @@ typedef struct moet_hybrid_stats {
 	uint64_t staged_pairs;   /* their routing pairs */
 	uint64_t bytes_staged;   /* their weights' bytes copied host -> backend */
 	uint64_t ns_stage;       /* the driving thread's time staging (copies, waits, launches) */
+	uint64_t devgroup_calls; /* MoE layer calls grouped on the device (MOET_GPU_DEVGROUP=1:
+				    no id download, no host grouping; with or without placement) */
 } moet_hybrid_stats;
 
-/* The CPU tier's counters (zeros without a placement); reset clears them after reading. */
+/* The CPU tier's counters (zeros without a placement; devgroup_calls counts either way);
+ * reset clears them after reading. */
 void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset);
 
 /* The routed experts' upload to a GPU backend so far (at the placement, or at the first pass

@@ -11,7 +11,14 @@
  *   - prefill staging of cold experts (MOET_PREFILL_STAGE=0, 1, auto at 4 tokens): a 64-token
  *     prompt's logits equal the CPU reference's, experts staged and not as switched;
  *   - the upload sources plain, uring and staged with small cached-store buffers give the
- *     same logits.
+ *     same logits;
+ *   - MOET_GPU_DEVGROUP=1 (runtime/devgroup.c: grouping and expert call on the device, no id
+ *     download) against =0 and the reference, memcmp: no placement, all-GPU, per-layer (the
+ *     all-GPU layers on the device path, the others today's), random halves (a CPU tier in
+ *     every layer: today's path, nothing device-grouped); batches of 1 (decode), 3-9
+ *     (prefills), 24 (ragged prefill), 4 (decode), one and two micro-batches; 64 sequences
+ *     (a ragged prefill of 4224 rows, decode steps of 64 rows); a fault on the device (its
+ *     error word) fails the pass with MOET_EDEVICE naming the layer.
  * Skips (77) without a CUDA device.
  */
 #include <stdint.h>
@@ -38,6 +45,91 @@ static uint64_t next(void)
 static int run(moet_model *m, int batched, float *out)
 {
 	return moet_test_ragged_run(m, SEQS, STEPS, batched, out);
+}
+
+#define BIG_SEQS 64 /* a ragged prefill of 64 x 66 rows, then decode steps of 64 rows */
+
+/* MOET_GPU_DEVGROUP=v for one ragged run of seqs sequences; the device-grouped layer calls it
+ * made into *calls. */
+static int run_dg(moet_model *m, const char *v, int seqs, int batched, float *out,
+		  uint64_t *calls)
+{
+	moet_hybrid_stats hs;
+	moet_model_hybrid_stats(m, &hs, 1);
+	setenv("MOET_GPU_DEVGROUP", v, 1);
+	int rc = moet_test_ragged_run(m, seqs, STEPS, batched, out);
+	unsetenv("MOET_GPU_DEVGROUP");
+	moet_model_hybrid_stats(m, &hs, 1);
+	*calls = hs.devgroup_calls;
+	return rc;
+}
+
+/* The device-grouped path (MOET_GPU_DEVGROUP=1) against =0 and the CPU reference. */
+static void devgroup(moet_model *cpu, moet_model *gpu, const float *ref, int16_t *own)
+{
+	const moet_config *c = moet_model_config(cpu);
+	const int64_t L = c->num_hidden_layers, E = c->n_routed_experts, V = c->vocab_size;
+	const size_t n_log = (size_t)(SEQS * (STEPS + 1) * V);
+	const size_t n_big = (size_t)(BIG_SEQS * (STEPS + 1) * V);
+	float *big = malloc(n_big * sizeof(float)), *g0 = malloc(n_big * sizeof(float));
+	float *g1 = malloc(n_big * sizeof(float));
+	uint64_t calls = 0, calls0 = 0;
+	CHECK(big && g0 && g1, "devgroup: host memory");
+	if (!big || !g0 || !g1)
+		goto out;
+	CHECK(moet_test_ragged_run(cpu, BIG_SEQS, STEPS, 1, big) == 0, "devgroup: %d-sequence "
+	      "reference: %s", BIG_SEQS, moet_errmsg());
+	const char *names[] = { "no placement", "all-gpu", "per-layer", "random-half" };
+	for (int pl = 0; pl < 4; pl++) {
+		for (int64_t i = 0; i < L * E; i++)
+			own[i] = pl == 1 ? 0 : pl == 2 ? (int16_t)((i / E) % 2 ? 0 : -1)
+				: (int16_t)((next() % 2) ? -1 : 0);
+		CHECK(moet_model_set_placement(gpu, pl ? own : NULL, pl ? 1 : 0) == 0, "devgroup "
+		      "%s: %s", names[pl], moet_errmsg());
+		for (int form = 0; form < 3; form++) { /* solo, batched in 2 / 1 micro-batches */
+			setenv("MOET_MICROBATCH", form == 2 ? "0" : "1", 1);
+			memset(g0, 0xCD, n_log * sizeof(float));
+			memset(g1, 0xAB, n_log * sizeof(float));
+			CHECK(run_dg(gpu, "0", SEQS, form > 0, g0, &calls0) == 0 &&
+			      run_dg(gpu, "1", SEQS, form > 0, g1, &calls) == 0, "devgroup %s: %s",
+			      names[pl], moet_errmsg());
+			CHECK(!memcmp(ref, g0, n_log * sizeof(float)) &&
+			      !memcmp(ref, g1, n_log * sizeof(float)), "devgroup %s (form %d): "
+			      "logits differ from the CPU reference (=0 %s, =1 %s)", names[pl], form,
+			      memcmp(ref, g0, n_log * sizeof(float)) ? "differs" : "equal",
+			      memcmp(ref, g1, n_log * sizeof(float)) ? "differs" : "equal");
+			CHECK(calls0 == 0 && (pl == 3 ? calls == 0 : calls > 0), "devgroup %s: %llu "
+			      "device-grouped calls (=0: %llu)", names[pl], (unsigned long long)calls,
+			      (unsigned long long)calls0);
+		}
+		unsetenv("MOET_MICROBATCH");
+		memset(g0, 0xCD, n_big * sizeof(float));
+		memset(g1, 0xAB, n_big * sizeof(float));
+		CHECK(run_dg(gpu, "0", BIG_SEQS, 1, g0, &calls0) == 0 &&
+		      run_dg(gpu, "1", BIG_SEQS, 1, g1, &calls) == 0 &&
+		      !memcmp(big, g0, n_big * sizeof(float)) &&
+		      !memcmp(big, g1, n_big * sizeof(float)), "devgroup %s, %d sequences: "
+		      "logits differ from the CPU reference (%s)", names[pl], BIG_SEQS,
+		      moet_errmsg());
+		printf("devgroup %-12s: logits equal the CPU reference and =0 at batches 1..%d "
+		       "(%llu device-grouped layer calls in the %d-sequence run)\n", names[pl],
+		       BIG_SEQS * (BIG_SEQS + 2), (unsigned long long)calls, BIG_SEQS);
+	}
+	/* the device's error word: a bound of 1 pair per expert (tests' fault), the pass fails */
+	CHECK(moet_model_set_placement(gpu, NULL, 0) == 0, "devgroup: %s", moet_errmsg());
+	setenv("MOET_GPU_DEVGROUP_FAULT", "1", 1);
+	int rc = run_dg(gpu, "1", SEQS, 1, g1, &calls);
+	unsetenv("MOET_GPU_DEVGROUP_FAULT");
+	CHECK(rc == MOET_EDEVICE && strstr(moet_errmsg(), "layer") &&
+	      strstr(moet_errmsg(), "more than 1 pairs"), "devgroup fault: rc %d (%s)", rc,
+	      moet_errmsg());
+	printf("devgroup fault: %s\n", moet_errmsg());
+	CHECK(run_dg(gpu, "1", SEQS, 1, g1, &calls) == 0 && !memcmp(ref, g1, n_log * sizeof(float)),
+	      "devgroup after the fault: %s", moet_errmsg());
+out:
+	free(big);
+	free(g0);
+	free(g1);
 }
 
 int main(void)
@@ -129,6 +221,7 @@ int main(void)
 	       (unsigned long long)shs.checks, (unsigned long long)shs.pairs,
 	       (unsigned long long)shs.mismatches);
 	moet_model_set_shadow(gpu, 0);
+	devgroup(cpu, gpu, ref, own);
 
 	/* prefill staging: cold experts copied to GPU slots and computed there, the same bits */
 	{

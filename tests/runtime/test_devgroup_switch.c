@@ -1,0 +1,115 @@
+/*
+ * test_devgroup_switch.c: the MOET_GPU_DEVGROUP switch (runtime/devgroup.c) on every build:
+ *   - moet_devgroup_switch: unset, empty and 0 give off, 1 on; any other value is MOET_EINVAL
+ *     with a message naming the variable and the value;
+ *   - the engine refuses a bad value at its first MoE layer, naming it, on the CPU backend too
+ *     (a typo is not silently today's path), and the failed pass leaves the caches as they
+ *     were: the same run afterwards with the switch unset gives the reference's logits;
+ *   - on the CPU backend MOET_GPU_DEVGROUP=1 changes nothing (no device: today's path; no
+ *     device-grouped call counted), without and with a placement over simulated devices.
+ * The device path itself is tests/gpu/test_gpu_hybrid.c's (CUDA backend).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_int.h"
+#include "moet_err.h"
+#include "moet_gen.h"
+#include "moet_model.h"
+#include "moet_test.h"
+
+#define SEQS 3
+#define STEPS 2
+
+static void switch_values(void)
+{
+	static const struct {
+		const char *v;
+		int rc, on;
+	} cases[] = { { NULL, 0, 0 }, { "", 0, 0 }, { "0", 0, 0 }, { "1", 0, 1 },
+		      { "2", MOET_EINVAL, 0 }, { "yes", MOET_EINVAL, 0 }, { "on", MOET_EINVAL, 0 },
+		      { "10", MOET_EINVAL, 0 }, { " 1", MOET_EINVAL, 0 }, { "-1", MOET_EINVAL, 0 } };
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		if (cases[i].v)
+			setenv("MOET_GPU_DEVGROUP", cases[i].v, 1);
+		else
+			unsetenv("MOET_GPU_DEVGROUP");
+		int on = -1, rc = moet_devgroup_switch(&on);
+		CHECK(rc == cases[i].rc, "MOET_GPU_DEVGROUP=%s: rc %d, want %d", cases[i].v ?
+		      cases[i].v : "(unset)", rc, cases[i].rc);
+		if (!rc) {
+			CHECK(on == cases[i].on, "MOET_GPU_DEVGROUP=%s: on %d", cases[i].v ?
+			      cases[i].v : "(unset)", on);
+			continue;
+		}
+		char want[64];
+		snprintf(want, sizeof(want), "MOET_GPU_DEVGROUP='%s'", cases[i].v);
+		CHECK(strstr(moet_errmsg(), want) != NULL, "message '%s' does not name %s",
+		      moet_errmsg(), want);
+	}
+	unsetenv("MOET_GPU_DEVGROUP");
+}
+
+int main(void)
+{
+	switch_values();
+	moet_gen_params gp;
+	moet_gen_params_init(&gp);
+	gp.seed = 23;
+	gp.n_layers = 3;
+	char *dir = NULL;
+	moet_model *m = moet_test_gen_open("devgroup-switch", &gp, &dir);
+	if (!m) {
+		free(dir);
+		return moet_test_done("test_devgroup_switch");
+	}
+	const moet_config *c = moet_model_config(m);
+	const int64_t V = c->vocab_size, LE = c->num_hidden_layers * c->n_routed_experts;
+	const size_t n_log = (size_t)(SEQS * (STEPS + 1) * V);
+	float *ref = malloc(n_log * sizeof(float)), *got = malloc(n_log * sizeof(float));
+	int16_t *own = malloc((size_t)LE * sizeof(*own));
+	CHECK(ref && got && own, "host memory");
+	if (!ref || !got || !own)
+		goto out;
+	CHECK(moet_test_ragged_run(m, SEQS, STEPS, 1, ref) == 0, "reference: %s", moet_errmsg());
+
+	/* a bad value: refused at the first MoE layer, naming it */
+	setenv("MOET_GPU_DEVGROUP", "yes", 1);
+	int rc = moet_test_ragged_run(m, SEQS, STEPS, 1, got);
+	CHECK(rc == MOET_EINVAL && strstr(moet_errmsg(), "MOET_GPU_DEVGROUP='yes'"),
+	      "MOET_GPU_DEVGROUP=yes: rc %d (%s)", rc, moet_errmsg());
+	unsetenv("MOET_GPU_DEVGROUP");
+	memset(got, 0xCD, n_log * sizeof(float));
+	CHECK(moet_test_ragged_run(m, SEQS, STEPS, 1, got) == 0 &&
+	      memcmp(ref, got, n_log * sizeof(float)) == 0, "after the refused value: %s",
+	      moet_errmsg());
+
+	/* =1 on the CPU backend: today's path, the same bits, nothing counted */
+	for (int pl = 0; pl < 2; pl++) {
+		for (int64_t i = 0; i < LE; i++)
+			own[i] = (int16_t)(i % 3 == 0 ? -1 : i % 2);
+		CHECK(moet_model_set_placement(m, pl ? own : NULL, pl ? 2 : 0) == 0, "placement: %s",
+		      moet_errmsg());
+		for (int batched = 0; batched < 2; batched++) {
+			setenv("MOET_GPU_DEVGROUP", "1", 1);
+			memset(got, 0xCD, n_log * sizeof(float));
+			CHECK(moet_test_ragged_run(m, SEQS, STEPS, batched, got) == 0,
+			      "=1 (placement %d): %s", pl, moet_errmsg());
+			unsetenv("MOET_GPU_DEVGROUP");
+			CHECK(memcmp(ref, got, n_log * sizeof(float)) == 0,
+			      "=1 on the CPU backend (placement %d, batched %d): logits differ", pl,
+			      batched);
+		}
+		moet_hybrid_stats hs;
+		moet_model_hybrid_stats(m, &hs, 1);
+		CHECK(hs.devgroup_calls == 0, "CPU backend: %llu device-grouped calls",
+		      (unsigned long long)hs.devgroup_calls);
+	}
+out:
+	moet_model_close(m);
+	free(ref);
+	free(got);
+	free(own);
+	free(dir);
+	return moet_test_done("test_devgroup_switch");
+}
