@@ -81,13 +81,39 @@ static int host_linear(const moet_model *m, const char *prefix, int64_t rows, in
 	return 0;
 }
 
+/*
+ * Binds a dense matrix on the backend: at once, or while a device backend's open runs, by the
+ * bulk upload at its end (bind_dense_flush): *out holds the host view until then.
+ */
+static int bind_dense(moet_model *m, const moet_mat *host, moet_mat *out)
+{
+	if (!m->defer_dense)
+		return m->be->ops->bind_mat(m->be, host, out);
+	if (m->n_dense == m->dense_cap) {
+		const int64_t cap = m->dense_cap ? 2 * m->dense_cap : 64;
+		moet_mat *h = realloc(m->dense_host, (size_t)cap * sizeof(*h));
+		if (h)
+			m->dense_host = h;
+		moet_mat **o = realloc(m->dense_out, (size_t)cap * sizeof(*o));
+		if (o)
+			m->dense_out = o;
+		if (!h || !o)
+			return moet_err(MOET_ENOMEM, "dense matrix list");
+		m->dense_cap = cap;
+	}
+	m->dense_host[m->n_dense] = *host;
+	m->dense_out[m->n_dense++] = out;
+	*out = *host;
+	return 0;
+}
+
 /* Binds `prefix`.weight [rows x cols] (and its scale) as a moet_mat on the backend. */
 static int bind_linear(moet_model *m, const char *prefix, int64_t rows, int64_t cols,
 		       moet_mat *out)
 {
 	moet_mat host;
 	int rc = host_linear(m, prefix, rows, cols, &host);
-	return rc ? rc : m->be->ops->bind_mat(m->be, &host, out);
+	return rc ? rc : bind_dense(m, &host, out);
 }
 
 /* Keeps a decoded host vector for the model's lifetime and binds it on the backend. */
@@ -156,11 +182,11 @@ static int bind_ffn(moet_model *m, const char *prefix, int64_t inter, int64_t hi
 	if (!rc && host_out)
 		*host_out = h;
 	if (!rc)
-		rc = m->be->ops->bind_mat(m->be, &h.gate, &out->gate);
+		rc = bind_dense(m, &h.gate, &out->gate);
 	if (!rc)
-		rc = m->be->ops->bind_mat(m->be, &h.up, &out->up);
+		rc = bind_dense(m, &h.up, &out->up);
 	if (!rc)
-		rc = m->be->ops->bind_mat(m->be, &h.down, &out->down);
+		rc = bind_dense(m, &h.down, &out->down);
 	return rc;
 }
 
@@ -264,6 +290,64 @@ static int bind_staged(moet_model *m, const moet_mat *host, int64_t n, moet_mat 
 	return rc;
 }
 
+/*
+ * Binds n matrices on the backend by the source MOET_UPLOAD names: plain, one bind_mat per
+ * matrix (the driver's pageable path, the reference); staged, the staging (bind_staged);
+ * uring, from the shard files (bind_uring); unset, staged from 256 MiB, else plain.
+ */
+static int bind_bulk(moet_model *m, const moet_mat *host, int64_t n, moet_mat *dev)
+{
+	const moet_backend_ops *op = m->be->ops;
+	int src = 0, rc = moet_upload_source(&src);
+	if (rc)
+		return rc;
+	/* NOTE: below 256 MiB the staging's fixed cost (its pinned buffers, its threads: ~0.17 s
+	 * on the H200 machine for a 9 MB model) exceeds what it saves: the plain path, unless
+	 * MOET_UPLOAD=staged asks for it */
+	size_t total = 0;
+	for (int64_t i = 0; i < n; i++)
+		total += mat_bytes(&host[i]);
+	const int staged = src ? src == MOET_UPLOAD_STAGED : total >= ((size_t)256 << 20);
+	if (src == MOET_UPLOAD_URING)
+		return bind_uring(m, host, n, dev);
+	if (op->bind_mats && staged)
+		return bind_staged(m, host, n, dev);
+	for (int64_t i = 0; i < n && !rc; i++)
+		rc = op->bind_mat(m->be, &host[i], &dev[i]);
+	return rc;
+}
+
+/* The dense matrices deferred by bind_dense, bound in one bulk upload (the hot experts'
+ * source: staged, uring or plain); their views then replace the host ones. */
+static int bind_dense_flush(moet_model *m)
+{
+	m->defer_dense = 0;
+	if (m->n_dense == 0)
+		return 0;
+	moet_mat *dev = malloc((size_t)m->n_dense * sizeof(*dev));
+	if (!dev)
+		return moet_err(MOET_ENOMEM, "dense upload list");
+	const double t0 = now_s();
+	int rc = bind_bulk(m, m->dense_host, m->n_dense, dev);
+	if (rc) {
+		rc = moet_err_prefix(rc, "%lld dense matrices to the %s backend",
+				     (long long)m->n_dense, m->be->ops->name);
+	} else {
+		for (int64_t i = 0; i < m->n_dense; i++) {
+			*m->dense_out[i] = dev[i];
+			m->dense_upload_bytes += mat_bytes(&m->dense_host[i]);
+		}
+		m->dense_upload_s = now_s() - t0;
+	}
+	free(dev);
+	free(m->dense_host);
+	free(m->dense_out);
+	m->dense_host = NULL;
+	m->dense_out = NULL;
+	m->n_dense = m->dense_cap = 0;
+	return rc;
+}
+
 int moet_model_bind_experts(moet_model *m, const int16_t *owner)
 {
 	const moet_config *c = &m->cfg;
@@ -298,27 +382,7 @@ int moet_model_bind_experts(moet_model *m, const int16_t *owner)
 		}
 	}
 	double t0 = now_s();
-	/* MOET_UPLOAD=plain: one bind_mat per matrix (the driver's pageable path), the
-	 * reference of the staged upload; staged: always the staging; uring: from the shard
-	 * files (upload_uring.c) */
-	int src = 0;
-	if ((rc = moet_upload_source(&src)))
-		goto out;
-	/* NOTE: below 256 MiB the staging's fixed cost (its pinned buffers, its threads: ~0.17 s
-	 * on the H200 machine for a 9 MB model) exceeds what it saves: the plain path, unless
-	 * MOET_UPLOAD=staged asks for it */
-	size_t total = 0;
-	for (int64_t i = 0; i < 3 * n; i++)
-		total += mat_bytes(&host[i]);
-	const int staged = src ? src == MOET_UPLOAD_STAGED : total >= ((size_t)256 << 20);
-	if (src == MOET_UPLOAD_URING) {
-		rc = bind_uring(m, host, 3 * n, dev);
-	} else if (op->bind_mats && staged) {
-		rc = bind_staged(m, host, 3 * n, dev);
-	} else {
-		for (int64_t i = 0; i < 3 * n && !rc; i++)
-			rc = op->bind_mat(m->be, &host[i], &dev[i]);
-	}
+	rc = bind_bulk(m, host, 3 * n, dev);
 	if (rc) {
 		rc = moet_err_prefix(rc, "%lld routed experts to the %s backend", (long long)n,
 				     op->name);
@@ -350,6 +414,12 @@ void moet_model_upload_stats(const moet_model *m, double *out_bytes, double *out
 	*out_seconds = m->upload_s;
 	for (int g = 1; m->remote && g < m->n_devices; g++)
 		moet_remote_upload_stats(m->remote[g], out_bytes, out_seconds);
+}
+
+void moet_model_dense_upload_stats(const moet_model *m, double *out_bytes, double *out_seconds)
+{
+	*out_bytes = (double)m->dense_upload_bytes;
+	*out_seconds = m->dense_upload_s;
 }
 
 static int bind_attention(moet_model *m, int64_t l, moet_layer_w *lw)
@@ -535,7 +605,10 @@ int moet_model_open_on(const char *dir, const char *device, moet_model **out)
 	}
 	moet_mat emb_host = { .dtype = emb->dtype, .rows = c->vocab_size, .cols = c->hidden_size,
 			      .data = emb->data };
-	if ((rc = m->be->ops->bind_mat(m->be, &emb_host, &m->embed)))
+	/* NOTE: a device backend's dense matrices go up in one bulk upload at the end of the
+	 * open (the hot experts' source and speed) instead of one pageable copy each */
+	m->defer_dense = !m->be->ops->host_memory;
+	if ((rc = bind_dense(m, &emb_host, &m->embed)))
 		goto fail;
 	if ((rc = bind_linear(m, c->tie_word_embeddings ? "model.embed_tokens" : "lm_head",
 			      c->vocab_size, c->hidden_size, &m->lm_head)))
@@ -550,6 +623,8 @@ int moet_model_open_on(const char *dir, const char *device, moet_model **out)
 	for (int64_t l = 0; l < c->num_hidden_layers; l++)
 		if ((rc = bind_layer(m, l, &m->layers[l])))
 			goto fail;
+	if ((rc = bind_dense_flush(m)))
+		goto fail;
 	if ((rc = moet_rope_init(m)))
 		goto fail;
 	if ((rc = m->be->ops->bind_vec(m->be, m->inv_freq, c->qk_rope_head_dim / 2,
@@ -586,6 +661,8 @@ void moet_model_close(moet_model *m)
 	for (int i = 0; i < m->n_dev_blocks; i++)
 		m->be->ops->free(m->be, m->dev_blocks[i]);
 	free(m->dev_blocks);
+	free(m->dense_host);
+	free(m->dense_out);
 	for (int i = 0; i < m->n_host_vecs; i++)
 		free(m->host_vecs[i]);
 	free(m->host_vecs);

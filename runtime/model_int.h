@@ -161,6 +161,14 @@ struct moet_model {
 				     them at the placement or the first pass) */
 	uint64_t upload_bytes;    /* routed experts' bytes bound by moet_model_bind_experts */
 	double upload_s;          /* and its wall time */
+	/* open on a device backend: the dense matrices (embedding, attention, routers, dense and
+	 * shared MLPs, lm_head) wait for one bulk upload at the end (model.c, bind_dense) */
+	int defer_dense;
+	moet_mat *dense_host;     /* [n_dense] their host views */
+	moet_mat **dense_out;     /* [n_dense] where each bound view goes */
+	int64_t n_dense, dense_cap;
+	double dense_upload_s;    /* that upload's wall time */
+	size_t dense_upload_bytes;
 	void **dev_blocks;        /* backend memory of MOET_UPLOAD=uring binds, owned */
 	int n_dev_blocks;
 	uint64_t *tier_pairs;     /* [1 + n_devices]: pairs served, CPU tier first */

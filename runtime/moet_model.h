@@ -183,6 +183,11 @@ void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset);
  * without one): bytes (codes and scales) and wall seconds. */
 void moet_model_upload_stats(const moet_model *m, double *out_bytes, double *out_seconds);
 
+/* The dense matrices' bulk upload at open on a device backend (embedding, attention, routers,
+ * dense and shared MLPs, lm_head; the hot experts' source): bytes and wall seconds; zeros on
+ * a host-memory backend. */
+void moet_model_dense_upload_stats(const moet_model *m, double *out_bytes, double *out_seconds);
+
 /* With MOET_OP_TIMES=1 at open, every backend op is timed (waited for after it: figures that
  * attribute time, not step times): prints the ops by time per step (divided by per) to f (NULL:
  * nothing) and resets them if asked. MOET_EINVAL when the model was opened without it. */
