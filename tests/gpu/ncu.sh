@@ -45,8 +45,9 @@ prof() {
 		-o "$out/ncu/$name" "$@" >"$out/ncu/$name.run.txt" 2>&1
 	echo "   exit $?"
 	"$ncu" --import "$out/ncu/$name.ncu-rep" --page details >"$out/ncu/$name.txt" 2>&1
-	grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Warp Cycles Per Issued" \
-		"$out/ncu/$name.txt" | head -60
+	local keys="Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)"
+	keys+="|Achieved Occupancy|Registers Per|Warp Cycles Per Issued"
+	grep -E "^  [a-z_]+.*\(|$keys" "$out/ncu/$name.txt" | head -60
 }
 
 for w in $what; do
