@@ -30,6 +30,8 @@ struct moet_rows {
 	int64_t cap;
 };
 
+#define JOBS_BATCH 64 /* executor jobs handed over at once (an array on the stack) */
+
 typedef struct cpu_be {
 	moet_backend be;
 	const moet_cpu_kernels *kern;
@@ -399,11 +401,12 @@ static int cpu_experts_grouped(moet_backend *be, const moet_ffn_w *table,
 		}
 		return rc;
 	}
-	moet_cpuexec_job *jobs = malloc((size_t)n_pairs * sizeof(*jobs));
+	/* NOTE: jobs in batches of JOBS_BATCH from the stack, as cpu_ffn: nothing allocated per
+	 * call (tests/runtime/test_noalloc.c); the jobs write disjoint rows, so the batching
+	 * changes no bit */
+	moet_cpuexec_job jobs[JOBS_BATCH];
 	int n_jobs = 0;
-	if (!jobs)
-		return moet_err(MOET_ENOMEM, "expert jobs for %lld pairs", (long long)n_pairs);
-	for (int64_t q = 0; q < n_pairs;) {
+	for (int64_t q = 0; q < n_pairs && !rc;) {
 		const moet_ffn_w *e = &table[pairs[q].expert];
 		int64_t cnt = 1;
 		while (q + cnt < n_pairs && pairs[q + cnt].expert == pairs[q].expert &&
@@ -412,9 +415,11 @@ static int cpu_experts_grouped(moet_backend *be, const moet_ffn_w *table,
 		jobs[n_jobs++] = (moet_cpuexec_job){ e->gate, e->up, e->down, y + q * H, y + q * H,
 						     cnt };
 		q += cnt;
+		if (n_jobs == JOBS_BATCH || q == n_pairs) {
+			rc = run_jobs(c, jobs, n_jobs);
+			n_jobs = 0;
+		}
 	}
-	rc = run_jobs(c, jobs, n_jobs);
-	free(jobs);
 	return rc;
 }
 
@@ -423,14 +428,14 @@ static int cpu_ffn(moet_backend *be, const moet_ffn_w *w, const float *h, int64_
 	cpu_be *c = impl(be);
 	const int64_t H = w->gate.cols;
 	if (c->ex) {
-		moet_cpuexec_job jobs[64];
+		moet_cpuexec_job jobs[JOBS_BATCH];
 		int n_jobs = 0;
 		for (int64_t t = 0; t < n;) {
 			int64_t cnt = n - t < CPU_EXEC_MAX_TOK ? n - t : CPU_EXEC_MAX_TOK;
 			jobs[n_jobs++] = (moet_cpuexec_job){ w->gate, w->up, w->down, h + t * H,
 							     out + t * H, cnt };
 			t += cnt;
-			if (n_jobs == 64 || t == n) {
+			if (n_jobs == JOBS_BATCH || t == n) {
 				int rc = run_jobs(c, jobs, n_jobs);
 				if (rc)
 					return rc;
