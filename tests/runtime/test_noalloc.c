@@ -9,6 +9,11 @@
  *   - a placement over two simulated devices with a CPU tier, the tier overlapped, in one
  *     pass and in two micro-batches (MOET_MICROBATCH=0 / 1);
  *   - the same behind the NVMe tier at half the CPU tier's experts (prefetch on).
+ * With a CUDA device (tests/gpu/run.sh runs this program too when it is in the carried build),
+ * the same on the CUDA backend: no placement, MOET_GPU_DEVGROUP=1, and a CPU tier beside GPU 0
+ * (the host side of the device's calls: grouped expert lists, the CPU tier's staging); the
+ * CUDA runtime's own allocations are counted only if they call these functions from the
+ * statically linked runtime. Without a device those cases say so and are skipped.
  * The count is checked to see calls at all (an allocation right before the counted steps is
  * counted), so a broken wrap cannot pass silently.
  */
@@ -20,6 +25,7 @@
 
 #include "moet_err.h"
 #include "moet_gen.h"
+#include "moet_gpu.h"
 #include "moet_model.h"
 #include "moet_test.h"
 #include "moet_xtier.h"
@@ -168,7 +174,30 @@ int main(void)
 	unsetenv("MOET_MICROBATCH");
 
 	moet_model_close(m);
+	m = NULL;
+
+	const char *why = NULL;
+	char *dir2 = NULL;
+	if (moet_gpu_count(&why) < 1) {
+		printf("CUDA cases skipped: %s\n", why ? why : "no CUDA device");
+	} else if ((m = moet_test_gen_open_on("noalloc-cuda", &gp, "cuda", &dir2))) {
+		expect_none(m, "cuda, no placement");
+		setenv("MOET_GPU_DEVGROUP", "1", 1);
+		expect_none(m, "cuda, MOET_GPU_DEVGROUP=1");
+		unsetenv("MOET_GPU_DEVGROUP");
+		for (int64_t i = 0; i < L * E; i++)
+			own[i] = (int16_t)(i % 3 == 0 ? -1 : 0);
+		CHECK(moet_model_set_placement(m, own, 1) == 0, "cuda placement: %s",
+		      moet_errmsg());
+		setenv("MOET_MICROBATCH", "0", 1);
+		expect_none(m, "cuda + CPU tier, one pass");
+		setenv("MOET_MICROBATCH", "1", 1);
+		expect_none(m, "cuda + CPU tier, 2 halves");
+		unsetenv("MOET_MICROBATCH");
+		moet_model_close(m);
+	}
 	free(own);
 	free(dir);
+	free(dir2);
 	return moet_test_done("test_noalloc");
 }
