@@ -30,7 +30,7 @@ extern "C" int moet_gpu_add(float *x, const float *y, int64_t n, void *stream)
 	long long blocks = (n + ADD_THREADS - 1) / ADD_THREADS;
 	if (blocks > 65536)
 		blocks = 65536;
-	add_kernel<<<(unsigned)blocks, ADD_THREADS, 0, (cudaStream_t)stream>>>(x, y, n);
+	add_kernel<<<(unsigned)blocks, ADD_THREADS, 0, moet_stream(stream)>>>(x, y, n);
 	MOET_CUDA_TRY(cudaGetLastError());
 	return 0;
 }

@@ -91,12 +91,12 @@ extern "C" int moet_gpu_copy_d2d(void *dst, const void *src, size_t bytes, void 
 	if (!dst || !src)
 		return moet_err(MOET_EINVAL, "moet_gpu_copy_d2d: NULL pointer");
 	MOET_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
-				      (cudaStream_t)stream));
+				      moet_stream(stream)));
 	return 0;
 }
 
 extern "C" int moet_gpu_sync(void *stream)
 {
-	MOET_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream));
+	MOET_CUDA_TRY(cudaStreamSynchronize(moet_stream(stream)));
 	return 0;
 }

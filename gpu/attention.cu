@@ -168,7 +168,7 @@ extern "C" int moet_gpu_attention(const float *q, int64_t q_stride, int64_t n_ro
 					   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 	const moet_gpu_pages pg = pages ? *pages : moet_gpu_pages{ NULL, NULL, NULL };
 	dim3 grid((unsigned)n_heads, (unsigned)n_rows);
-	attention_kernel<<<grid, TILE, smem, (cudaStream_t)stream>>>(
+	attention_kernel<<<grid, TILE, smem, moet_stream(stream)>>>(
 		q, q_stride, (int)d_qk, (int)d_v, k_base, v_base, k_pos_stride, v_pos_stride, pos,
 		pg, scale, out, out_stride);
 	MOET_CUDA_TRY(cudaGetLastError());

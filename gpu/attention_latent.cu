@@ -376,12 +376,12 @@ extern "C" int moet_gpu_attention_latent(const float *q, long long q_stride, lon
 	dim3 grid((unsigned)n_heads, (unsigned)n_rows);
 	if (fast && nope <= LAT_MAX_NOPE) {
 		const size_t smem = (size_t)(2 * kv_b->cols + rope + SC_CAP) * sizeof(float);
-		latent_fast_kernel<<<grid, FT, smem, (cudaStream_t)stream>>>(
+		latent_fast_kernel<<<grid, FT, smem, moet_stream(stream)>>>(
 			q, q_stride, (int)nope, (int)rope, (int)v_dim, *kv_b, c_base, c_stride, pos,
 			pg, scale, out, out_stride);
 	} else {
 		const size_t smem = (size_t)(2 * kv_b->cols + rope + TILE) * sizeof(float);
-		latent_kernel<<<grid, TILE, smem, (cudaStream_t)stream>>>(
+		latent_kernel<<<grid, TILE, smem, moet_stream(stream)>>>(
 			q, q_stride, (int)nope, (int)rope, (int)v_dim, *kv_b, c_base, c_stride, pos,
 			pg, scale, out, out_stride);
 	}

@@ -52,7 +52,7 @@ extern "C" int moet_gpu_combine(const float *y, int64_t n_y, const int32_t *slot
 	if (!out || (top_k > 0 && (!slot || !w || (n_y > 0 && !y))))
 		return moet_err(MOET_EINVAL, "combine: NULL pointer");
 	dim3 grid((unsigned)((H + COMBINE_THREADS - 1) / COMBINE_THREADS), (unsigned)n_tok);
-	combine_kernel<<<grid, COMBINE_THREADS, 0, (cudaStream_t)stream>>>(
+	combine_kernel<<<grid, COMBINE_THREADS, 0, moet_stream(stream)>>>(
 		y, n_y, slot, w, (int)top_k, shared, (int)H, out);
 	MOET_CUDA_TRY(cudaGetLastError());
 	return 0;

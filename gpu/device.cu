@@ -3,6 +3,7 @@
  * transcendental, from the same header the host uses).
  */
 #include "moet_gpu.h"
+#include "gpu_int.h"
 
 extern "C" {
 #include "moet_err.h"
@@ -18,6 +19,36 @@ extern "C" {
 			return moet_err(MOET_EDEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, #call, \
 					cudaGetErrorString(e_));                            \
 	} while (0)
+
+/* NOTE: per thread, not per process: each forward pass sets it on its own thread (the CUDA
+ * backend's prepare_rows), so two models on two threads never see each other's stream. A
+ * stream belongs to one device: while the thread's current device is another (remote.c's
+ * calls on GPUs 1..), NULL means that device's legacy stream, as before. */
+static thread_local cudaStream_t thread_stream = nullptr;
+static thread_local int thread_stream_dev = 0, thread_dev = 0;
+
+cudaStream_t moet_stream(void *stream)
+{
+	if (stream)
+		return (cudaStream_t)stream;
+	return thread_dev == thread_stream_dev ? thread_stream : nullptr;
+}
+
+void moet_note_device(int device)
+{
+	thread_dev = device;
+}
+
+extern "C" void moet_gpu_set_thread_stream(void *stream)
+{
+	thread_stream = (cudaStream_t)stream;
+	thread_stream_dev = thread_dev;
+}
+
+extern "C" void *moet_gpu_thread_stream(void)
+{
+	return (void *)thread_stream;
+}
 
 extern "C" int moet_gpu_count(const char **out_why)
 {

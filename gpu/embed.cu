@@ -51,7 +51,7 @@ extern "C" int moet_gpu_embed(const moet_mat *table, const int32_t *tok, int64_t
 		return 0;
 	if (!tok || !x)
 		return moet_err(MOET_EINVAL, "embed: NULL tokens or output");
-	embed_kernel<<<(unsigned)n_tok, EMBED_THREADS, 0, (cudaStream_t)stream>>>(
+	embed_kernel<<<(unsigned)n_tok, EMBED_THREADS, 0, moet_stream(stream)>>>(
 		table->data, (int)table->dtype, table->rows, (int)table->cols, tok, x);
 	MOET_CUDA_TRY(cudaGetLastError());
 	return 0;

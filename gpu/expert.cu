@@ -160,7 +160,7 @@ extern "C" int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, c
 	g.vec = vec_up && H % 4 == 0 && aligned16(x);
 	g.wide = wide;
 	g.pdl = pdl ? MOET_ROWS_PDL_TRIGGER : 0;
-	rc = moet_rows_run(&g, get_gate_up, exps, n_exp, (cudaStream_t)stream);
+	rc = moet_rows_run(&g, get_gate_up, exps, n_exp, moet_stream(stream));
 	if (rc)
 		return rc;
 	moet_rows_job d = {};
@@ -178,7 +178,7 @@ extern "C" int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, c
 	d.canon = 1;
 	d.wide = wide;
 	d.pdl = pdl ? MOET_ROWS_PDL_WAIT : 0;
-	return moet_rows_run(&d, get_down, exps, n_exp, (cudaStream_t)stream);
+	return moet_rows_run(&d, get_down, exps, n_exp, moet_stream(stream));
 }
 
 extern "C" int moet_gpu_expert_table(const moet_gpu_expert *exps, int64_t n_exp,

@@ -356,7 +356,7 @@ extern "C" int moet_gpu_expert_ffn_fast(moet_gpu_fast *f, const moet_gpu_expert 
 	if (scratch_bytes < lo.total)
 		return moet_err(MOET_EINVAL, "fast expert ffn: scratch of %zu bytes, %zu needed",
 				scratch_bytes, lo.total);
-	cudaStream_t st = (cudaStream_t)stream;
+	cudaStream_t st = moet_stream(stream);
 	char *base = (char *)scratch;
 	int rc;
 	if (n_fast > 0) {

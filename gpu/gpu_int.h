@@ -21,6 +21,16 @@ extern "C" {
 	((void)cudaGetLastError(), moet_err(MOET_EDEVICE, "%s:%d: %s: %s", __FILE__, __LINE__,  \
 					    call_text, cudaGetErrorString(e_)))
 
+/*
+ * The stream a call runs on: the caller's, else the calling thread's default
+ * (moet_gpu_set_thread_stream, moet_gpu.h), which is the legacy default stream unless a CUDA
+ * backend with its own stream (MOET_GPU_STREAM=own) set it for its pass (device.cu).
+ */
+cudaStream_t moet_stream(void *stream);
+
+/* moet_gpu_set_device's record of the thread's current device (for moet_stream). */
+void moet_note_device(int device);
+
 #define MOET_CUDA_TRY(call)                                                                  \
 	do {                                                                                 \
 		cudaError_t e_ = (call);                                                     \

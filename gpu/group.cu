@@ -331,7 +331,7 @@ extern "C" int moet_gpu_group_pairs(const int32_t *ids, int64_t n_pairs, int64_t
 	int32_t *hist = (int32_t *)scratch;
 	int32_t *first_bad =
 		(int32_t *)((char *)scratch + align256((size_t)n_chunks * E * sizeof(int32_t)));
-	cudaStream_t s = (cudaStream_t)stream;
+	cudaStream_t s = moet_stream(stream);
 	const size_t sh = (size_t)E * sizeof(int);
 	if (n_chunks) {
 		count_kernel<<<n_chunks, 32, sh, s>>>(ids, P, E, hist, first_bad);

@@ -29,6 +29,7 @@ extern "C" void moet_gpu_host_free(void *p)
 extern "C" int moet_gpu_set_device(int device)
 {
 	MOET_CUDA_TRY(cudaSetDevice(device));
+	moet_note_device(device);
 	return 0;
 }
 
@@ -39,7 +40,7 @@ static int copy_async(void *dst, const void *src, size_t bytes, cudaMemcpyKind k
 		return 0;
 	if (!dst || !src)
 		return moet_err(MOET_EINVAL, "moet_gpu_copy_*_async: NULL pointer");
-	MOET_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kind, (cudaStream_t)stream));
+	MOET_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, kind, moet_stream(stream)));
 	return 0;
 }
 
@@ -61,7 +62,7 @@ extern "C" int moet_gpu_copy_peer_async(void *dst, int dst_device, const void *s
 	if (!dst || !src)
 		return moet_err(MOET_EINVAL, "moet_gpu_copy_peer_async: NULL pointer");
 	MOET_CUDA_TRY(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes,
-					  (cudaStream_t)stream));
+					  moet_stream(stream)));
 	return 0;
 }
 
@@ -71,6 +72,16 @@ extern "C" int moet_gpu_stream_create(void **out)
 	if (!out)
 		return moet_err(MOET_EINVAL, "moet_gpu_stream_create: out is NULL");
 	MOET_CUDA_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+	*out = (void *)st;
+	return 0;
+}
+
+extern "C" int moet_gpu_stream_create_blocking(void **out)
+{
+	cudaStream_t st;
+	if (!out)
+		return moet_err(MOET_EINVAL, "moet_gpu_stream_create_blocking: out is NULL");
+	MOET_CUDA_TRY(cudaStreamCreate(&st));
 	*out = (void *)st;
 	return 0;
 }
@@ -99,7 +110,7 @@ extern "C" void moet_gpu_event_destroy(void *ev)
 
 extern "C" int moet_gpu_event_record(void *ev, void *stream)
 {
-	MOET_CUDA_TRY(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)stream));
+	MOET_CUDA_TRY(cudaEventRecord((cudaEvent_t)ev, moet_stream(stream)));
 	return 0;
 }
 

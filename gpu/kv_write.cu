@@ -66,7 +66,7 @@ extern "C" int moet_gpu_kv_write(const float *kvb, int64_t kvb_stride, const flo
 				(long long)v_pos_stride);
 	const moet_gpu_pages pg = pages ? *pages : moet_gpu_pages{ NULL, NULL, NULL };
 	dim3 grid((unsigned)n_heads, (unsigned)n_rows);
-	kv_write_kernel<<<grid, KV_THREADS, 0, (cudaStream_t)stream>>>(
+	kv_write_kernel<<<grid, KV_THREADS, 0, moet_stream(stream)>>>(
 		kvb, kvb_stride, k_pe, k_pe_stride, (int)d_nope, (int)d_rope, (int)d_v, k_base,
 		v_base, k_pos_stride, v_pos_stride, pos, pg);
 	MOET_CUDA_TRY(cudaGetLastError());

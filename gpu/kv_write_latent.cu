@@ -35,7 +35,7 @@ extern "C" int moet_gpu_kv_write_latent(const float *kva, long long kva_stride, 
 		return moet_err(MOET_EINVAL, "kv_write_latent: %lld rows (<= 65535), width %lld, "
 				"strides %lld/%lld", n_rows, width, kva_stride, c_stride);
 	const moet_gpu_pages pg = pages ? *pages : moet_gpu_pages{ NULL, NULL, NULL };
-	kv_write_latent_kernel<<<(unsigned)n_rows, 128, 0, (cudaStream_t)stream>>>(
+	kv_write_latent_kernel<<<(unsigned)n_rows, 128, 0, moet_stream(stream)>>>(
 		kva, kva_stride, (int)width, c_base, c_stride, pos, pg);
 	MOET_CUDA_TRY(cudaGetLastError());
 	return 0;

@@ -80,5 +80,5 @@ extern "C" int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stri
 	if (rc)
 		return rc;
 	linear_ctx c = { w, n_tok };
-	return moet_rows_run(&j, get_one, &c, 1, (cudaStream_t)stream);
+	return moet_rows_run(&j, get_one, &c, 1, moet_stream(stream));
 }

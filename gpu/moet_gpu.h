@@ -19,6 +19,19 @@ extern "C" {
 int moet_gpu_count(const char **out_why);
 
 /*
+ * The calling thread's default stream: where every gpu/ call given a NULL stream runs
+ * (cudaStream_t as void *; NULL: the legacy default stream, the initial state). A CUDA
+ * backend with a stream of its own (MOET_GPU_STREAM=own) sets it at the start of each pass, so
+ * that a pass's work can be captured into a CUDA graph (the legacy stream cannot be); the
+ * stream must be blocking (moet_gpu_stream_create_blocking) so that synchronous copies on the
+ * legacy stream stay ordered with it. It belongs to the device current when it was set:
+ * while the thread works on another device (moet_gpu_set_device), NULL means that device's
+ * legacy stream. Never fails; without CUDA, no effect.
+ */
+void moet_gpu_set_thread_stream(void *stream);
+void *moet_gpu_thread_stream(void);
+
+/*
  * Evaluates the contract's exp_c on the device for n inputs (host arrays) and writes the
  * results to out. Returns 0, MOET_EDEVICE (detail names the CUDA call and error) or
  * MOET_EUNSUP without CUDA. Used by the GPU tests to check exp_c exhaustively.

@@ -39,6 +39,11 @@ int moet_gpu_copy_peer_async(void *dst, int dst_device, const void *src, int src
 int moet_gpu_stream_create(void **out);
 void moet_gpu_stream_destroy(void *stream);
 
+/* A stream of the current device that is blocking with respect to the legacy default stream
+ * (work on either waits for the other's earlier work), as a thread's default stream must be
+ * (moet_gpu_set_thread_stream). */
+int moet_gpu_stream_create_blocking(void **out);
+
 /* Events (cudaEvent_t as void *): created with timing on. record queues a mark on `stream`;
  * event_sync waits for it; elapsed_ms is the time between two completed marks. */
 int moet_gpu_event_create(void **out);

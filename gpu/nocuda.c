@@ -12,6 +12,16 @@ int moet_gpu_count(const char **out_why)
 	return 0;
 }
 
+void moet_gpu_set_thread_stream(void *stream)
+{
+	(void)stream;
+}
+
+void *moet_gpu_thread_stream(void)
+{
+	return NULL;
+}
+
 int moet_gpu_exp_c(const float *in, float *out, long long n)
 {
 	(void)in;

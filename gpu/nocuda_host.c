@@ -56,6 +56,12 @@ int moet_gpu_stream_create(void **out)
 	return no_cuda("moet_gpu_stream_create");
 }
 
+int moet_gpu_stream_create_blocking(void **out)
+{
+	(void)out;
+	return no_cuda("moet_gpu_stream_create_blocking");
+}
+
 void moet_gpu_stream_destroy(void *stream)
 {
 	(void)stream;

@@ -58,7 +58,7 @@ extern "C" int moet_gpu_rmsnorm(const float *x, int64_t x_stride, const float *w
 				"%lld), eps %g: NULL, strides below %lld or bad eps", (const void *)x,
 				(long long)x_stride, (const void *)w, (void *)out,
 				(long long)out_stride, eps, (long long)n);
-	rmsnorm_kernel<<<(unsigned)n_rows, NORM_THREADS, 0, (cudaStream_t)stream>>>(
+	rmsnorm_kernel<<<(unsigned)n_rows, NORM_THREADS, 0, moet_stream(stream)>>>(
 		x, x_stride, w, (int)n, eps, out, out_stride);
 	MOET_CUDA_TRY(cudaGetLastError());
 	return 0;

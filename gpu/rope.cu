@@ -87,7 +87,7 @@ extern "C" int moet_gpu_rope(float *x, int64_t n_rows, int64_t row_stride, int64
 				"stride %lld: NULL or overlapping heads/rows", (void *)x,
 				(const void *)pos, (const void *)inv_freq, (long long)head_stride,
 				(long long)row_stride);
-	rope_kernel<<<(unsigned)n_rows, ROPE_THREADS, 0, (cudaStream_t)stream>>>(
+	rope_kernel<<<(unsigned)n_rows, ROPE_THREADS, 0, moet_stream(stream)>>>(
 		x, row_stride, (int)n_heads, head_stride, (int)n_freq, pos, inv_freq, attn_factor,
 		interleave != 0);
 	MOET_CUDA_TRY(cudaGetLastError());

@@ -160,7 +160,7 @@ extern "C" int moet_gpu_router(const float *logits, int64_t n_tok, int64_t n_exp
 	const size_t smem = (size_t)(2 * n_exp + G) * sizeof(float) + (size_t)(n_exp + 2 * G);
 	MOET_CUDA_TRY(cudaFuncSetAttribute(router_kernel,
 					   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-	router_kernel<<<(unsigned)n_tok, 32, smem, (cudaStream_t)stream>>>(
+	router_kernel<<<(unsigned)n_tok, 32, smem, moet_stream(stream)>>>(
 		logits, n_exp, (int)n_exp, bias, (int)G, (int)topk_group, (int)top_k,
 		norm_topk_prob != 0, routed_scaling_factor, out_ids, out_w);
 	MOET_CUDA_TRY(cudaGetLastError());

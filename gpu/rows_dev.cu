@@ -329,7 +329,7 @@ extern "C" int moet_gpu_experts_devgroup(const moet_gpu_expert_geom *geom,
 		return moet_err(MOET_EINVAL, "expert devgroup: %lld pairs (0 .. %d), top_k %lld, "
 				"max_tok %lld", (long long)n_pairs, MOET_GPU_GROUP_MAX_PAIRS,
 				(long long)top_k, (long long)max_tok);
-	cudaStream_t s = (cudaStream_t)stream;
+	cudaStream_t s = moet_stream(stream);
 	if (n_pairs == 0) {
 		MOET_CUDA_TRY(cudaMemsetAsync(err, 0, sizeof(*err), s));
 		return 0;

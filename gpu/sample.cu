@@ -436,7 +436,7 @@ extern "C" int moet_gpu_sample(const float *logits, int64_t n_rows, int64_t n_co
 	if (scratch_bytes < lo.total)
 		return moet_err(MOET_EINVAL, "sample: scratch of %zu bytes, %zu needed",
 				scratch_bytes, lo.total);
-	cudaStream_t st = (cudaStream_t)stream;
+	cudaStream_t st = moet_stream(stream);
 	char *base = (char *)scratch;
 	moet_gpu_sample_row *d_rows = (moet_gpu_sample_row *)(base + lo.rows_off);
 	/* NOTE: from pageable memory the copy is staged before it returns: rows may be reused */

@@ -40,6 +40,7 @@ struct moet_rows {
 typedef struct cuda_be {
 	moet_backend be;
 	int device;
+	void *stream;        /* MOET_GPU_STREAM=own: the passes' stream (blocking), else NULL */
 	void **owned;        /* bound weights and vectors */
 	int n_owned, cap_owned;
 	moet_rows rows[2];   /* per slot (the micro-batches of a pass) */
@@ -91,6 +92,13 @@ static int keep(cuda_be *c, void *p)
 static void cu_destroy(moet_backend *be)
 {
 	cuda_be *c = impl(be);
+	if (c->stream) {
+		/* NOTE: this thread's default stream must not outlive it (the other threads that
+		 * ran passes set theirs again at their next pass, or end) */
+		(void)moet_gpu_sync(c->stream);
+		if (moet_gpu_thread_stream() == c->stream)
+			moet_gpu_set_thread_stream(NULL);
+	}
 	for (int i = 0; i < c->n_owned; i++)
 		moet_gpu_free(c->owned[i]);
 	free(c->owned);
@@ -110,6 +118,7 @@ static void cu_destroy(moet_backend *be)
 	moet_gpu_free(c->smp_ids);
 	moet_gpu_fast_destroy(c->fast);
 	moet_gpu_free(c->fast_scratch);
+	moet_gpu_stream_destroy(c->stream);
 	free(c);
 }
 
@@ -229,6 +238,8 @@ static int cu_prepare_rows(moet_backend *be, int slot, const moet_rowinfo *rows,
 	cuda_be *c = impl(be);
 	if (slot < 0 || slot > 1)
 		return moet_err(MOET_EINVAL, "row table slot %d (0 or 1)", slot);
+	/* a pass starts here: its work goes to this backend's stream (NULL: the legacy one) */
+	moet_gpu_set_thread_stream(c->stream);
 	/* layout of the block: tok[n] pos[n] off[n] shift[n] table[n_tab] (int32, padded to 8
 	 * bytes) kbase[L][n] vbase[L][n]. NOTE: the rows of one sequence are consecutive and
 	 * share its block table: one copy per sequence. */
@@ -589,9 +600,29 @@ static const moet_backend_ops cuda_ops = {
 	.sample = cu_sample, /* issue 4 */
 };
 
+/* MOET_GPU_STREAM: legacy (default: the passes' work on the legacy default stream, as
+ * before) or own (a blocking stream of the backend's own, which a CUDA graph can capture);
+ * *out_own 0 or 1; MOET_EINVAL naming the value otherwise. */
+int moet_backend_cuda_stream_switch(int *out_own)
+{
+	const char *v = getenv("MOET_GPU_STREAM");
+	*out_own = 0;
+	if (!v || !*v || !strcmp(v, "legacy"))
+		return 0;
+	if (!strcmp(v, "own")) {
+		*out_own = 1;
+		return 0;
+	}
+	return moet_err(MOET_EINVAL, "MOET_GPU_STREAM='%.40s': expected legacy or own", v);
+}
+
 int moet_backend_cuda_create(int device, moet_backend **out)
 {
 	const char *why = NULL;
+	int own = 0;
+	int rc = moet_backend_cuda_stream_switch(&own);
+	if (rc)
+		return rc;
 	if (moet_gpu_count(&why) <= device)
 		return moet_err(MOET_EDEVICE, "--device cuda: no CUDA device %d (%s)", device,
 				why ? why : "fewer devices");
@@ -599,6 +630,10 @@ int moet_backend_cuda_create(int device, moet_backend **out)
 	if (!c)
 		return moet_err(MOET_ENOMEM, "CUDA backend");
 	c->device = device;
+	if (own && (rc = moet_gpu_stream_create_blocking(&c->stream))) {
+		free(c);
+		return rc;
+	}
 	c->be = (moet_backend){ .ops = &cuda_ops, .impl = c };
 	*out = &c->be;
 	return 0;

@@ -191,6 +191,10 @@ int moet_backend_cpu_create(int n_threads, int64_t max_inter, moet_backend **out
 /* The CUDA backend on device `device`; MOET_EUNSUP in a build without CUDA. */
 int moet_backend_cuda_create(int device, moet_backend **out);
 
+/* MOET_GPU_STREAM=legacy|own, parsed (moet_backend_cuda_create refuses a bad value, naming it,
+ * before it looks for a device): *out_own 1 for own. Returns 0 or MOET_EINVAL. */
+int moet_backend_cuda_stream_switch(int *out_own);
+
 /* out[0..n) = the pairs of ids[0..n) sorted by expert, then by pair index: consecutive runs
  * of one expert, in the same order on every backend. Returns 0 or MOET_EINVAL (negative id). */
 int moet_expert_pairs_sort(const int32_t *ids, int64_t n, moet_expert_pair *out);

@@ -7,12 +7,16 @@
  *     were: the same run afterwards with the switch unset gives the reference's logits;
  *   - on the CPU backend MOET_GPU_DEVGROUP=1 changes nothing (no device: today's path; no
  *     device-grouped call counted), without and with a placement over simulated devices.
+ * And MOET_GPU_STREAM (the CUDA backend's own stream, runtime/backend_cuda.c): legacy, own and
+ * unset parse; anything else is refused naming it, by the parse and by opening a model on
+ * --device cuda (before any device is looked for, so also here without a GPU).
  * The device path itself is tests/gpu/test_gpu_hybrid.c's (CUDA backend).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "model_int.h"
+#include "moet_backend.h"
 #include "moet_err.h"
 #include "moet_gen.h"
 #include "moet_model.h"
@@ -50,6 +54,34 @@ static void switch_values(void)
 	unsetenv("MOET_GPU_DEVGROUP");
 }
 
+static void stream_values(const char *dir)
+{
+	static const struct {
+		const char *v;
+		int rc, own;
+	} cases[] = { { NULL, 0, 0 }, { "", 0, 0 }, { "legacy", 0, 0 }, { "own", 0, 1 },
+		      { "Own", MOET_EINVAL, 0 }, { "1", MOET_EINVAL, 0 }, { "own ", MOET_EINVAL, 0 } };
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		if (cases[i].v)
+			setenv("MOET_GPU_STREAM", cases[i].v, 1);
+		else
+			unsetenv("MOET_GPU_STREAM");
+		int own = -1, rc = moet_backend_cuda_stream_switch(&own);
+		CHECK(rc == cases[i].rc && (rc || own == cases[i].own), "MOET_GPU_STREAM=%s: rc %d "
+		      "own %d", cases[i].v ? cases[i].v : "(unset)", rc, own);
+		if (rc)
+			CHECK(strstr(moet_errmsg(), "MOET_GPU_STREAM='") && strstr(moet_errmsg(),
+			      cases[i].v), "message names it: %s", moet_errmsg());
+	}
+	setenv("MOET_GPU_STREAM", "sideways", 1);
+	moet_model *m = NULL;
+	int rc = moet_model_open_on(dir, "cuda", &m);
+	CHECK(rc == MOET_EINVAL && !m && strstr(moet_errmsg(), "MOET_GPU_STREAM='sideways'"),
+	      "open on cuda with a bad MOET_GPU_STREAM: rc %d (%s)", rc, moet_errmsg());
+	moet_model_close(m);
+	unsetenv("MOET_GPU_STREAM");
+}
+
 int main(void)
 {
 	switch_values();
@@ -72,6 +104,7 @@ int main(void)
 	if (!ref || !got || !own)
 		goto out;
 	CHECK(moet_test_ragged_run(m, SEQS, STEPS, 1, ref) == 0, "reference: %s", moet_errmsg());
+	stream_values(dir);
 
 	/* a bad value: refused at the first MoE layer, naming it */
 	setenv("MOET_GPU_DEVGROUP", "yes", 1);
