@@ -46,7 +46,9 @@ typedef struct cuda_be {
 	moet_rows rows[2];   /* per slot (the micro-batches of a pass) */
 	void *rows_dev[2];   /* one device block behind each slot's rows */
 	size_t rows_bytes[2];
-	void *host_stage[2]; /* host staging of the row block */
+	void *host_stage[2]; /* host staging of the row block (pinned with an own stream) */
+	void *rows_ev[2];    /* own stream: recorded after each slot's async row copy */
+	int rows_ev_used[2];
 	void *scratch;       /* expert h rows */
 	size_t scratch_bytes;
 	int32_t *pair_tok;   /* device [cap_pairs]: the token of each grouped pair */
@@ -104,7 +106,14 @@ static void cu_destroy(moet_backend *be)
 	free(c->owned);
 	for (int i = 0; i < 2; i++) {
 		moet_gpu_free(c->rows_dev[i]);
-		free(c->host_stage[i]);
+		if (c->stream) {
+			if (c->rows_ev_used[i])
+				(void)moet_gpu_event_sync(c->rows_ev[i]);
+			moet_gpu_host_free(c->host_stage[i]);
+			moet_gpu_event_destroy(c->rows_ev[i]);
+		} else {
+			free(c->host_stage[i]);
+		}
 	}
 	moet_gpu_free(c->scratch);
 	moet_gpu_free(c->pair_tok);
@@ -255,10 +264,22 @@ static int cu_prepare_rows(moet_backend *be, int slot, const moet_rowinfo *rows,
 	size_t ints = ((size_t)(4 * n + n_tab) * sizeof(int32_t) + 7) & ~(size_t)7;
 	size_t bytes = ints + (size_t)(2 * n_layers * n) * sizeof(float *);
 	int rc;
+	/* NOTE: with an own stream the staging is pinned and its copy asynchronous (a CUDA graph
+	 * replays the pass after it): it is rewritten only once the last copy from it is done */
+	if (c->rows_ev_used[slot]) {
+		if ((rc = moet_gpu_event_sync(c->rows_ev[slot])))
+			return rc;
+		c->rows_ev_used[slot] = 0;
+	}
 	if (bytes > c->rows_bytes[slot]) {
-		void *stage = realloc(c->host_stage[slot], bytes);
-		if (!stage)
+		void *stage = NULL;
+		if (c->stream) {
+			if ((rc = moet_gpu_host_alloc(bytes, &stage)))
+				return rc;
+			moet_gpu_host_free(c->host_stage[slot]);
+		} else if (!(stage = realloc(c->host_stage[slot], bytes))) {
 			return moet_err(MOET_ENOMEM, "row table staging");
+		}
 		c->host_stage[slot] = stage;
 		moet_gpu_free(c->rows_dev[slot]);
 		c->rows_dev[slot] = NULL;
@@ -285,8 +306,15 @@ static int cu_prepare_rows(moet_backend *be, int slot, const moet_rowinfo *rows,
 			vb[l * n + t] = rows[t].v ? rows[t].v + l * rows[t].v_layer : NULL;
 		}
 	}
-	if ((rc = moet_gpu_copy_h2d(c->rows_dev[slot], c->host_stage[slot], bytes)))
+	if (c->stream) {
+		if ((rc = moet_gpu_copy_h2d_async(c->rows_dev[slot], c->host_stage[slot], bytes,
+						  c->stream)) ||
+		    (rc = moet_gpu_event_record(c->rows_ev[slot], c->stream)))
+			return rc;
+		c->rows_ev_used[slot] = 1;
+	} else if ((rc = moet_gpu_copy_h2d(c->rows_dev[slot], c->host_stage[slot], bytes))) {
 		return rc;
+	}
 	moet_rows *r = &c->rows[slot];
 	r->tok = c->rows_dev[slot];
 	r->pos = r->tok + n;
@@ -630,7 +658,11 @@ int moet_backend_cuda_create(int device, moet_backend **out)
 	if (!c)
 		return moet_err(MOET_ENOMEM, "CUDA backend");
 	c->device = device;
-	if (own && (rc = moet_gpu_stream_create_blocking(&c->stream))) {
+	if (own && ((rc = moet_gpu_stream_create_blocking(&c->stream)) ||
+		    (rc = moet_gpu_event_create(&c->rows_ev[0])) ||
+		    (rc = moet_gpu_event_create(&c->rows_ev[1])))) {
+		moet_gpu_event_destroy(c->rows_ev[0]);
+		moet_gpu_stream_destroy(c->stream);
 		free(c);
 		return rc;
 	}
