@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "moet_backend.h"
+#include "moet_env.h"
 #include "moet_err.h"
 #include "moet_gpu.h"
 #include "moet_gpu_host.h"
@@ -633,15 +634,8 @@ static const moet_backend_ops cuda_ops = {
  * *out_own 0 or 1; MOET_EINVAL naming the value otherwise. */
 int moet_backend_cuda_stream_switch(int *out_own)
 {
-	const char *v = getenv("MOET_GPU_STREAM");
-	*out_own = 0;
-	if (!v || !*v || !strcmp(v, "legacy"))
-		return 0;
-	if (!strcmp(v, "own")) {
-		*out_own = 1;
-		return 0;
-	}
-	return moet_err(MOET_EINVAL, "MOET_GPU_STREAM='%.40s': expected legacy or own", v);
+	static const char *const names[] = { "legacy", "own" };
+	return moet_env_choice("MOET_GPU_STREAM", names, 2, out_own);
 }
 
 int moet_backend_cuda_create(int device, moet_backend **out)

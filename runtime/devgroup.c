@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "model_int.h"
+#include "moet_env.h"
 #include "moet_err.h"
 #include "moet_gpu.h"
 
@@ -56,11 +57,8 @@ struct moet_devgroup {
 
 int moet_devgroup_switch(int *out_on)
 {
-	const char *v = getenv("MOET_GPU_DEVGROUP");
-	*out_on = v && !strcmp(v, "1");
-	if (v && *v && strcmp(v, "0") && strcmp(v, "1"))
-		return moet_err(MOET_EINVAL, "MOET_GPU_DEVGROUP='%.40s': expected 0 or 1", v);
-	return 0;
+	static const char *const names[] = { "0", "1" };
+	return moet_env_choice("MOET_GPU_DEVGROUP", names, 2, out_on);
 }
 
 static void release(moet_model *m, void **p)

@@ -49,6 +49,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "moet_env.h"
 #include "moet_err.h"
 #include "moet_gpu.h"
 #include "moet_gpu_host.h"
@@ -231,14 +232,9 @@ static double now_s(void)
 
 int moet_upload_read_mode(int *out)
 {
-	const char *v = getenv("MOET_UPLOAD_READ");
-	if (!v || !*v || !strcmp(v, "map"))
-		*out = MOET_UPLOAD_READ_MAP;
-	else if (!strcmp(v, "pread"))
-		*out = MOET_UPLOAD_READ_PREAD;
-	else
-		return moet_err(MOET_EINVAL, "MOET_UPLOAD_READ='%.40s' (want map or pread)", v);
-	return 0;
+	/* NOTE: in the order of MOET_UPLOAD_READ_MAP, _PREAD */
+	static const char *const names[] = { "map", "pread" };
+	return moet_env_choice("MOET_UPLOAD_READ", names, 2, out);
 }
 
 /*
@@ -273,13 +269,10 @@ static int staged_opts(size_t *out_chunk, team *t, int force_read)
 					v);
 	}
 	*out_chunk = (size_t)mb << 20;
-	v = getenv("MOET_UPLOAD_STORE");
-	if (!v || !*v || !strcmp(v, "nt"))
-		t->cached = 0;
-	else if (!strcmp(v, "cached"))
-		t->cached = 1;
-	else
-		return moet_err(MOET_EINVAL, "MOET_UPLOAD_STORE='%.40s' (want nt or cached)", v);
+	static const char *const stores[] = { "nt", "cached" };
+	int rc_s = moet_env_choice("MOET_UPLOAD_STORE", stores, 2, &t->cached);
+	if (rc_s)
+		return rc_s;
 	int read = force_read - 1, rc = force_read ? 0 : moet_upload_read_mode(&read);
 	if (rc)
 		return rc;

@@ -33,6 +33,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "moet_env.h"
 #include "moet_err.h"
 #include "moet_profile.h"
 
@@ -451,15 +452,13 @@ static int init(moet_model *m, const moet_xtier_opts *o, moet_xtier **out)
 	x->pf_miss_avg = 1.0; /* until acquires say otherwise: every demand read waits */
 	x->pf_mode = o->prefetch_mode;
 	if (x->pf_mode == MOET_XTIER_PF_ENV) {
-		const char *v = getenv("MOET_XTIER_PREFETCH");
-		x->pf_mode = !v || !*v || !strcmp(v, "budget") ? MOET_XTIER_PF_BUDGET
-			     : !strcmp(v, "all")		    ? MOET_XTIER_PF_ALL
-								    : -1;
-		if (x->pf_mode < 0) {
+		static const char *const names[] = { "budget", "all" };
+		int i = 0, rc = moet_env_choice("MOET_XTIER_PREFETCH", names, 2, &i);
+		if (rc) {
 			free(x);
-			return moet_err(MOET_EINVAL, "MOET_XTIER_PREFETCH='%.40s': expected budget "
-					"or all", v);
+			return rc;
 		}
+		x->pf_mode = i ? MOET_XTIER_PF_ALL : MOET_XTIER_PF_BUDGET;
 	} else if (x->pf_mode != MOET_XTIER_PF_BUDGET && x->pf_mode != MOET_XTIER_PF_ALL) {
 		int bad = x->pf_mode;
 		free(x);

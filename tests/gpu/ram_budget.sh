@@ -348,16 +348,16 @@ done
 # tok/s of a decode row: its mean step's ("... mean step X ms = Y tok/s", the throughput: a
 # few steps that wait for reads or page faults pull the mean up, which the median column hides)
 # decode rows of a bench output: "batch tok/s" (all-in-RAM and mmap rows: no "RAM")
-plain_rows() { awk 'function mean_tok(i) {for (i = 1; i < NF; i++) if ($(i + 1) == "tok/s" &&
-		$(i - 1) == "=") return $i; return "-"}
+mean_tok='function mean_tok(i) {for (i = 1; i < NF; i++) if ($(i + 1) == "tok/s" &&
+	$(i - 1) == "=") return $i; return "-"}'
+plain_rows() { awk "$mean_tok"'
 	$1 == "hybrid" && $2 == "decode" && $6 != "RAM" {print $3, mean_tok()}' "$1" \
 	2>/dev/null || true; }
 # tier rows: "batch tok/s hit_rate opt_hit_rate read_ms" from the NVMe tier lines after each
 # row: the hit rate, Belady/MIN's on the same trace (the field before "Belady/MIN"), and the
 # read time per step its demand misses cost at its own read rate (the field before "ms/step")
-tier_rows() { awk 'function out() {if (b != "") print b, r, h, o, io; b = ""}
-	function mean_tok(i) {for (i = 1; i < NF; i++) if ($(i + 1) == "tok/s" &&
-		$(i - 1) == "=") return $i; return "-"}
+tier_rows() { awk "$mean_tok"'
+	function out() {if (b != "") print b, r, h, o, io; b = ""}
 	$1 == "hybrid" && $2 == "decode" && $6 == "RAM" {out(); b = $3; r = mean_tok()
 		h = o = io = "-"; next}
 	b != "" && /^NVMe tier: hit rate/ {h = $5}
