@@ -122,6 +122,43 @@ static __device__ __forceinline__ float moet_rows_quad_tree(const float acc[4])
 	return u0 + u1;
 }
 
+/*
+ * The activation row of each of a tile's pairs tok0 .. tok0 + TB - 1 into xrow_s[TB] (shared
+ * memory): g.src of the pair, or -1 (staged as a row of +0) for a pair at or past n_toks or a
+ * row outside [0, a.n_x); then the block syncs. Every thread of the block calls it (tid: its
+ * threadIdx.x). For moet_rows_body and moet_rows_wide_body (rows_wide_body.cuh).
+ */
+template <int TB, class A, class G>
+static __device__ __forceinline__ void moet_rows_stage_xrows(const A &a, const G &g, int tok0,
+							     int n_toks, int tid, int *xrow_s)
+{
+	if (tid < TB) {
+		int xr = -1;
+		if (tid < n_toks) {
+			long long r = g.src((long long)g.pair0() + tok0 + tid);
+			xr = (r >= 0 && r < a.n_x) ? (int)r : -1;
+		}
+		xrow_s[tid] = xr;
+	}
+	__syncthreads();
+}
+
+/* f(i0, i1, i2, i3) for every index of an [N0][N1][N2][N3] array, in row-major order, fully
+ * unrolled (so that arrays indexed in f stay in registers). */
+template <int N0, int N1, int N2, int N3, class F>
+static __device__ __forceinline__ void moet_rows_each4(F f)
+{
+#pragma unroll
+	for (int i0 = 0; i0 < N0; i0++)
+#pragma unroll
+		for (int i1 = 0; i1 < N1; i1++)
+#pragma unroll
+			for (int i2 = 0; i2 < N2; i2++)
+#pragma unroll
+				for (int i3 = 0; i3 < N3; i3++)
+					f(i0, i1, i2, i3);
+}
+
 /* One tile of rows_kernel (see the top of this file and of rows.cu). Every thread of the block
  * calls it with the same tile; it leaves the shared memory in use until it returns (a caller
  * that runs a second tile syncs first). */
@@ -149,15 +186,7 @@ static __device__ __forceinline__ void moet_rows_body(const A &a, const G &g, in
 		}
 		moet_grid_dep_wait();
 	}
-	if (tid < C::TB) {
-		int xr = -1;
-		if (tid < n_toks) {
-			long long r = g.src((long long)g.pair0() + tok0 + tid);
-			xr = (r >= 0 && r < a.n_x) ? (int)r : -1;
-		}
-		xrow_s[tid] = xr;
-	}
-	__syncthreads();
+	moet_rows_stage_xrows<C::TB>(a, g, tok0, n_toks, tid, xrow_s);
 
 	/* Stage chunk c (columns 128c ..) into stage st; a cp.async group is committed per call. */
 	auto load = [&](int c, int st) {
@@ -213,15 +242,9 @@ static __device__ __forceinline__ void moet_rows_body(const A &a, const G &g, in
 	};
 
 	float p[NMAT][C::RT][TT][4], acc[NMAT][C::RT][TT][4];
-#pragma unroll
-	for (int m = 0; m < NMAT; m++)
-#pragma unroll
-		for (int r = 0; r < C::RT; r++)
-#pragma unroll
-			for (int i = 0; i < TT; i++)
-#pragma unroll
-				for (int q = 0; q < 4; q++)
-					p[m][r][i][q] = acc[m][r][i][q] = 0.0f;
+	moet_rows_each4<NMAT, C::RT, TT, 4>([&](int m, int r, int i, int q) {
+		p[m][r][i][q] = acc[m][r][i][q] = 0.0f;
+	});
 
 	/* One step t of a chunk: every lane's partial takes its term (if its column is < kcols). */
 	auto step = [&](const unsigned char *ws, const float *xs, int t, int kcols, bool full) {
@@ -293,18 +316,10 @@ static __device__ __forceinline__ void moet_rows_body(const A &a, const G &g, in
 			for (int t = 0; t < 8; t++)
 				step(ws, xs, t, kcols, false);
 		}
-#pragma unroll
-		for (int m = 0; m < NMAT; m++)
-#pragma unroll
-			for (int r = 0; r < C::RT; r++)
-#pragma unroll
-				for (int i = 0; i < TT; i++)
-#pragma unroll
-					for (int q = 0; q < 4; q++) {
-						acc[m][r][i][q] = fmaf(p[m][r][i][q], sc[m][r],
-								       acc[m][r][i][q]);
-						p[m][r][i][q] = 0.0f;
-					}
+		moet_rows_each4<NMAT, C::RT, TT, 4>([&](int m, int r, int i, int q) {
+			acc[m][r][i][q] = fmaf(p[m][r][i][q], sc[m][r], acc[m][r][i][q]);
+			p[m][r][i][q] = 0.0f;
+		});
 	}
 	moet_cp_async_wait<0>();
 

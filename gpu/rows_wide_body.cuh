@@ -63,15 +63,7 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 	 * work is the fmas, so there is little to overlap. */
 	if (pdl & MOET_ROWS_PDL_WAIT)
 		moet_grid_dep_wait();
-	if (tid < C::TB) {
-		int xr = -1;
-		if (tid < n_toks) {
-			long long r = g.src((long long)g.pair0() + tok0 + tid);
-			xr = (r >= 0 && r < a.n_x) ? (int)r : -1;
-		}
-		xrow_s[tid] = xr;
-	}
-	__syncthreads();
+	moet_rows_stage_xrows<C::TB>(a, g, tok0, n_toks, tid, xrow_s);
 
 	float *const wf = (float *)smem, *const xf = wf + C::WF;
 	unsigned char *const raw = smem + C::DEC;
