@@ -47,6 +47,8 @@ static cpu_be *impl(moet_backend *be)
 	return (cpu_be *)be->impl;
 }
 
+#define ATTN_SPAN_MIN 4096 /* positions per worker the attention scratch holds at least */
+
 static float *scratch(moet_backend *be, size_t elems)
 {
 	cpu_be *c = impl(be);
@@ -294,7 +296,14 @@ static int run_attention(moet_backend *be, attn_task *a)
 	for (int64_t t = 0; t < a->n; t++)
 		max_pos = a->rw->info[t].pos + 1 > max_pos ? a->rw->info[t].pos + 1 : max_pos;
 	const int workers = c->ex ? moet_cpuexec_n_threads(c->ex) : 1;
-	a->per = max_pos + (a->kv_b ? 2 * a->kv_b->cols : 0);
+	/* NOTE: each worker's scores span the positions; the span is rounded up to a power of two
+	 * of at least ATTN_SPAN_MIN, so that a decode, whose longest sequence grows a position per
+	 * step, reallocates at doublings only (none below ATTN_SPAN_MIN positions) instead of at
+	 * every step (tests/runtime/test_noalloc.c, with 8+ threads). */
+	int64_t span = ATTN_SPAN_MIN;
+	while (span < max_pos)
+		span *= 2;
+	a->per = span + (a->kv_b ? 2 * a->kv_b->cols : 0);
 	a->scratch = scratch(be, (size_t)(workers * a->per));
 	if (!a->scratch)
 		return moet_err(MOET_ENOMEM, "attention scratch for %lld positions",
