@@ -6,8 +6,9 @@
 
 /*
  * *out = i where getenv(var) equals names[i] (i < n); unset or empty: *out = 0 (names[0] is
- * the default). Anything else: MOET_EINVAL, "VAR='value': expected a, b or c" (the value cut at
- * 40 characters), *out = 0.
+ * the default; names[0] may be NULL for a default with no name, which only unset or empty
+ * select). Anything else: MOET_EINVAL, "VAR='value': expected a, b or c" (the names that are
+ * not NULL; the value cut at 40 characters), *out = 0.
  */
 int moet_env_choice(const char *var, const char *const *names, int n, int *out);
 

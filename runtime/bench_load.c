@@ -245,13 +245,14 @@ static int start_bench(const moet_bench_load_opts *o, double disk_GBps, double h
 	const int cuda = !strcmp(o->device, "cuda");
 	if (o->upload && setenv("MOET_UPLOAD", o->upload, 1))
 		return moet_err(MOET_ENOMEM, "bench load: MOET_UPLOAD");
-	const char *src = getenv("MOET_UPLOAD");
-	int read = 0;
-	if (moet_upload_read_mode(&read))
+	/* NOTE: indexed by MOET_UPLOAD_AUTO, _PLAIN, _STAGED, _URING */
+	static const char *const src_name[] = { "(default)", "plain", "staged", "uring" };
+	int src = 0, read = 0;
+	if (moet_upload_source(&src) || moet_upload_read_mode(&read))
 		return moet_err_prefix(MOET_EINVAL, "bench load");
 	const char *rd = read == MOET_UPLOAD_READ_PREAD ? "pread" : "map";
 	fprintf(log, "bench load: start on %s, hot experts through MOET_UPLOAD=%s "
-		"MOET_UPLOAD_READ=%s\n", o->device, src && src[0] ? src : "(default)", rd);
+		"MOET_UPLOAD_READ=%s\n", o->device, src_name[src], rd);
 	double t0 = moet_bench_now_s(), t1 = t0, t2 = t0, t3 = t0;
 	int rc = moet_model_open_on(o->model_dir, o->device, &m);
 	t1 = moet_bench_now_s();
@@ -304,7 +305,7 @@ static int start_bench(const moet_bench_load_opts *o, double disk_GBps, double h
 	rc = moet_bench_add_row(rec, &r);
 	json_object_set_new(rec, "start", json_pack(
 		"{s:s, s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}",
-		"device", o->device, "upload", src && src[0] ? src : "default", "open_s", t1 - t0,
+		"device", o->device, "upload", src ? src_name[src] : "default", "open_s", t1 - t0,
 		"upload_s", t2 - t1, "tier_s", t3 - t2, "time_to_ready_s", ready, "dense_bytes",
 		dense, "hot_bytes", hot, "tier_bytes", (double)st.bytes_read, "read_bytes", read_b,
 		"h2d_bytes", up_b, "disk_bound_s", b_disk, "h2d_bound_s", b_h2d,

@@ -55,10 +55,30 @@ struct moet_devgroup {
 	uint64_t calls;              /* device-grouped layer calls (moet_model_hybrid_stats) */
 };
 
+/* MOET_GPU_DEVGROUP's index + 1 once read (0: not yet). NOTE: a cache, the one mutable static
+ * of this file: the switch is asked at every MoE layer call, a getenv each time otherwise.
+ * Racing readers store the same value, accesses are atomic; a refused value is not kept, so the
+ * refusal, naming it, comes again at every call until it is fixed. moet_devgroup_env_reset
+ * forgets it (tests that change the variable). */
+static int env_on_p1;
+
 int moet_devgroup_switch(int *out_on)
 {
 	static const char *const names[] = { "0", "1" };
-	return moet_env_choice("MOET_GPU_DEVGROUP", names, 2, out_on);
+	int v = __atomic_load_n(&env_on_p1, __ATOMIC_RELAXED);
+	if (v > 0) {
+		*out_on = v - 1;
+		return 0;
+	}
+	int rc = moet_env_choice("MOET_GPU_DEVGROUP", names, 2, out_on);
+	if (!rc)
+		__atomic_store_n(&env_on_p1, *out_on + 1, __ATOMIC_RELAXED);
+	return rc;
+}
+
+void moet_devgroup_env_reset(void)
+{
+	__atomic_store_n(&env_on_p1, 0, __ATOMIC_RELAXED);
 }
 
 static void release(moet_model *m, void **p)

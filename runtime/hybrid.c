@@ -41,6 +41,7 @@
 #include "model_int.h"
 #include "moet_cost.h"
 #include "moet_cpuexec.h"
+#include "moet_env.h"
 #include "moet_err.h"
 #include "moet_topo.h"
 
@@ -99,12 +100,11 @@ int moet_hybrid_create(moet_backend *be, const moet_config *c, moet_hybrid **out
 	hy->n_experts = c->n_routed_experts;
 	hy->stage_mode = HY_STAGE_NEVER; /* until moet_hybrid_stage_setup */
 	hy->kern = moet_cpu_kernels_get();
-	const char *ov = getenv("MOET_HYBRID_OVERLAP");
-	hy->overlap = !(ov && !strcmp(ov, "0"));
-	if (ov && strcmp(ov, "0") && strcmp(ov, "1")) {
-		rc = moet_err(MOET_EINVAL, "MOET_HYBRID_OVERLAP='%s': expected 0 or 1", ov);
+	static const char *const overlaps[] = { "1", "0" };
+	int no_overlap = 0;
+	if ((rc = moet_env_choice("MOET_HYBRID_OVERLAP", overlaps, 2, &no_overlap)))
 		goto fail;
-	}
+	hy->overlap = !no_overlap;
 	int n_threads = 0;
 	const char *env = getenv("MOET_CPU_THREADS");
 	if (env && env[0])
@@ -371,23 +371,18 @@ void moet_hybrid_reset_stats(moet_hybrid *hy)
 
 int moet_hybrid_stage_setup(moet_hybrid *hy, const moet_config *c, uint64_t expert_bytes)
 {
-	const char *mode = getenv("MOET_PREFILL_STAGE"), *min = getenv("MOET_PREFILL_STAGE_MIN");
-	const char *hw_file = getenv("MOET_HARDWARE");
+	const char *min = getenv("MOET_PREFILL_STAGE_MIN"), *hw_file = getenv("MOET_HARDWARE");
 	moet_cost_in in = { .batch = 1, .top_k = c->num_experts_per_tok, .d_model = c->hidden_size,
 			    .expert_bytes = expert_bytes, .n_gpus = 1,
 			    .moe_inter = c->moe_intermediate_size };
-	int rc;
 	/* NOTE: off unless asked until the staging path has run on a GPU machine (its device
 	 * copy, slots and events are covered by test_gpu_hybrid, not yet run there) */
-	if (mode && !strcmp(mode, "auto"))
-		hy->stage_mode = HY_STAGE_AUTO;
-	else if (!mode || !mode[0] || !strcmp(mode, "0"))
-		hy->stage_mode = HY_STAGE_NEVER;
-	else if (!strcmp(mode, "1"))
-		hy->stage_mode = HY_STAGE_ALWAYS;
-	else
-		return moet_err(MOET_EINVAL, "MOET_PREFILL_STAGE='%s': expected auto, 0 or 1",
-				mode);
+	static const char *const modes[] = { "0", "1", "auto" };
+	static const int mode_of[] = { HY_STAGE_NEVER, HY_STAGE_ALWAYS, HY_STAGE_AUTO };
+	int mode = 0, rc = moet_env_choice("MOET_PREFILL_STAGE", modes, 3, &mode);
+	if (rc)
+		return rc;
+	hy->stage_mode = mode_of[mode];
 	long long at_least = 0;
 	if (min && min[0]) {
 		char *end = NULL;

@@ -253,7 +253,8 @@ void moet_model_free_dispatch(struct moet_model *m);
 
 /* devgroup.c: a MoE layer's routed experts grouped on the device (MOET_GPU_DEVGROUP=1). */
 typedef struct moet_devgroup moet_devgroup;
-/* *out_on = MOET_GPU_DEVGROUP (unset or empty: 0); MOET_EINVAL naming it for other values. */
+/* *out_on = MOET_GPU_DEVGROUP (unset or empty: 0); MOET_EINVAL naming it for other values.
+ * Read once per process and kept (moet_devgroup_env_reset in moet_model.h reads it again). */
 int moet_devgroup_switch(int *out_on);
 /* Layer l's routed experts with no host sync when the switch is on and every expert of the
  * layer is on GPU 0 (*out_done = 1: y and slot written as moet_moe_dispatch's, nothing left

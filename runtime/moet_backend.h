@@ -173,7 +173,8 @@ typedef struct moet_backend_ops {
  * *d[r].out_id = moet_sample(logits + d[r].row * V, V, d[r].p, d[r].pos) for r < n, logits in
  * backend memory: through the backend's sample op when it has one (CUDA: gpu/sample.cu, the
  * same tokens; only ids cross PCIe), unless MOET_SAMPLE_DEVICE=0; otherwise each row is
- * downloaded and sampled on the host (runtime/draw.c). Returns 0 or a MOET_E* code.
+ * downloaded and sampled on the host (runtime/draw.c). Returns 0 or a MOET_E* code
+ * (MOET_EINVAL naming MOET_SAMPLE_DEVICE when it is set to other than 0 or 1, any backend).
  */
 int moet_backend_draw(moet_backend *be, const float *logits, int64_t V, const moet_draw *d,
 		      int64_t n);

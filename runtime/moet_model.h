@@ -179,6 +179,12 @@ typedef struct moet_hybrid_stats {
  * reset clears them after reading. */
 void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset);
 
+/* MOET_GPU_DEVGROUP is read once per process, at the first MoE layer call that asks for it,
+ * and kept (a value it refuses is not: every call refuses it again, naming it). A program
+ * that changes the variable afterwards (setenv, unsetenv: tests) calls this between passes,
+ * so the next call reads it again. Thread-safe. */
+void moet_devgroup_env_reset(void);
+
 /* The routed experts' upload to a GPU backend so far (at the placement, or at the first pass
  * without one): bytes (codes and scales) and wall seconds. */
 void moet_model_upload_stats(const moet_model *m, double *out_bytes, double *out_seconds);

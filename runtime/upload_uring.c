@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "moet_ckpt.h"
+#include "moet_env.h"
 #include "moet_err.h"
 #include "moet_gpu.h"
 #include "moet_gpu_host.h"
@@ -246,15 +247,13 @@ size_t moet_upload_block_bytes(const moet_mat *host, int64_t n)
 
 int moet_upload_source(int *out)
 {
-	const char *s = getenv("MOET_UPLOAD");
-	*out = !s || !s[0]		? MOET_UPLOAD_AUTO
-	       : !strcmp(s, "plain")	? MOET_UPLOAD_PLAIN
-	       : !strcmp(s, "staged")	? MOET_UPLOAD_STAGED
-	       : !strcmp(s, "uring")	? MOET_UPLOAD_URING
-					: -1;
-	if (*out < 0)
-		return moet_err(MOET_EINVAL, "MOET_UPLOAD='%s': expected staged, plain or uring", s);
-	return 0;
+	/* NOTE: the default (auto: staged from 256 MiB, else plain) has no name of its own */
+	static const char *const names[] = { NULL, "staged", "plain", "uring" };
+	static const int source[] = { MOET_UPLOAD_AUTO, MOET_UPLOAD_STAGED, MOET_UPLOAD_PLAIN,
+				      MOET_UPLOAD_URING };
+	int i = 0, rc = moet_env_choice("MOET_UPLOAD", names, 4, &i);
+	*out = source[i];
+	return rc;
 }
 
 /* The items of the n matrices (data, then scales) with their block positions. */

@@ -50,6 +50,7 @@
 #include <numa.h>
 #include <numaif.h>
 
+#include "moet_env.h"
 #include "moet_err.h"
 #include "moet_topo.h"
 
@@ -191,17 +192,9 @@ static int team_cores(const moet_xtier *x, const moet_topo *t, int **out, int *o
 
 static int env_mode(int *mode)
 {
-	const char *v = getenv("MOET_XTIER_NUMA");
+	/* NOTE: in the order of MOET_XTIER_NUMA_AUTO (0), _OFF, _BIND, _INTERLEAVE */
 	static const char *const names[] = { "auto", "off", "bind", "interleave" };
-	if (!v || !v[0])
-		return 0;
-	for (int i = 0; i < 4; i++)
-		if (!strcmp(v, names[i])) {
-			*mode = i;
-			return 0;
-		}
-	return moet_err(MOET_EINVAL, "MOET_XTIER_NUMA='%s': expected auto, off, bind or "
-			"interleave", v);
+	return moet_env_choice("MOET_XTIER_NUMA", names, 4, mode);
 }
 
 int xt_numa_place(moet_xtier *x, size_t total_bytes)

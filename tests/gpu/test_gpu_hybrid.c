@@ -57,8 +57,10 @@ static int run_dg(moet_model *m, const char *v, int seqs, int batched, float *ou
 	moet_hybrid_stats hs;
 	moet_model_hybrid_stats(m, &hs, 1);
 	setenv("MOET_GPU_DEVGROUP", v, 1);
+	moet_devgroup_env_reset();
 	int rc = moet_test_ragged_run(m, seqs, STEPS, batched, out);
 	unsetenv("MOET_GPU_DEVGROUP");
+	moet_devgroup_env_reset();
 	moet_model_hybrid_stats(m, &hs, 1);
 	*calls = hs.devgroup_calls;
 	return rc;

@@ -1,7 +1,9 @@
 /*
  * test_devgroup_switch.c: the MOET_GPU_DEVGROUP switch (runtime/devgroup.c) on every build:
  *   - moet_devgroup_switch: unset, empty and 0 give off, 1 on; any other value is MOET_EINVAL
- *     with a message naming the variable and the value;
+ *     with a message naming the variable and the value, at every call; a value it accepts is
+ *     kept until moet_devgroup_env_reset (a later change unseen before it, a bad one refused
+ *     at the first call after it);
  *   - the engine refuses a bad value at its first MoE layer, naming it, on the CPU backend too
  *     (a typo is not silently today's path), and the failed pass leaves the caches as they
  *     were: the same run afterwards with the switch unset gives the reference's logits;
@@ -38,6 +40,7 @@ static void switch_values(void)
 			setenv("MOET_GPU_DEVGROUP", cases[i].v, 1);
 		else
 			unsetenv("MOET_GPU_DEVGROUP");
+		moet_devgroup_env_reset();
 		int on = -1, rc = moet_devgroup_switch(&on);
 		CHECK(rc == cases[i].rc, "MOET_GPU_DEVGROUP=%s: rc %d, want %d", cases[i].v ?
 		      cases[i].v : "(unset)", rc, cases[i].rc);
@@ -50,8 +53,30 @@ static void switch_values(void)
 		snprintf(want, sizeof(want), "MOET_GPU_DEVGROUP='%s'", cases[i].v);
 		CHECK(strstr(moet_errmsg(), want) != NULL, "message '%s' does not name %s",
 		      moet_errmsg(), want);
+		/* a refused value is not kept: the next call refuses it again */
+		rc = moet_devgroup_switch(&on);
+		CHECK(rc == cases[i].rc && strstr(moet_errmsg(), want), "MOET_GPU_DEVGROUP=%s, "
+		      "second call: rc %d (%s)", cases[i].v, rc, moet_errmsg());
 	}
+	/* read once and kept until the reset: a later change is not seen before it */
+	setenv("MOET_GPU_DEVGROUP", "1", 1);
+	moet_devgroup_env_reset();
+	int on = -1, rc = moet_devgroup_switch(&on);
+	CHECK(rc == 0 && on == 1, "MOET_GPU_DEVGROUP=1: rc %d on %d", rc, on);
+	setenv("MOET_GPU_DEVGROUP", "0", 1);
+	rc = moet_devgroup_switch(&on);
+	CHECK(rc == 0 && on == 1, "=1 kept: rc %d on %d", rc, on);
+	setenv("MOET_GPU_DEVGROUP", "bogus", 1);
+	rc = moet_devgroup_switch(&on);
+	CHECK(rc == 0 && on == 1, "=1 kept over a bad value until the reset: rc %d on %d", rc, on);
+	moet_devgroup_env_reset();
+	rc = moet_devgroup_switch(&on);
+	CHECK(rc == MOET_EINVAL && strstr(moet_errmsg(), "MOET_GPU_DEVGROUP='bogus'"),
+	      "=bogus after the reset: rc %d (%s)", rc, moet_errmsg());
 	unsetenv("MOET_GPU_DEVGROUP");
+	moet_devgroup_env_reset();
+	rc = moet_devgroup_switch(&on);
+	CHECK(rc == 0 && on == 0, "unset after the reset: rc %d on %d", rc, on);
 }
 
 static void stream_values(const char *dir)
@@ -106,12 +131,15 @@ int main(void)
 	CHECK(moet_test_ragged_run(m, SEQS, STEPS, 1, ref) == 0, "reference: %s", moet_errmsg());
 	stream_values(dir);
 
-	/* a bad value: refused at the first MoE layer, naming it */
+	/* a bad value: refused at the first MoE layer after the reset, naming it (the reference
+	 * run above read and kept "unset") */
 	setenv("MOET_GPU_DEVGROUP", "yes", 1);
+	moet_devgroup_env_reset();
 	int rc = moet_test_ragged_run(m, SEQS, STEPS, 1, got);
 	CHECK(rc == MOET_EINVAL && strstr(moet_errmsg(), "MOET_GPU_DEVGROUP='yes'"),
 	      "MOET_GPU_DEVGROUP=yes: rc %d (%s)", rc, moet_errmsg());
 	unsetenv("MOET_GPU_DEVGROUP");
+	moet_devgroup_env_reset();
 	memset(got, 0xCD, n_log * sizeof(float));
 	CHECK(moet_test_ragged_run(m, SEQS, STEPS, 1, got) == 0 &&
 	      memcmp(ref, got, n_log * sizeof(float)) == 0, "after the refused value: %s",
@@ -125,10 +153,12 @@ int main(void)
 		      moet_errmsg());
 		for (int batched = 0; batched < 2; batched++) {
 			setenv("MOET_GPU_DEVGROUP", "1", 1);
+			moet_devgroup_env_reset();
 			memset(got, 0xCD, n_log * sizeof(float));
 			CHECK(moet_test_ragged_run(m, SEQS, STEPS, batched, got) == 0,
 			      "=1 (placement %d): %s", pl, moet_errmsg());
 			unsetenv("MOET_GPU_DEVGROUP");
+			moet_devgroup_env_reset();
 			CHECK(memcmp(ref, got, n_log * sizeof(float)) == 0,
 			      "=1 on the CPU backend (placement %d, batched %d): logits differ", pl,
 			      batched);

@@ -10,7 +10,8 @@
  * pairs staged, pairs left to the CPU tier, weight bytes staged (the checkpoint's tensor
  * sizes), and the hidden rows copied down (only the rows of the CPU tier's pairs: with a
  * hardware file of zero copy latency exactly those rows in maximal runs, with the default
- * figures each layer's span in one copy). Malformed switches are refused with a message.
+ * figures each layer's span in one copy). Malformed switches (MOET_PREFILL_STAGE, _MIN,
+ * MOET_HARDWARE, MOET_HYBRID_OVERLAP) are refused with a message naming them.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -265,8 +266,11 @@ int main(void)
 	const char *bad[][3] = { { "MOET_PREFILL_STAGE", "2", "MOET_PREFILL_STAGE='2'" },
 				 { "MOET_PREFILL_STAGE_MIN", "0", "MOET_PREFILL_STAGE_MIN='0'" },
 				 { "MOET_PREFILL_STAGE_MIN", "4x", "MOET_PREFILL_STAGE_MIN='4x'" },
-				 { "MOET_HARDWARE", "/nonexistent/hw.yaml", "MOET_HARDWARE" } };
-	for (int i = 0; i < 4; i++) {
+				 { "MOET_HARDWARE", "/nonexistent/hw.yaml", "MOET_HARDWARE" },
+				 { "MOET_PREFILL_STAGE", "Auto", "MOET_PREFILL_STAGE='Auto'" },
+				 { "MOET_HYBRID_OVERLAP", "2", "MOET_HYBRID_OVERLAP='2'" },
+				 { "MOET_HYBRID_OVERLAP", "off", "MOET_HYBRID_OVERLAP='off'" } };
+	for (int i = 0; i < 7; i++) {
 		setenv(bad[i][0], bad[i][1], 1);
 		int rc = moet_model_set_placement(m, own, 2);
 		unsetenv(bad[i][0]);

@@ -187,8 +187,10 @@ int main(void)
 	} else if ((m = moet_test_gen_open_on("noalloc-cuda", &gp, "cuda", &dir2))) {
 		expect_none(m, "cuda, no placement");
 		setenv("MOET_GPU_DEVGROUP", "1", 1);
+		moet_devgroup_env_reset();
 		expect_none(m, "cuda, MOET_GPU_DEVGROUP=1");
 		unsetenv("MOET_GPU_DEVGROUP");
+		moet_devgroup_env_reset();
 		for (int64_t i = 0; i < L * E; i++)
 			own[i] = (int16_t)(i % 3 == 0 ? -1 : 0);
 		CHECK(moet_model_set_placement(m, own, 1) == 0, "cuda placement: %s",

@@ -11,8 +11,8 @@
  * on a one-node machine all on node 0 with no policy. The fill rows (fill-map-fresh,
  * fill-map-warm, fill-pread: the staged upload's fill without a GPU) cover every routed
  * expert's bytes without a placement and the hot experts' with one (counted here), with
- * positive times; the start records MOET_UPLOAD_READ (start.read) and a bad value is refused
- * by name; a bad --fill-gb is one line.
+ * positive times; the start records MOET_UPLOAD_READ (start.read) and a bad value of it or
+ * of MOET_UPLOAD is refused by name; a bad --fill-gb is one line.
  */
 #include <jansson.h>
 #include <numa.h>
@@ -180,6 +180,9 @@ int main(void)
 	snprintf(args, sizeof(args), "bench load --model %s --no-gpu --quiet --device cpu", ck);
 	moet_test_cli_expect(args, 1, "MOET_UPLOAD_READ='mmap'");
 	unsetenv("MOET_UPLOAD_READ");
+	setenv("MOET_UPLOAD", "fast", 1);
+	moet_test_cli_expect(args, 1, "MOET_UPLOAD='fast'");
+	unsetenv("MOET_UPLOAD");
 	snprintf(args, sizeof(args), "bench load --model %s --fill-gb -1", ck);
 	moet_test_cli_expect(args, 1, "--fill-gb '-1'");
 	snprintf(args, sizeof(args), "bench load --model %s --device tpu", ck);
