@@ -159,6 +159,109 @@ static __device__ __forceinline__ void moet_rows_each4(F f)
 					f(i0, i1, i2, i3);
 }
 
+/*
+ * The vec staging of moet_rows_body (cp.async, 16-byte pieces), its per-thread state hoisted
+ * out of the chunk loop, for the instance <DT, NMAT, TT, WR> (its moet_rows_cfg C).
+ * NOTE (why the state is fixed). A stage holds NMAT * RB * PPR weight pieces (PPR = 128 * ESZ /
+ * 16 per staged row, staged row m * RB + r) and TB * 32 activation pieces (32 per token);
+ * thread tid takes pieces tid + i * THREADS of each. THREADS is a multiple of PPR and of 32,
+ * and RB of RSTEP = THREADS / PPR, so a thread's weight pieces are, in each matrix m, column
+ * piece q = tid % PPR of the rows r = tid / PPR + j * RSTEP (j < RB / RSTEP), and its activation
+ * pieces column piece tid % 32 of the tokens tid / 32 + i * (THREADS / 32): the shared-memory
+ * offsets step by constants, and the source of chunk c is the chunk-0 source + 128 c columns.
+ * init keeps, per tile, the chunk-0 source of the thread's first row of each matrix (the next
+ * ones are RSTEP rows apart) and the x row of each activation piece; load stages a chunk from
+ * them: the same pieces into the same places as the plain loop's divisions and 64-bit address
+ * arithmetic per piece and chunk (kept for the other instances), at an add and one cp.async a
+ * piece (sm_90 SASS, F8 at one token: about 480 -> 340 instructions per thread and chunk for
+ * gate_up, 260 -> 200 for down, the compute's 220 and 110 among them).
+ */
+template <int DT, int NMAT, int TT, int WR> struct moet_rows_stage {
+	using C = moet_rows_cfg<DT, NMAT, TT, WR>;
+	static constexpr int THREADS = MOET_ROWS_THREADS;
+	static constexpr int PPR = 128 * C::ESZ / 16;                 /* pieces per staged row */
+	static constexpr int RSTEP = THREADS / PPR, XSTEP = THREADS / 32;
+	static constexpr int XPT = (C::TB * 32 + THREADS - 1) / THREADS; /* activation pieces */
+	static constexpr bool FITS = C::RB % RSTEP == 0; /* a thread's rows RSTEP apart */
+	static_assert(THREADS % PPR == 0 && THREADS % 32 == 0, "fixed column piece per thread");
+
+	const unsigned char *w[NMAT]; /* chunk 0, row row0 + tid / PPR, column piece tid % PPR */
+	int xr[XPT];                  /* activation piece i: its x row; -1: +0; -2: none */
+
+	template <class A, class G>
+	__device__ __forceinline__ void init(const A &a, const G &g, int row0, int n_toks, int tid,
+					     const int *xrow_s)
+	{
+#pragma unroll
+		for (int m = 0; m < NMAT; m++)
+			w[m] = (const unsigned char *)g.w(m) +
+			       (size_t)(row0 + tid / PPR) * a.K * C::ESZ + tid % PPR * 16;
+#pragma unroll
+		for (int i = 0; i < XPT; i++) {
+			const int t = tid / 32 + i * XSTEP;
+			xr[i] = t < n_toks ? xrow_s[t] : -2;
+		}
+	}
+
+	/* Chunk columns kc0 .. kc0 + kcols - 1 (K columns, n_rows rows in the tile) into the stage
+	 * at ws (weights) and xs (activations); commits nothing. */
+	template <class A>
+	__device__ __forceinline__ void load(const A &a, unsigned char *ws, float *xs, int kc0,
+					     int kcols, int K, int n_rows, int tid) const
+	{
+		/* K * ESZ % 16 == 0 under vec: a partial chunk has whole pieces */
+		if (tid % PPR < kcols * C::ESZ / 16) {
+			unsigned char *d = ws + tid / PPR * C::WSTRIDE + tid % PPR * 16;
+			const size_t off = (size_t)kc0 * C::ESZ;
+			const size_t step = (size_t)K * (RSTEP * C::ESZ); /* RSTEP rows */
+#pragma unroll
+			for (int m = 0; m < NMAT; m++) {
+				const unsigned char *src = w[m] + off;
+#pragma unroll
+				for (int j = 0; j < C::RB / RSTEP; j++, src += step)
+					if (tid / PPR + j * RSTEP < n_rows)
+						moet_cp_async16(d + (m * C::RB + j * RSTEP) *
+								    C::WSTRIDE, src);
+			}
+		}
+		if (tid % 32 < kcols / 4) {
+			float *d = xs + tid / 32 * MOET_ROWS_XSTRIDE + tid % 32 * 4;
+#pragma unroll
+			for (int i = 0; i < XPT; i++) {
+				float *dst = d + i * XSTEP * MOET_ROWS_XSTRIDE;
+				if (xr[i] >= 0)
+					moet_cp_async16(dst, a.x + xr[i] * a.x_stride + kc0 +
+								     tid % 32 * 4);
+				else if (xr[i] == -1)
+					*(float4 *)dst = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+			}
+		}
+	}
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+#define MOET_ROWS_SM120 1
+#else
+#define MOET_ROWS_SM120 0
+#endif
+
+/*
+ * Whether moet_rows_body stages through moet_rows_stage (value) for the instance <DT, NMAT, TT,
+ * WR> with the group object G; the rest keep the plain loop, as fast as before.
+ * NOTE (why these, from ptxas -v on sm_90 and sm_120, rows.cu and rows_dev.cu): the hoisted
+ * state (a pointer per matrix, an int per activation piece and per block scale) is a few live
+ * registers more; the 1- and 2-token instances take it without spilling, the 4-token ones
+ * (near 128 registers) gained spills, and so did, of the device-grouped ones (rows_dev.cu,
+ * whose group object holds its pointers in registers), the BF16 ones and sm_120's F8 gate_up
+ * at one token. Rechecked by ptxas -v at each change of the body.
+ */
+template <int DT, int NMAT, int TT, int WR, class G> struct moet_rows_hoist {
+	static constexpr bool param = std::is_same<G, moet_rows_param_group>::value;
+	static constexpr bool value =
+		moet_rows_stage<DT, NMAT, TT, WR>::FITS && TT <= 2 &&
+		(param || (DT == MOET_ROWS_F8 && !(MOET_ROWS_SM120 && NMAT == 2 && TT == 1)));
+};
+
 /* One tile of rows_kernel (see the top of this file and of rows.cu). Every thread of the block
  * calls it with the same tile; it leaves the shared memory in use until it returns (a caller
  * that runs a second tile syncs first). */
@@ -188,12 +291,21 @@ static __device__ __forceinline__ void moet_rows_body(const A &a, const G &g, in
 	}
 	moet_rows_stage_xrows<C::TB>(a, g, tok0, n_toks, tid, xrow_s);
 
+	/* The vec staging's per-thread state, fixed for the tile (moet_rows_stage's NOTE). */
+	using S = moet_rows_stage<DT, NMAT, TT, WR>;
+	constexpr bool HOIST = moet_rows_hoist<DT, NMAT, TT, WR, G>::value;
+	S sg;
+	if (HOIST)
+		sg.init(a, g, row0, n_toks, tid, xrow_s);
+
 	/* Stage chunk c (columns 128c ..) into stage st; a cp.async group is committed per call. */
 	auto load = [&](int c, int st) {
 		unsigned char *ws = smem + st * C::STAGE;
 		float *xs = (float *)(ws + C::WBYTES);
 		const int kc0 = c * 128, kcols = min(128, K - kc0);
-		if (a.vec) {
+		if (a.vec && HOIST) {
+			sg.load(a, ws, xs, kc0, kcols, K, n_rows, tid);
+		} else if (a.vec) {
 			constexpr int PPR = 128 * C::ESZ / 16; /* 16-byte pieces per row */
 			const int pv = kcols * C::ESZ / 16;    /* K * ESZ % 16 == 0 under vec */
 			for (int p = tid; p < NMAT * C::RB * PPR; p += THREADS) {
@@ -272,6 +384,17 @@ static __device__ __forceinline__ void moet_rows_body(const A &a, const G &g, in
 			}
 	};
 
+	/* Where the block scales of my rows start (-1: 1.0f), for the hoisted staging's instances.
+	 * NOTE: an int: a matrix has fewer than 2^31 scales (rows * K / 16384 ones). */
+	int so[NMAT][C::RT];
+#pragma unroll
+	for (int m = 0; m < NMAT; m++)
+#pragma unroll
+		for (int r = 0; r < C::RT; r++) {
+			const int row = row0 + wr * 8 + qi + 8 * WR * r;
+			so[m][r] = (HOIST && g.s(m) && row < a.rows) ? row / 128 * n_chunk : -1;
+		}
+
 #pragma unroll
 	for (int st = 0; st < C::NSTAGE - 1; st++) {
 		if (st < n_chunk)
@@ -300,6 +423,11 @@ static __device__ __forceinline__ void moet_rows_body(const A &a, const G &g, in
 		for (int m = 0; m < NMAT; m++)
 #pragma unroll
 			for (int r = 0; r < C::RT; r++) {
+				if (HOIST) {
+					sc[m][r] = so[m][r] >= 0 ? __ldg(g.s(m) + so[m][r] + c)
+								 : 1.0f;
+					continue;
+				}
 				int row = row0 + wr * 8 + qi + 8 * WR * r;
 				const float *s = g.s(m);
 				sc[m][r] = (s && row < a.rows) ? __ldg(s + (size_t)(row / 128) * n_chunk + c)
