@@ -53,6 +53,7 @@ extern "C" int moet_gpu_alloc(size_t bytes, void **out_ptr)
 					getenv("MOET_GPU_MEM_CAP"), total_b - free_b, mem_cap());
 		}
 	}
+	moet_gpu_epoch_bump();
 	MOET_CUDA_TRY(cudaMalloc(&p, bytes));
 	*out_ptr = p;
 	return 0;
@@ -60,8 +61,10 @@ extern "C" int moet_gpu_alloc(size_t bytes, void **out_ptr)
 
 extern "C" void moet_gpu_free(void *ptr)
 {
-	if (ptr)
+	if (ptr) {
+		moet_gpu_epoch_bump();
 		cudaFree(ptr);
+	}
 }
 
 extern "C" int moet_gpu_copy_h2d(void *dst, const void *src, size_t bytes)

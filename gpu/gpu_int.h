@@ -28,6 +28,9 @@ extern "C" {
  */
 cudaStream_t moet_stream(void *stream);
 
+/* Every allocation and free of device or pinned memory calls it (graph.cu: moet_gpu_mem_epoch). */
+void moet_gpu_epoch_bump(void);
+
 /* moet_gpu_set_device's record of the thread's current device (for moet_stream). */
 void moet_note_device(int device);
 

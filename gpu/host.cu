@@ -15,6 +15,7 @@ extern "C" int moet_gpu_host_alloc(size_t bytes, void **out)
 	*out = NULL;
 	if (bytes == 0)
 		return 0;
+	moet_gpu_epoch_bump();
 	MOET_CUDA_TRY(cudaHostAlloc(&p, bytes, cudaHostAllocPortable));
 	*out = p;
 	return 0;
@@ -22,8 +23,10 @@ extern "C" int moet_gpu_host_alloc(size_t bytes, void **out)
 
 extern "C" void moet_gpu_host_free(void *p)
 {
-	if (p)
+	if (p) {
+		moet_gpu_epoch_bump();
 		cudaFreeHost(p);
+	}
 }
 
 extern "C" int moet_gpu_set_device(int device)

@@ -32,6 +32,22 @@ void moet_gpu_set_thread_stream(void *stream);
 void *moet_gpu_thread_stream(void);
 
 /*
+ * CUDA graphs (graph.cu; runtime/graph.c captures the decode step). moet_gpu_mem_epoch: a
+ * counter that every allocation and free of device or pinned memory through gpu/ advances (a
+ * graph captured at epoch e names only live buffers while the epoch is e). capture_begin
+ * starts capturing `stream` (not NULL: the legacy stream cannot be captured; thread-local
+ * mode); capture_end ends it and instantiates *out_exec, or returns MOET_EDEVICE (the capture
+ * was invalidated, e.g. by a synchronous call in between: nothing is left captured, nothing
+ * ran). graph_launch queues an instance on `stream`; graph_destroy frees one (NULL accepted).
+ * Without CUDA: epoch 0, MOET_EUNSUP.
+ */
+uint64_t moet_gpu_mem_epoch(void);
+int moet_gpu_capture_begin(void *stream);
+int moet_gpu_capture_end(void *stream, void **out_exec);
+int moet_gpu_graph_launch(void *exec, void *stream);
+void moet_gpu_graph_destroy(void *exec);
+
+/*
  * Evaluates the contract's exp_c on the device for n inputs (host arrays) and writes the
  * results to out. Returns 0, MOET_EDEVICE (detail names the CUDA call and error) or
  * MOET_EUNSUP without CUDA. Used by the GPU tests to check exp_c exhaustively.

@@ -35,6 +35,36 @@ static int no_cuda(const char *what)
 	return moet_err(MOET_EUNSUP, "%s: this build has no CUDA", what);
 }
 
+uint64_t moet_gpu_mem_epoch(void)
+{
+	return 0;
+}
+
+int moet_gpu_capture_begin(void *stream)
+{
+	(void)stream;
+	return no_cuda("moet_gpu_capture_begin");
+}
+
+int moet_gpu_capture_end(void *stream, void **out_exec)
+{
+	(void)stream;
+	*out_exec = NULL;
+	return no_cuda("moet_gpu_capture_end");
+}
+
+int moet_gpu_graph_launch(void *exec, void *stream)
+{
+	(void)exec;
+	(void)stream;
+	return no_cuda("moet_gpu_graph_launch");
+}
+
+void moet_gpu_graph_destroy(void *exec)
+{
+	(void)exec;
+}
+
 int moet_gpu_alloc(size_t bytes, void **out_ptr)
 {
 	(void)bytes;

@@ -250,9 +250,11 @@ static int cu_prepare_rows(moet_backend *be, int slot, const moet_rowinfo *rows,
 		return moet_err(MOET_EINVAL, "row table slot %d (0 or 1)", slot);
 	/* a pass starts here: its work goes to this backend's stream (NULL: the legacy one) */
 	moet_gpu_set_thread_stream(c->stream);
-	/* layout of the block: tok[n] pos[n] off[n] shift[n] table[n_tab] (int32, padded to 8
-	 * bytes) kbase[L][n] vbase[L][n]. NOTE: the rows of one sequence are consecutive and
-	 * share its block table: one copy per sequence. */
+	/* layout of the block: kbase[L][n] vbase[L][n] tok[n] pos[n] off[n] shift[n]
+	 * table[n_tab] (int32). NOTE: the rows of one sequence are consecutive and share its
+	 * block table: one copy per sequence. Every part but the tables' is at an offset that
+	 * depends on n and L only, so the pointers handed to the kernels are the same at every
+	 * step of a batch shape (what a captured CUDA graph holds, runtime/graph.c). */
 	int64_t n_tab = 0;
 	for (int64_t t = 0; t < n; t++) {
 		if (!rows[t].blocks || rows[t].n_blocks < 1 ||
@@ -262,8 +264,8 @@ static int cu_prepare_rows(moet_backend *be, int slot, const moet_rowinfo *rows,
 		if (t == 0 || rows[t].blocks != rows[t - 1].blocks)
 			n_tab += rows[t].n_blocks;
 	}
-	size_t ints = ((size_t)(4 * n + n_tab) * sizeof(int32_t) + 7) & ~(size_t)7;
-	size_t bytes = ints + (size_t)(2 * n_layers * n) * sizeof(float *);
+	const size_t ptrs = (size_t)(2 * n_layers * n) * sizeof(float *);
+	const size_t bytes = ptrs + (size_t)(4 * n + n_tab) * sizeof(int32_t);
 	int rc;
 	/* NOTE: with an own stream the staging is pinned and its copy asynchronous (a CUDA graph
 	 * replays the pass after it): it is rewritten only once the last copy from it is done */
@@ -289,9 +291,9 @@ static int cu_prepare_rows(moet_backend *be, int slot, const moet_rowinfo *rows,
 			return rc;
 		c->rows_bytes[slot] = bytes;
 	}
-	int32_t *tok = c->host_stage[slot], *pos = tok + n, *off = pos + n, *shift = off + n;
-	int32_t *tab = shift + n;
-	float **kb = (float **)((char *)c->host_stage[slot] + ints), **vb = kb + n_layers * n;
+	float **kb = c->host_stage[slot], **vb = kb + n_layers * n;
+	int32_t *tok = (int32_t *)((char *)c->host_stage[slot] + ptrs), *pos = tok + n;
+	int32_t *off = pos + n, *shift = off + n, *tab = shift + n;
 	for (int64_t t = 0, o = 0; t < n; t++) {
 		tok[t] = (int32_t)tokens[t];
 		pos[t] = (int32_t)rows[t].pos;
@@ -317,12 +319,12 @@ static int cu_prepare_rows(moet_backend *be, int slot, const moet_rowinfo *rows,
 		return rc;
 	}
 	moet_rows *r = &c->rows[slot];
-	r->tok = c->rows_dev[slot];
+	r->kbase = c->rows_dev[slot];
+	r->vbase = r->kbase + n_layers * n;
+	r->tok = (int32_t *)((char *)c->rows_dev[slot] + ptrs);
 	r->pos = r->tok + n;
 	r->pages = (moet_gpu_pages){ .table = r->tok + 4 * n, .off = r->tok + 2 * n,
 				     .shift = r->tok + 3 * n };
-	r->kbase = (float **)((char *)c->rows_dev[slot] + ints);
-	r->vbase = r->kbase + n_layers * n;
 	r->n = n;
 	*out = r;
 	return 0;
@@ -600,6 +602,39 @@ static int cu_combine(moet_backend *be, const float *y, const int32_t *slot,
 	return moet_gpu_combine(y, n * top_k, slot, weights, top_k, shared, n, dim, out, NULL);
 }
 
+/* ---- CUDA graphs of a pass (runtime/graph.c) ------------------------------------------------ */
+
+static int cu_capture_begin(moet_backend *be)
+{
+	cuda_be *c = impl(be);
+	if (!c->stream)
+		return moet_err(MOET_EUNSUP, "CUDA graphs need MOET_GPU_STREAM=own (the legacy "
+				"stream cannot be captured)");
+	return moet_gpu_capture_begin(c->stream);
+}
+
+static int cu_capture_end(moet_backend *be, void **out_graph)
+{
+	return moet_gpu_capture_end(impl(be)->stream, out_graph);
+}
+
+static int cu_graph_launch(moet_backend *be, void *graph)
+{
+	return moet_gpu_graph_launch(graph, impl(be)->stream);
+}
+
+static void cu_graph_free(moet_backend *be, void *graph)
+{
+	(void)be;
+	moet_gpu_graph_destroy(graph);
+}
+
+static uint64_t cu_mem_epoch(moet_backend *be)
+{
+	(void)be;
+	return moet_gpu_mem_epoch();
+}
+
 static const moet_backend_ops cuda_ops = {
 	.name = "cuda",
 	.destroy = cu_destroy,
@@ -627,6 +662,11 @@ static const moet_backend_ops cuda_ops = {
 	.ffn = cu_ffn,
 	.combine = cu_combine,
 	.sample = cu_sample, /* issue 4 */
+	.capture_begin = cu_capture_begin,
+	.capture_end = cu_capture_end,
+	.graph_launch = cu_graph_launch,
+	.graph_free = cu_graph_free,
+	.mem_epoch = cu_mem_epoch,
 };
 
 /* MOET_GPU_STREAM: legacy (default: the passes' work on the legacy default stream, as
@@ -635,7 +675,16 @@ static const moet_backend_ops cuda_ops = {
 int moet_backend_cuda_stream_switch(int *out_own)
 {
 	static const char *const names[] = { "legacy", "own" };
-	return moet_env_choice("MOET_GPU_STREAM", names, 2, out_own);
+	const char *v = getenv("MOET_GPU_STREAM");
+	int graph = 0, rc = moet_env_choice("MOET_GPU_STREAM", names, 2, out_own);
+	if (rc || (rc = moet_graph_switch(&graph)) || !graph)
+		return rc;
+	/* MOET_CUDA_GRAPH=1 captures the passes: the stream must be capturable */
+	if (v && *v && !*out_own)
+		return moet_err(MOET_EINVAL, "MOET_CUDA_GRAPH=1 needs MOET_GPU_STREAM=own (or "
+				"unset), not '%s'", v);
+	*out_own = 1;
+	return 0;
 }
 
 int moet_backend_cuda_create(int device, moet_backend **out)

@@ -452,6 +452,64 @@ static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 			 sp->pcie_bytes, "split_share", sp->split_share);
 }
 
+/* --graph: what MOET_CUDA_GRAPH=1 needs, set where unset (bits of what was set), and undone. */
+static int graph_env_set(void)
+{
+	int set = 0;
+	if (!getenv("MOET_GPU_STREAM") || !*getenv("MOET_GPU_STREAM"))
+		set |= 1, setenv("MOET_GPU_STREAM", "own", 1);
+	if (!getenv("MOET_GPU_DEVGROUP") || !*getenv("MOET_GPU_DEVGROUP"))
+		set |= 2, setenv("MOET_GPU_DEVGROUP", "1", 1);
+	moet_devgroup_env_reset();
+	return set;
+}
+
+static void graph_env_undo(int set)
+{
+	if (set & 1)
+		unsetenv("MOET_GPU_STREAM");
+	if (set & 2)
+		unsetenv("MOET_GPU_DEVGROUP");
+	moet_devgroup_env_reset();
+}
+
+/* --graph: the gpu mode's decode batch B again with CUDA graphs (at least 3 untimed steps: a
+ * direct one, the capture, a replay), row decode-gpu-graph. */
+static int graph_row(const moet_bench_e2e_opts *o, moet_model *m, int64_t B, double *samples,
+		     json_t *rec, json_t *steps_arr, FILE *out)
+{
+	moet_graph_stats gs;
+	step_split sp = { 0 };
+	setenv("MOET_CUDA_GRAPH", "1", 1);
+	moet_graph_stats_get(m, &gs, 1);
+	int rc = decode_run(m, B, o->ctx, o->warmup > 3 ? o->warmup : 3, o->steps, samples, &sp,
+			    NULL);
+	moet_graph_stats_get(m, &gs, 1);
+	unsetenv("MOET_CUDA_GRAPH");
+	if (rc)
+		return rc;
+	moet_bench_row r = { .tokens = B, .ceiling = "", .name = "decode-gpu-graph" };
+	r.mean_s = moet_bench_mean(samples, o->steps);
+	moet_bench_stats_of(samples, o->steps, &r.st);
+	sp.step_s = r.st.median_s;
+	json_t *sj = split_json("gpu-graph", B, &sp);
+	json_object_set_new(sj, "graphs_captured", json_integer((json_int_t)gs.captured));
+	json_object_set_new(sj, "graphs_replayed", json_integer((json_int_t)gs.replayed));
+	json_object_set_new(sj, "graphs_failed", json_integer((json_int_t)gs.failed));
+	if (gs.failed)
+		json_object_set_new(sj, "graph_error", json_string(gs.last_error));
+	json_array_append_new(steps_arr, sj);
+	if ((rc = moet_bench_add_row(rec, &r)))
+		return rc;
+	fprintf(out, "%-7s %-9s %6lld %11.3f %10.1f   mean step %.3f ms = %.1f tok/s; graphs: "
+		"%llu captured, %llu replayed, %llu failed%s%s\n", "gpu", "decode-g", (long long)B,
+		1e3 * sp.step_s, (double)B / sp.step_s, 1e3 * r.mean_s, (double)B / r.mean_s,
+		(unsigned long long)gs.captured, (unsigned long long)gs.replayed,
+		(unsigned long long)gs.failed, gs.failed ? ": " : "", gs.failed ? gs.last_error : "");
+	fflush(out);
+	return 0;
+}
+
 int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *out)
 {
 	json_t *steps_arr = json_array(), *ready = json_object();
@@ -500,6 +558,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 		"median_ms", "tok/s", "cpu_ms", "wait_ms", "pcie_ms", "bound_ms");
 	route_rec rrec = { 0 };
 	int profiled = 0; /* routing does not depend on the placement: the first mode's steps */
+	int gset = 0;     /* --graph: the switches set for the gpu mode (graph_env_set) */
 	for (int mode = 0; !rc && mode < 3; mode++) {
 		if (!(o->modes & (1 << mode)))
 			continue;
@@ -507,6 +566,8 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 		double ready_s = 0;
 		fprintf(log, "bench e2e: %s: opening %s and placing the experts\n", mode_name[mode],
 			o->model_dir);
+		graph_env_undo(gset);
+		gset = mode == MOET_E2E_GPU && o->graph ? graph_env_set() : 0;
 		if ((rc = open_mode(o, mode, &m, &ready_s)))
 			break;
 		double up_b = 0, up_s = 0;
@@ -622,6 +683,8 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			fprintf(out, "   mean step %.3f ms = %.1f tok/s\n", 1e3 * r.mean_s,
 				(double)B / r.mean_s);
 			fflush(out);
+			if (!rc && mode == MOET_E2E_GPU && o->graph)
+				rc = graph_row(o, m, B, samples, rec, steps_arr, out);
 		}
 		/* the NVMe tier under RAM budgets (CPU-tier experts read from disk into slots) */
 		for (int ri = 0; mode != MOET_E2E_GPU && !rc && ri < o->n_ram; ri++) {
@@ -717,6 +780,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 		}
 		moet_model_close(m);
 	}
+	graph_env_undo(gset);
 	moet_profile_free(rrec.p);
 	free(samples);
 	free(all_s);

@@ -70,7 +70,15 @@ int moet_devgroup_switch(int *out_on)
 		*out_on = v - 1;
 		return 0;
 	}
-	int rc = moet_env_choice("MOET_GPU_DEVGROUP", names, 2, out_on);
+	const char *ev = getenv("MOET_GPU_DEVGROUP");
+	int graph = 0, rc = moet_env_choice("MOET_GPU_DEVGROUP", names, 2, out_on);
+	/* MOET_CUDA_GRAPH=1 captures passes whose experts are grouped on the device */
+	if (!rc && !(rc = moet_graph_switch(&graph)) && graph) {
+		if (ev && *ev && !*out_on)
+			return moet_err(MOET_EINVAL, "MOET_CUDA_GRAPH=1 needs MOET_GPU_DEVGROUP=1 "
+					"(or unset), not '%s'", ev);
+		*out_on = 1;
+	}
 	if (!rc)
 		__atomic_store_n(&env_on_p1, *out_on + 1, __ATOMIC_RELAXED);
 	return rc;
@@ -313,4 +321,41 @@ int moet_devgroup_check(moet_model *m, int discard)
 		d->used[i] = 0;
 	}
 	return rc;
+}
+
+int moet_devgroup_pass_all(const moet_model *m)
+{
+	const moet_devgroup *d = m->dg;
+	const int64_t L = m->cfg.num_hidden_layers;
+	int any = 0;
+	for (int64_t l = 0; d && d->built && l < L; l++) {
+		if (!m->layers[l].is_moe)
+			continue;
+		if (!d->used[l]) /* slot 0's record of layer l */
+			return 0;
+		any = 1;
+	}
+	return any;
+}
+
+void moet_devgroup_pass_save(const moet_model *m, int64_t *used, uint64_t *out_calls,
+			     uint64_t *out_pairs)
+{
+	const moet_devgroup *d = m->dg;
+	if (used && d)
+		memcpy(used, d->used, (size_t)(2 * m->cfg.num_hidden_layers) * sizeof(*used));
+	*out_calls = d ? d->calls : 0;
+	*out_pairs = m->tier_pairs ? m->tier_pairs[1] : 0;
+}
+
+void moet_devgroup_pass_restore(moet_model *m, const int64_t *used, uint64_t calls,
+				uint64_t pairs)
+{
+	moet_devgroup *d = m->dg;
+	if (used && d)
+		memcpy(d->used, used, (size_t)(2 * m->cfg.num_hidden_layers) * sizeof(*used));
+	if (d)
+		d->calls = calls;
+	if (m->tier_pairs)
+		m->tier_pairs[1] = pairs;
 }

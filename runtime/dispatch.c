@@ -287,6 +287,7 @@ void moet_model_free_dispatch(moet_model *m)
 	m->pairs = m->tier_list = m->stage_list = NULL;
 	m->ids_h = m->slot_h = NULL;
 	m->cap_pairs = 0;
+	moet_graph_free(m);
 	moet_devgroup_free(m);
 }
 

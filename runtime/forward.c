@@ -261,8 +261,9 @@ static int ff_finish(moet_model *m, int64_t l, int64_t n)
 				   lw->has_shared ? b->shared : NULL, n, H, b->out);
 }
 
-/* Final norm and lm_head for the rows that want logits, downloaded into each step. */
-static int logits_out(moet_model *m, int64_t n, const moet_seq_step *steps, int n_steps)
+/* Final norm and lm_head for the rows that want logits (logits_deliver downloads them into
+ * each step and draws the sampled ones). */
+static int logits_compute(moet_model *m, const moet_seq_step *steps, int n_steps)
 {
 	const moet_config *c = &m->cfg;
 	const moet_backend_ops *op = m->be->ops;
@@ -271,7 +272,6 @@ static int logits_out(moet_model *m, int64_t n, const moet_seq_step *steps, int 
 	const int64_t H = c->hidden_size, V = c->vocab_size;
 	int64_t n_sel = 0, run_from = -1, run_len = 0;
 	int rc;
-	(void)n;
 	/* the final norm of the wanted rows of x into h, in batch order: one call per run of
 	 * consecutive wanted rows (a decode batch is one run) */
 	for (int s = 0, t = 0; s <= n_steps; s++)
@@ -293,10 +293,16 @@ static int logits_out(moet_model *m, int64_t n, const moet_seq_step *steps, int 
 			run_from = t;
 			run_len = want;
 		}
-	if (n_sel == 0)
-		return 0;
-	TRY(op->linear(be, &m->lm_head, b->h, H, n_sel, b->logits, V));
+	return n_sel ? op->linear(be, &m->lm_head, b->h, H, n_sel, b->logits, V) : 0;
+}
+
+static int logits_deliver(moet_model *m, const moet_seq_step *steps, int n_steps)
+{
+	const int64_t V = m->cfg.vocab_size;
+	moet_backend *be = m->be;
+	moet_fwd_bufs *b = m->cur;
 	int64_t sel = 0, n_draw = 0;
+	int rc;
 	const int hi = (int)(m->cur - m->bufs); /* this micro-batch's host tables */
 	TRY(ensure_host(m, hi, 0, n_steps));
 	moet_draw *draw = m->host[hi].draw; /* issue 4: sampled rows */
@@ -306,7 +312,7 @@ static int logits_out(moet_model *m, int64_t n, const moet_seq_step *steps, int 
 			continue;
 		int64_t rows = st->last_only || !st->out_logits ? (st->n_tok > 0) : st->n_tok;
 		if (st->out_logits)
-			rc = op->download(be, st->out_logits, b->logits + sel * V,
+			rc = be->ops->download(be, st->out_logits, b->logits + sel * V,
 					  (size_t)(rows * V) * sizeof(float));
 		sel += rows;
 		if (!rc && st->out_token && rows > 0) /* the next token from the last row */
@@ -336,8 +342,8 @@ static void use(moet_model *m, const mb_pass *p)
 	m->mb_seq_base = p->seq_base;
 }
 
-/* Row table and embedding of a micro-batch. */
-static int mb_begin(moet_model *m, mb_pass *p)
+/* Row table of a micro-batch (host work and its upload: never in a captured graph). */
+static int mb_rows(moet_model *m, mb_pass *p)
 {
 	const moet_config *c = &m->cfg;
 	const int hi = (int)(p->b - m->bufs);
@@ -356,8 +362,6 @@ static int mb_begin(moet_model *m, mb_pass *p)
 	if (!rc)
 		rc = m->be->ops->prepare_rows(m->be, p->slot, rows, tok, p->n, c->num_hidden_layers,
 					      &p->rows);
-	if (!rc)
-		rc = m->be->ops->embed(m->be, &m->embed, p->rows, p->n, p->b->x);
 	return rc;
 }
 
@@ -388,6 +392,65 @@ static int mb_stage2(moet_model *m, const mb_pass *p, int64_t l)
 	if (m->xtier) /* the next MoE layer's experts, predicted from x, read ahead */
 		moet_xtier_prefetch(m->xtier, l, p->b->x, p->n);
 	return 0;
+}
+
+/* The pass's work from the embedding to the lm_head, for one or two micro-batches (what a
+ * CUDA graph captures: graph.c). */
+static int pass_body(moet_model *m, mb_pass *p, int n_mb)
+{
+	const int64_t L = m->cfg.num_hidden_layers;
+	int rc = 0;
+	for (int i = 0; i < n_mb && !rc; i++)
+		rc = m->be->ops->embed(m->be, &m->embed, p[i].rows, p[i].n, p[i].b->x);
+	if (rc)
+		return rc;
+	if (n_mb == 1) {
+		for (int64_t l = 0; l < L && !rc; l++)
+			if (!(rc = mb_stage1(m, &p[0], l)))
+				rc = mb_stage2(m, &p[0], l);
+	} else {
+		rc = mb_stage1(m, &p[0], 0);
+		for (int64_t l = 0; l < L && !rc; l++) {
+			if ((rc = mb_stage1(m, &p[1], l)) || (rc = mb_stage2(m, &p[0], l)) ||
+			    (l + 1 < L && (rc = mb_stage1(m, &p[0], l + 1))))
+				break;
+			rc = mb_stage2(m, &p[1], l);
+		}
+	}
+	for (int i = 0; rc && i < n_mb; i++) { /* nothing left running on a failure */
+		use(m, &p[i]);
+		moet_moe_dispatch_finish(m);
+	}
+	for (int i = 0; i < n_mb && !rc; i++) {
+		use(m, &p[i]);
+		rc = logits_compute(m, p[i].steps, p[i].n_steps);
+	}
+	return rc;
+}
+
+/* The body as the graph cache says (graph.c): directly, captured then launched, or replayed. */
+static int pass_run(moet_model *m, mb_pass *p, int n_mb, const moet_seq_step *steps,
+		    int n_steps)
+{
+	moet_graph_mode gm = MOET_GRAPH_OFF;
+	moet_graph_rec rec;
+	int rc = moet_graph_plan(m, steps, n_steps, n_mb, &gm);
+	if (rc)
+		return rc;
+	if (gm == MOET_GRAPH_REPLAY)
+		return moet_graph_replay(m);
+	if (gm == MOET_GRAPH_CAPTURE) {
+		if (!moet_graph_capture_begin(m, &rec)) {
+			rc = pass_body(m, p, n_mb);
+			if ((rc = moet_graph_capture_end(m, &rec, rc)) != 1)
+				return rc;
+		}
+		gm = MOET_GRAPH_OFF; /* the capture failed (counted): directly */
+	}
+	rc = pass_body(m, p, n_mb);
+	if (!rc && gm == MOET_GRAPH_DIRECT)
+		moet_graph_direct_done(m);
+	return rc;
 }
 
 /* Where a batch would split into two micro-batches (by entries, at half the rows), or n_steps
@@ -459,8 +522,6 @@ static double now_s(void)
  */
 int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_steps)
 {
-	const moet_config *c = &m->cfg;
-	const int64_t L = c->num_hidden_layers;
 	int64_t n = 0;
 	int rc = check_batch(m, steps, n_steps, &n);
 	if (rc || n == 0)
@@ -483,28 +544,12 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 			p[i].n += p[i].steps[s].n_tok;
 	const int grown = !(rc = moet_kv_grow_batch(steps, n_steps));
 	for (int i = 0; i < n_mb && !rc; i++)
-		rc = mb_begin(m, &p[i]);
-	if (n_mb == 1) {
-		for (int64_t l = 0; l < L && !rc; l++)
-			if (!(rc = mb_stage1(m, &p[0], l)))
-				rc = mb_stage2(m, &p[0], l);
-	} else {
-		if (!rc)
-			rc = mb_stage1(m, &p[0], 0);
-		for (int64_t l = 0; l < L && !rc; l++) {
-			if ((rc = mb_stage1(m, &p[1], l)) || (rc = mb_stage2(m, &p[0], l)) ||
-			    (l + 1 < L && (rc = mb_stage1(m, &p[0], l + 1))))
-				break;
-			rc = mb_stage2(m, &p[1], l);
-		}
-	}
-	for (int i = 0; rc && i < n_mb; i++) { /* nothing left running on a failure */
-		use(m, &p[i]);
-		moet_moe_dispatch_finish(m);
-	}
+		rc = mb_rows(m, &p[i]);
+	if (!rc)
+		rc = pass_run(m, p, n_mb, steps, n_steps);
 	for (int i = 0; i < n_mb && !rc; i++) {
 		use(m, &p[i]);
-		rc = logits_out(m, p[i].n, p[i].steps, p[i].n_steps);
+		rc = logits_deliver(m, p[i].steps, p[i].n_steps);
 	}
 	/* MOET_GPU_DEVGROUP=1: the device's error words, after the logits' download */
 	const int rd = moet_devgroup_check(m, rc != 0);

@@ -191,6 +191,7 @@ struct moet_model {
 	void *route_ctx;
 	struct moet_xtier *xtier; /* NVMe expert tier of the CPU tier (moet_xtier.h), or NULL */
 	struct moet_devgroup *dg; /* MOET_GPU_DEVGROUP=1's tables and scratch (devgroup.c) */
+	struct moet_graphs *graphs; /* MOET_CUDA_GRAPH=1's captured passes (graph.c) */
 };
 
 /* kv_pool.c: a pool of KV blocks in one backend allocation (moet_model.h).
@@ -270,6 +271,42 @@ void moet_devgroup_reset(struct moet_model *m);
 void moet_devgroup_free(struct moet_model *m);
 /* Device-grouped layer calls so far (reset: cleared after reading). */
 uint64_t moet_devgroup_calls(const struct moet_model *m, int reset);
+
+/* What a pass's device-grouped calls recorded on the host, for graph.c: pass_all says
+ * whether every MoE layer of slot 0's pass went device-grouped (0 without MoE layers);
+ * pass_save copies the per-slot-and-layer record (used: [2 * L], or NULL) and the counters it
+ * advances (calls, and device 0's pairs); pass_restore sets them (used NULL: left as is). */
+int moet_devgroup_pass_all(const struct moet_model *m);
+void moet_devgroup_pass_save(const struct moet_model *m, int64_t *used, uint64_t *out_calls,
+			     uint64_t *out_pairs);
+void moet_devgroup_pass_restore(struct moet_model *m, const int64_t *used, uint64_t calls,
+				uint64_t pairs);
+
+/* graph.c: a pass captured into a CUDA graph and replayed (MOET_CUDA_GRAPH=1). */
+typedef struct moet_graphs moet_graphs;
+typedef enum moet_graph_mode {
+	MOET_GRAPH_OFF,     /* not for graphs: run directly, nothing recorded */
+	MOET_GRAPH_DIRECT,  /* run directly, then moet_graph_direct_done */
+	MOET_GRAPH_CAPTURE, /* moet_graph_capture_begin, the pass body, moet_graph_capture_end */
+	MOET_GRAPH_REPLAY,  /* moet_graph_replay instead of the pass body */
+} moet_graph_mode;
+typedef struct moet_graph_rec {
+	uint64_t dg_calls, dg_pairs; /* the counters before the capture */
+} moet_graph_rec;
+/* After the pass's row tables are written (nothing allocated after this but by the body): what
+ * to do with this batch of n_mb micro-batches. */
+int moet_graph_plan(struct moet_model *m, const moet_seq_step *steps, int n_steps, int n_mb,
+		    moet_graph_mode *out);
+/* After a MOET_GRAPH_DIRECT pass's body succeeded (before moet_devgroup_check). */
+void moet_graph_direct_done(struct moet_model *m);
+int moet_graph_capture_begin(struct moet_model *m, moet_graph_rec *rec);
+/* body_rc: the captured body's result. 0: the graph was instantiated and launched (the pass's
+ * work is queued); 1: the capture failed or did not qualify, nothing ran: the caller runs the
+ * body directly; else a MOET_E* code of the launch. */
+int moet_graph_capture_end(struct moet_model *m, const moet_graph_rec *rec, int body_rc);
+/* Queues the shape's graph (the pass body's work) and replays the body's host record. */
+int moet_graph_replay(struct moet_model *m);
+void moet_graph_free(struct moet_model *m);
 
 /* forward.c: releases the forward pass's buffers (backend memory). */
 void moet_model_free_bufs(struct moet_model *m);

@@ -167,6 +167,18 @@ typedef struct moet_backend_ops {
 	 * draws of moet_backend_draw on the backend, the same tokens, only ids coming back. */
 	int (*sample)(moet_backend *be, const float *logits, int64_t V, const moet_draw *d,
 		      int64_t n);
+	/* Optional (NULL: no CUDA graphs, as on the CPU backend): a pass's work captured and
+	 * replayed (runtime/graph.c). capture_begin: the backend's work from here is recorded, not
+	 * run (MOET_EUNSUP when its stream cannot be captured: CUDA on the legacy stream);
+	 * capture_end: *out_graph the instance, or MOET_EDEVICE (the capture failed: nothing
+	 * recorded ran, nothing is left recorded); graph_launch queues an instance; graph_free
+	 * frees one; mem_epoch: a counter every allocation and free of the backend's memory
+	 * advances (a graph names only live buffers while it is unchanged). */
+	int (*capture_begin)(moet_backend *be);
+	int (*capture_end)(moet_backend *be, void **out_graph);
+	int (*graph_launch)(moet_backend *be, void *graph);
+	void (*graph_free)(moet_backend *be, void *graph);
+	uint64_t (*mem_epoch)(moet_backend *be);
 } moet_backend_ops;
 
 /*
@@ -193,8 +205,13 @@ int moet_backend_cpu_create(int n_threads, int64_t max_inter, moet_backend **out
 int moet_backend_cuda_create(int device, moet_backend **out);
 
 /* MOET_GPU_STREAM=legacy|own, parsed (moet_backend_cuda_create refuses a bad value, naming it,
- * before it looks for a device): *out_own 1 for own. Returns 0 or MOET_EINVAL. */
+ * before it looks for a device): *out_own 1 for own, also when unset under MOET_CUDA_GRAPH=1
+ * (which refuses an explicit legacy). Returns 0 or MOET_EINVAL. */
 int moet_backend_cuda_stream_switch(int *out_own);
+
+/* MOET_CUDA_GRAPH=0|1 (unset or empty: 0), parsed: decode passes captured into CUDA graphs
+ * (runtime/graph.c). Returns 0 or MOET_EINVAL naming the value. */
+int moet_graph_switch(int *out_on);
 
 /* out[0..n) = the pairs of ids[0..n) sorted by expert, then by pair index: consecutive runs
  * of one expert, in the same order on every backend. Returns 0 or MOET_EINVAL (negative id). */

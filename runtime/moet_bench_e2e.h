@@ -29,6 +29,8 @@ typedef struct moet_bench_e2e_opts {
 				     tier's slots, the micro-batch choice settle); 1 by default */
 	int overlap_check;        /* also run the serial reference for the hybrid and cpu modes */
 	int op_times;             /* time every backend op (MOET_OP_TIMES): a table per batch */
+	int graph;                /* gpu mode: each decode batch also with CUDA graphs
+				     (MOET_CUDA_GRAPH=1): rows decode-gpu-graph */
 	const char *profile_out;  /* the routing of the first mode's timed decode steps, as a
 				     profile (placement/moet_profile.h), or NULL */
 	/* RAM budgets of the NVMe tier (docs/io-uring.md) to decode under as well, for the

@@ -179,6 +179,15 @@ typedef struct moet_hybrid_stats {
  * reset clears them after reading. */
 void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset);
 
+/* MOET_CUDA_GRAPH=1 (runtime/graph.c): passes captured into CUDA graphs, replayed, captures
+ * that failed (then run directly) and graphs dropped (buffers changed, or evicted); last_error:
+ * why the last capture failed (empty if none). reset clears them after reading. */
+typedef struct moet_graph_stats {
+	uint64_t captured, replayed, failed, dropped;
+	char last_error[200];
+} moet_graph_stats;
+void moet_graph_stats_get(moet_model *m, moet_graph_stats *out, int reset);
+
 /* MOET_GPU_DEVGROUP is read once per process, at the first MoE layer call that asks for it,
  * and kept (a value it refuses is not: every call refuses it again, naming it). A program
  * that changes the variable afterwards (setenv, unsetenv: tests) calls this between passes,

@@ -23,7 +23,8 @@ static void usage(FILE *f)
 		   "                             [--modes gpu,hybrid,cpu] [--batches 1,4,16,64]\n"
 		   "                             [--prefill 1024,8192] [--ctx N] [--steps N]\n"
 		   "                             [--warmup N]\n"
-		   "                             [--no-overlap-check] [--op-times] [--profile-out FILE]\n"
+		   "                             [--no-overlap-check] [--op-times] [--graph]\n"
+		   "                             [--profile-out FILE]\n"
 		   "                             [--ram-budgets 100%%,50%%,25%%] [--ram-only]\n"
 		   "                             [--predict-profile P] [--hardware FILE]\n"
 		   "                             [--hardware-out FILE] [--json FILE]\n\n"
@@ -40,6 +41,10 @@ static void usage(FILE *f)
 		   "and the micro-batch choice settle).\n"
 		   "--op-times: per decode batch, the time of every backend op per step (each op\n"
 		   "waited for, so that run's step times are not the engine's: run it alone).\n"
+		   "--graph: in the gpu mode, each decode batch again with its passes captured into\n"
+		   "CUDA graphs and replayed (MOET_CUDA_GRAPH=1): rows decode-gpu-graph beside\n"
+		   "decode-gpu; both on the backend's own stream with the experts grouped on the\n"
+		   "device (MOET_GPU_STREAM=own, MOET_GPU_DEVGROUP=1 where unset).\n"
 		   "--profile-out FILE: the routing of the first mode's timed decode steps as a\n"
 		   "profile (for `plan --predict` on the same workload).\n"
 		   "--predict-profile P [--hardware FILE]: the cost model's prediction of each\n"
@@ -243,6 +248,7 @@ int moet_cli_bench_e2e(int argc, char **argv)
 		{ "warmup", required_argument, NULL, 'w' },
 		{ "no-overlap-check", no_argument, NULL, 'n' },
 		{ "op-times", no_argument, NULL, 'o' },
+		{ "graph", no_argument, NULL, 'K' },
 		{ "profile-out", required_argument, NULL, 'R' },
 		{ "ram-budgets", required_argument, NULL, 'G' },
 		{ "ram-only", no_argument, NULL, 'g' },
@@ -303,6 +309,7 @@ int moet_cli_bench_e2e(int argc, char **argv)
 			break;
 		case 'n': o.overlap_check = 0; break;
 		case 'o': o.op_times = 1; break;
+		case 'K': o.graph = 1; break;
 		case 'R': o.profile_out = optarg; break;
 		case 'G': rc = split_budgets(optarg, ram, &o.n_ram); break;
 		case 'g': o.ram_only = 1; break;

@@ -12,6 +12,9 @@
  * And MOET_GPU_STREAM (the CUDA backend's own stream, runtime/backend_cuda.c): legacy, own and
  * unset parse; anything else is refused naming it, by the parse and by opening a model on
  * --device cuda (before any device is looked for, so also here without a GPU).
+ * And MOET_CUDA_GRAPH (runtime/graph.c): the parse, what =1 implies for the two switches above,
+ * and the CPU backend (no capture: the same logits). The captures themselves are
+ * tests/gpu/test_gpu_graph.c's.
  * The device path itself is tests/gpu/test_gpu_hybrid.c's (CUDA backend).
  */
 #include <stdlib.h>
@@ -107,6 +110,56 @@ static void stream_values(const char *dir)
 	unsetenv("MOET_GPU_STREAM");
 }
 
+/* MOET_CUDA_GRAPH: 0/1/unset parse, anything else refused naming it; =1 turns the own stream
+ * and the device grouping on where they are unset and refuses them explicitly off; on the CPU
+ * backend (no capture) =1 leaves the logits as they are and a bad value fails the pass. */
+static void graph_values(moet_model *m, const float *ref, float *got, size_t n_log)
+{
+	static const char *const bad[] = { "2", "yes", "on", " 1" };
+	int on = -1;
+	unsetenv("MOET_CUDA_GRAPH");
+	CHECK(moet_graph_switch(&on) == 0 && on == 0, "MOET_CUDA_GRAPH unset: off");
+	setenv("MOET_CUDA_GRAPH", "1", 1);
+	CHECK(moet_graph_switch(&on) == 0 && on == 1, "MOET_CUDA_GRAPH=1: on");
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		setenv("MOET_CUDA_GRAPH", bad[i], 1);
+		char want[64];
+		snprintf(want, sizeof(want), "MOET_CUDA_GRAPH='%s'", bad[i]);
+		CHECK(moet_graph_switch(&on) == MOET_EINVAL && strstr(moet_errmsg(), want),
+		      "MOET_CUDA_GRAPH=%s refused naming it: %s", bad[i], moet_errmsg());
+	}
+	CHECK(moet_test_ragged_run(m, SEQS, STEPS, 1, got) == MOET_EINVAL &&
+	      strstr(moet_errmsg(), "MOET_CUDA_GRAPH"), "a pass with a bad MOET_CUDA_GRAPH: %s",
+	      moet_errmsg());
+	setenv("MOET_CUDA_GRAPH", "1", 1);
+	int own = -1, rc = moet_backend_cuda_stream_switch(&own);
+	CHECK(rc == 0 && own == 1, "MOET_CUDA_GRAPH=1, MOET_GPU_STREAM unset: own (rc %d own %d)",
+	      rc, own);
+	setenv("MOET_GPU_STREAM", "legacy", 1);
+	rc = moet_backend_cuda_stream_switch(&own);
+	CHECK(rc == MOET_EINVAL && strstr(moet_errmsg(), "MOET_GPU_STREAM=own"),
+	      "MOET_CUDA_GRAPH=1 with MOET_GPU_STREAM=legacy refused: %s", moet_errmsg());
+	unsetenv("MOET_GPU_STREAM");
+	moet_devgroup_env_reset();
+	rc = moet_devgroup_switch(&on);
+	CHECK(rc == 0 && on == 1, "MOET_CUDA_GRAPH=1, MOET_GPU_DEVGROUP unset: on (rc %d)", rc);
+	setenv("MOET_GPU_DEVGROUP", "0", 1);
+	moet_devgroup_env_reset();
+	rc = moet_devgroup_switch(&on);
+	CHECK(rc == MOET_EINVAL && strstr(moet_errmsg(), "MOET_GPU_DEVGROUP=1"),
+	      "MOET_CUDA_GRAPH=1 with MOET_GPU_DEVGROUP=0 refused: %s", moet_errmsg());
+	unsetenv("MOET_GPU_DEVGROUP");
+	moet_devgroup_env_reset();
+	CHECK(moet_test_ragged_run(m, SEQS, STEPS, 1, got) == 0 &&
+	      memcmp(ref, got, n_log * sizeof(float)) == 0,
+	      "MOET_CUDA_GRAPH=1 on the CPU backend: the reference's logits (%s)", moet_errmsg());
+	moet_graph_stats st;
+	moet_graph_stats_get(m, &st, 1);
+	CHECK(st.captured == 0 && st.replayed == 0, "the CPU backend captures nothing");
+	unsetenv("MOET_CUDA_GRAPH");
+	moet_devgroup_env_reset();
+}
+
 int main(void)
 {
 	switch_values();
@@ -130,6 +183,7 @@ int main(void)
 		goto out;
 	CHECK(moet_test_ragged_run(m, SEQS, STEPS, 1, ref) == 0, "reference: %s", moet_errmsg());
 	stream_values(dir);
+	graph_values(m, ref, got, n_log);
 
 	/* a bad value: refused at the first MoE layer after the reset, naming it (the reference
 	 * run above read and kept "unset") */
