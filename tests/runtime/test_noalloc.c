@@ -10,8 +10,9 @@
  *     pass and in two micro-batches (MOET_MICROBATCH=0 / 1);
  *   - the same behind the NVMe tier at half the CPU tier's experts (prefetch on).
  * With a CUDA device (tests/gpu/run.sh runs this program too when it is in the carried build),
- * the same on the CUDA backend: no placement, MOET_GPU_DEVGROUP=1, and a CPU tier beside GPU 0
- * (the host side of the device's calls: grouped expert lists, the CPU tier's staging); the
+ * the same on the CUDA backend: no placement, MOET_GPU_DEVGROUP=1, a CPU tier beside GPU 0
+ * (the host side of the device's calls: grouped expert lists, the CPU tier's staging), and
+ * MOET_CUDA_GRAPH=1 (the counted steps are graph replays, counted too); the
  * CUDA runtime's own allocations are counted only if they call these functions from the
  * statically linked runtime. Without a device those cases say so and are skipped.
  * The count is checked to see calls at all (an allocation right before the counted steps is
@@ -201,6 +202,24 @@ int main(void)
 		expect_none(m, "cuda + CPU tier, 2 halves");
 		unsetenv("MOET_MICROBATCH");
 		moet_model_close(m);
+		/* CUDA graphs (runtime/graph.c): the counted steps are replays */
+		setenv("MOET_CUDA_GRAPH", "1", 1);
+		moet_devgroup_env_reset();
+		m = NULL;
+		CHECK(moet_model_open_on(dir2, "cuda", &m) == 0, "cuda, MOET_CUDA_GRAPH=1: %s",
+		      moet_errmsg());
+		if (m) {
+			moet_graph_stats gs;
+			moet_graph_stats_get(m, &gs, 1);
+			expect_none(m, "cuda, MOET_CUDA_GRAPH=1");
+			moet_graph_stats_get(m, &gs, 1);
+			CHECK(gs.replayed >= COUNTED && gs.failed == 0, "MOET_CUDA_GRAPH=1: %llu "
+			      "replayed, %llu failed (%s)", (unsigned long long)gs.replayed,
+			      (unsigned long long)gs.failed, gs.last_error);
+			moet_model_close(m);
+		}
+		unsetenv("MOET_CUDA_GRAPH");
+		moet_devgroup_env_reset();
 	}
 	free(own);
 	free(dir);
