@@ -14,9 +14,10 @@
  *                  token index of each pair goes up and the grouped call of gpu/expert.cu
  *                  computes them
  *
- * NOTE: one stream (the legacy default stream): copies and kernels run in issue order, and a
- * download waits for what came before it. Weights are bound once at open; nothing but the
- * grow-only row table and expert scratch is allocated per batch.
+ * NOTE: one stream (the legacy default stream, or with MOET_GPU_STREAM=own a blocking stream of
+ * the backend's, which CUDA graphs capture: runtime/graph.c): copies and kernels run in issue
+ * order, and a download waits for what came before it. Weights are bound once at open;
+ * nothing but the grow-only row table and expert scratch is allocated per batch.
  */
 #include <stdlib.h>
 #include <string.h>
