@@ -202,37 +202,6 @@ static int cu_bind_mat(moet_backend *be, const moet_mat *host, moet_mat *out)
 	return 0;
 }
 
-/* Many matrices at once: device memory for each, the bytes through pinned staging filled by
- * several threads (runtime/upload.c: the link's speed instead of the driver's pageable path). */
-static int cu_bind_mats(moet_backend *be, const moet_mat *host, int64_t n, int n_threads,
-			moet_mat *out)
-{
-	cuda_be *c = impl(be);
-	moet_upload_item *items = malloc((size_t)(2 * n + 1) * sizeof(*items));
-	int64_t n_items = 0;
-	int rc = items ? 0 : moet_err(MOET_ENOMEM, "upload list of %lld matrices", (long long)n);
-	for (int64_t i = 0; i < n && !rc; i++) {
-		const moet_mat *h = &host[i];
-		size_t bytes = moet_mat_data_bytes(h), sb = moet_mat_scale_bytes(h);
-		void *d = NULL, *s = NULL;
-		out[i] = *h;
-		if ((rc = moet_gpu_alloc(bytes ? bytes : 64, &d)) || (rc = keep(c, d)))
-			break;
-		out[i].data = d;
-		items[n_items++] = (moet_upload_item){ h->data, d, bytes };
-		if (sb) {
-			if ((rc = moet_gpu_alloc(sb, &s)) || (rc = keep(c, s)))
-				break;
-			out[i].scale_inv = s;
-			items[n_items++] = (moet_upload_item){ h->scale_inv, s, sb };
-		}
-	}
-	if (!rc)
-		rc = moet_upload_many(items, n_items, n_threads, NULL);
-	free(items);
-	return rc;
-}
-
 static int cu_bind_vec(moet_backend *be, const float *host, int64_t n, const float **out)
 {
 	void *d = NULL;
@@ -646,7 +615,6 @@ static const moet_backend_ops cuda_ops = {
 	.host_alloc = cu_host_alloc,
 	.host_free = cu_host_free,
 	.bind_mat = cu_bind_mat,
-	.bind_mats = cu_bind_mats,
 	.bind_vec = cu_bind_vec,
 	.prepare_rows = cu_prepare_rows,
 	.embed = cu_embed,

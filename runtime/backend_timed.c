@@ -112,11 +112,6 @@ static int td_bind_vec(moet_backend *be, const float *h, int64_t n, const float 
 	return tb(be)->in->ops->bind_vec(tb(be)->in, h, n, o);
 }
 
-static int td_bind_mats(moet_backend *be, const moet_mat *h, int64_t n, int th, moet_mat *o)
-{
-	return tb(be)->in->ops->bind_mats(tb(be)->in, h, n, th, o);
-}
-
 static int td_upload(moet_backend *be, void *d, const void *s, size_t b)
 {
 	FWD("upload", upload(t_->in, d, s, b));
@@ -238,7 +233,6 @@ int moet_backend_timed_create(moet_backend *inner, moet_backend **out)
 	t->ops.host_free = td_host_free;
 	t->ops.bind_mat = td_bind_mat;
 	t->ops.bind_vec = td_bind_vec;
-	t->ops.bind_mats = in->bind_mats ? td_bind_mats : NULL;
 	t->ops.prepare_rows = td_prepare_rows;
 	t->ops.embed = td_embed;
 	t->ops.rmsnorm = td_rmsnorm;

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "model_int.h"
+#include "moet_env.h"
 #include "moet_err.h"
 #include "moet_upload.h"
 
@@ -227,16 +228,16 @@ static int bind_uring(moet_model *m, const moet_mat *host, int64_t n, moet_mat *
 }
 
 /*
- * The staged source (runtime/upload.c): backend memory per matrix, data and scales (as the
- * CUDA backend's bind_mats allocates it), the bytes through the upload's staging by
- * moet_upload_default_threads() threads. NOTE: built here rather than by the backend, which
- * has no checkpoint: with MOET_UPLOAD_READ=pread each item carries its shard file and offset
- * (moet_upload_files_locate; an item outside the mapping is copied from it). The model owns
- * the allocations (freed at close); on failure they are freed and out[] is not to be used.
+ * The staged source (runtime/upload.c): backend memory per matrix, data and scales, the bytes
+ * through the upload's staging by moet_upload_default_threads() threads. NOTE: built here
+ * rather than by the backend, which has no checkpoint: with MOET_UPLOAD_READ=pread each item
+ * carries its shard file and offset (moet_upload_files_locate; an item outside the mapping is
+ * copied from it). For the home GPU (bind_bulk) and GPUs 1.. (remote.c) alike.
  */
-static int bind_staged(moet_model *m, const moet_mat *host, int64_t n, moet_mat *out)
+int moet_bind_staged(moet_backend *be, const moet_ckpt *ck, const moet_mat *host, int64_t n,
+		     moet_mat *out, void ***blocks, int *n_blocks)
 {
-	const moet_backend_ops *op = m->be->ops;
+	const moet_backend_ops *op = be->ops;
 	moet_upload_item *items = NULL;
 	moet_upload_from *from = NULL;
 	moet_upload_files *files = NULL;
@@ -244,16 +245,16 @@ static int bind_staged(moet_model *m, const moet_mat *host, int64_t n, moet_mat 
 	int read = 0, rc = moet_upload_read_mode(&read);
 	if (rc)
 		return rc;
-	void **nb = realloc(m->dev_blocks, (size_t)(m->n_dev_blocks + 2 * n + 1) * sizeof(*nb));
+	void **nb = realloc(*blocks, (size_t)(*n_blocks + 2 * n + 1) * sizeof(*nb));
 	if (!nb)
 		return moet_err(MOET_ENOMEM, "upload block list");
-	m->dev_blocks = nb;
-	void **mine = nb + m->n_dev_blocks;
+	*blocks = nb;
+	void **mine = nb + *n_blocks;
 	if (!(items = malloc((size_t)(2 * n + 1) * sizeof(*items))) ||
 	    !(from = calloc((size_t)(2 * n + 1), sizeof(*from))))
 		rc = moet_err(MOET_ENOMEM, "upload list of %lld matrices", (long long)n);
-	if (!rc && read == MOET_UPLOAD_READ_PREAD && m->ck)
-		rc = moet_upload_files_open(m->ck, &files);
+	if (!rc && read == MOET_UPLOAD_READ_PREAD && ck)
+		rc = moet_upload_files_open(ck, &files);
 	for (int64_t i = 0; i < n && !rc; i++) {
 		const moet_mat *h = &host[i];
 		const void *src[2] = { h->data, h->scale_inv };
@@ -263,7 +264,7 @@ static int bind_staged(moet_model *m, const moet_mat *host, int64_t n, moet_mat 
 			void *d = NULL;
 			if (t && !b[1])
 				continue;
-			if ((rc = op->alloc(m->be, b[t], &d)))
+			if ((rc = op->alloc(be, b[t], &d)))
 				break;
 			mine[n_new++] = d;
 			if (t)
@@ -281,9 +282,9 @@ static int bind_staged(moet_model *m, const moet_mat *host, int64_t n, moet_mat 
 		rc = moet_upload_many_opts(items, k, moet_upload_default_threads(), &uo, NULL);
 	if (rc)
 		for (int64_t i = 0; i < n_new; i++)
-			op->free(m->be, mine[i]);
+			op->free(be, mine[i]);
 	else
-		m->n_dev_blocks += (int)n_new;
+		*n_blocks += (int)n_new;
 	moet_upload_files_close(files);
 	free(items);
 	free(from);
@@ -292,7 +293,7 @@ static int bind_staged(moet_model *m, const moet_mat *host, int64_t n, moet_mat 
 
 /*
  * Binds n matrices on the backend by the source MOET_UPLOAD names: plain, one bind_mat per
- * matrix (the driver's pageable path, the reference); staged, the staging (bind_staged);
+ * matrix (the driver's pageable path, the reference); staged, the staging (moet_bind_staged);
  * uring, from the shard files (bind_uring); unset, staged from 256 MiB, else plain.
  */
 static int bind_bulk(moet_model *m, const moet_mat *host, int64_t n, moet_mat *dev)
@@ -310,8 +311,9 @@ static int bind_bulk(moet_model *m, const moet_mat *host, int64_t n, moet_mat *d
 	const int staged = src ? src == MOET_UPLOAD_STAGED : total >= ((size_t)256 << 20);
 	if (src == MOET_UPLOAD_URING)
 		return bind_uring(m, host, n, dev);
-	if (op->bind_mats && staged)
-		return bind_staged(m, host, n, dev);
+	if (!op->host_memory && staged)
+		return moet_bind_staged(m->be, m->ck, host, n, dev, &m->dev_blocks,
+					&m->n_dev_blocks);
 	for (int64_t i = 0; i < n && !rc; i++)
 		rc = op->bind_mat(m->be, &host[i], &dev[i]);
 	return rc;
@@ -580,16 +582,12 @@ int moet_model_open_on(const char *dir, const char *device, moet_model **out)
 	/* NOTE: the expanded form (K and V per head cached) is the reference; the absorbed form
 	 * caches the 576-float latent of a Kimi-K2 position instead of 20480 floats.
 	 * MOET_MLA=absorbed selects it where the backend has it. */
-	const char *mla = getenv("MOET_MLA");
-	if (mla && !strcmp(mla, "absorbed")) {
-		if (!m->be->ops->attend_latent || !m->be->ops->kv_store_latent) {
-			rc = moet_err(MOET_EUNSUP, "MOET_MLA=absorbed: the %s backend has no "
-				      "absorbed-form attention yet", m->be->ops->name);
-			goto fail;
-		}
-		m->mla_absorbed = 1;
-	} else if (mla && mla[0] && strcmp(mla, "expanded")) {
-		rc = moet_err(MOET_EINVAL, "MOET_MLA='%s': expected expanded or absorbed", mla);
+	static const char *const mla_forms[] = { "expanded", "absorbed" };
+	if ((rc = moet_env_choice("MOET_MLA", mla_forms, 2, &m->mla_absorbed)))
+		goto fail;
+	if (m->mla_absorbed && (!m->be->ops->attend_latent || !m->be->ops->kv_store_latent)) {
+		rc = moet_err(MOET_EUNSUP, "MOET_MLA=absorbed: the %s backend has no "
+			      "absorbed-form attention yet", m->be->ops->name);
 		goto fail;
 	}
 	const moet_config *c = &m->cfg;

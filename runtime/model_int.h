@@ -149,6 +149,7 @@ struct moet_model {
 	int mla_absorbed;         /* attention in the absorbed form over a latent cache */
 	/* expert placement (moet_model_set_placement); NULL: every expert on the backend */
 	int16_t *owner;           /* [layers x E]: -1 CPU tier, g >= 0 device g */
+	int cpu_tier;             /* some routed expert of a MoE layer has owner -1 */
 	int n_devices;
 	moet_sim_device *sim;     /* [n_devices] test doubles (CPU backend only) */
 	moet_hybrid *hy;          /* the CPU tier's engine (with a placement) */
@@ -169,7 +170,7 @@ struct moet_model {
 	int64_t n_dense, dense_cap;
 	double dense_upload_s;    /* that upload's wall time */
 	size_t dense_upload_bytes;
-	void **dev_blocks;        /* backend memory of MOET_UPLOAD=uring binds, owned */
+	void **dev_blocks;        /* backend memory of bulk binds (staged, uring), owned */
 	int n_dev_blocks;
 	uint64_t *tier_pairs;     /* [1 + n_devices]: pairs served, CPU tier first */
 	moet_expert_pair *pairs;  /* host scratch of the dispatch, grown */
@@ -307,6 +308,13 @@ int moet_graph_capture_end(struct moet_model *m, const moet_graph_rec *rec, int 
 /* Queues the shape's graph (the pass body's work) and replays the body's host record. */
 int moet_graph_replay(struct moet_model *m);
 void moet_graph_free(struct moet_model *m);
+
+/* model.c: n matrices bound on backend `be` (not host memory) through the upload's staging
+ * (runtime/upload.c; MOET_UPLOAD_READ=pread reads ck's shard files), out[i] their views; each
+ * allocation appended to (*blocks)[*n_blocks ..] (grown), which the caller owns and frees with
+ * be's free. On failure nothing is appended and out[] is not to be used. */
+int moet_bind_staged(moet_backend *be, const moet_ckpt *ck, const moet_mat *host, int64_t n,
+		     moet_mat *out, void ***blocks, int *n_blocks);
 
 /* forward.c: releases the forward pass's buffers (backend memory). */
 void moet_model_free_bufs(struct moet_model *m);

@@ -99,10 +99,6 @@ typedef struct moet_backend_ops {
 	/* weights (owned by the backend, released by destroy) */
 	int (*bind_mat)(moet_backend *be, const moet_mat *host, moet_mat *out);
 	int (*bind_vec)(moet_backend *be, const float *host, int64_t n, const float **out);
-	/* n matrices at once (NULL: bind_mat one by one): the bulk path for the experts' upload,
-	 * n_threads reading the host bytes. */
-	int (*bind_mats)(moet_backend *be, const moet_mat *host, int64_t n, int n_threads,
-			 moet_mat *out);
 
 	/* The batch's rows (host arrays of n entries) in the backend's form, valid until the
 	 * next call with the same slot (0 or 1: the micro-batches of a pipelined pass; owned by

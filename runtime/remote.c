@@ -21,13 +21,14 @@
 #include "moet_err.h"
 #include "moet_gpu.h"
 #include "moet_gpu_host.h"
-#include "moet_upload.h"
 
 struct moet_remote {
 	int device;
 	moet_backend *be;     /* the CUDA backend of this device */
 	moet_ffn_w *table;    /* [layers x E]: bound on be for the experts owned here */
 	float *h, *y;         /* be memory: [cap_rows][H], [cap_pairs][H] */
+	void **blocks;        /* be memory of the owned experts (moet_bind_staged) */
+	int n_blocks;
 	int64_t cap_rows, cap_pairs, H;
 	float *y_dst;         /* home y rows of the call in flight */
 	int64_t pending;
@@ -42,9 +43,12 @@ void moet_remote_destroy(moet_remote *r)
 		moet_gpu_set_device(r->device);
 		r->be->ops->free(r->be, r->h);
 		r->be->ops->free(r->be, r->y);
+		for (int i = 0; i < r->n_blocks; i++)
+			r->be->ops->free(r->be, r->blocks[i]);
 		moet_backend_destroy(r->be);
 		moet_gpu_set_device(0);
 	}
+	free(r->blocks);
 	free(r->table);
 	free(r);
 }
@@ -72,7 +76,7 @@ static int bind_owned(moet_remote *r, const moet_model *m, int g, const int16_t 
 	struct timespec t0, t1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	if (!rc && n)
-		rc = r->be->ops->bind_mats(r->be, host, 3 * n, moet_upload_default_threads(), dev);
+		rc = moet_bind_staged(r->be, m->ck, host, 3 * n, dev, &r->blocks, &r->n_blocks);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	r->upload_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
 	k = 0;
@@ -104,10 +108,6 @@ int moet_remote_create(const moet_model *m, int g, const int16_t *owner, moet_re
 	}
 	if ((rc = moet_gpu_set_device(g)) || (rc = moet_backend_cuda_create(g, &r->be)))
 		goto fail;
-	if (!r->be->ops->bind_mats) {
-		rc = moet_err(MOET_EUNSUP, "GPU %d: the backend has no bulk upload", g);
-		goto fail;
-	}
 	if ((rc = bind_owned(r, m, g, owner)))
 		goto fail;
 	moet_gpu_set_device(0);
