@@ -139,6 +139,7 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 	memset(m->mb_tune, 0, sizeof(m->mb_tune)); /* timings of another placement */
 	m->sim = NULL;
 	m->owner = NULL;
+	m->cpu_tier = 0;
 	m->tier_pairs = NULL;
 	m->n_devices = 0;
 	if (!owner)
@@ -166,6 +167,8 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 		goto fail;
 	}
 	memcpy(m->owner, owner, (size_t)(L * E) * sizeof(*owner));
+	for (int64_t i = 0; i < L * E && !m->cpu_tier; i++) /* forward.c: split_point */
+		m->cpu_tier = m->layers[i / E].is_moe && owner[i] < 0;
 	m->n_devices = n_devices;
 	if ((rc = moet_hybrid_create(m->be, c, &m->hy)))
 		goto fail;

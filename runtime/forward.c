@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "model_int.h"
+#include "moet_env.h"
 #include "moet_err.h"
 #include "moet_sample.h"
 
@@ -454,10 +455,12 @@ static int pass_run(moet_model *m, mb_pass *p, int n_mb, const moet_seq_step *st
 }
 
 /* Where a batch would split into two micro-batches (by entries, at half the rows), or n_steps
- * when it cannot: no placement with a CPU tier, GPUs beyond the first, or one entry. */
-static int split_point(const moet_model *m, const moet_seq_step *steps, int n_steps, int64_t n)
+ * when it cannot: no placement, GPUs beyond the first, or one entry; or when it would gain
+ * nothing: no routed expert on the CPU tier, unless forced (MOET_MICROBATCH=1). */
+static int split_point(const moet_model *m, const moet_seq_step *steps, int n_steps, int64_t n,
+		       int forced)
 {
-	if (!m->hy || m->remote || n_steps < 2)
+	if (!m->hy || m->remote || n_steps < 2 || (!m->cpu_tier && !forced))
 		return n_steps;
 	int64_t rows = 0;
 	int k = 0;
@@ -479,24 +482,38 @@ static moet_mb_tune *mb_tune_of(moet_model *m, int64_t n)
 }
 
 /*
- * One pass (0) or two micro-batches (1)? MOET_MICROBATCH=0 or 1 forces it; otherwise (auto)
- * per batch size (rows, in powers of two) the faster as measured: each form MB_TRIALS times,
- * then the one with the lower running mean, the other tried again now and then. The
- * micro-batches hide GPU work behind the CPU tier, but a cold expert both halves route to is
- * read twice, which costs more than it hides while the CPU tier is bandwidth-bound (bench e2e
- * records). Both forms give the same bits.
+ * Where to split the batch (*out_k: split_point) and in which form (*out_form): one pass (0)
+ * or two micro-batches (1). MOET_MICROBATCH=0 or 1 forces the form where the batch can split;
+ * auto (default; unset or empty) chooses per batch size (rows, in powers of two) the faster as
+ * measured: each form MB_TRIALS times, then the one with the lower running mean, the other
+ * tried again now and then. The micro-batches hide GPU work behind the CPU tier, but a cold
+ * expert both halves route to is read twice, which costs more than it hides while the CPU tier
+ * is bandwidth-bound (bench e2e records). Both forms give the same bits. Another value:
+ * MOET_EINVAL naming it, at every pass (with or without a placement), before any cache grows.
  */
-static int mb_choose(moet_model *m, int64_t n)
+static int mb_choose(moet_model *m, const moet_seq_step *steps, int n_steps, int64_t n,
+		     int *out_k, int *out_form)
 {
-	const char *env = getenv("MOET_MICROBATCH");
-	if (env && (!strcmp(env, "0") || !strcmp(env, "1")))
-		return env[0] == '1';
+	static const char *const modes[] = { "auto", "0", "1" };
+	int mode = 0, rc = moet_env_choice("MOET_MICROBATCH", modes, 3, &mode);
+	*out_k = n_steps;
+	*out_form = 0;
+	if (rc)
+		return rc;
+	*out_k = split_point(m, steps, n_steps, n, mode == 2);
+	if (*out_k == n_steps || mode) {
+		*out_form = *out_k < n_steps && mode == 2;
+		return 0;
+	}
 	moet_mb_tune *t = mb_tune_of(m, n);
 	t->passes++;
-	if (t->cnt[0] < MB_TRIALS || t->cnt[1] < MB_TRIALS)
-		return t->cnt[1] < t->cnt[0];
+	if (t->cnt[0] < MB_TRIALS || t->cnt[1] < MB_TRIALS) {
+		*out_form = t->cnt[1] < t->cnt[0];
+		return 0;
+	}
 	int best = t->mean[1] < t->mean[0];
-	return (t->passes % MB_RETRY == 0) ? !best : best;
+	*out_form = (t->passes % MB_RETRY == 0) ? !best : best;
+	return 0;
 }
 
 static void mb_record(moet_model *m, int64_t n, int form, double seconds)
@@ -528,8 +545,9 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 		return rc;
 	if (m->experts_unbound && !m->owner)
 		TRY(moet_model_bind_experts(m, NULL));
-	int k = split_point(m, steps, n_steps, n);
-	const int can_split = k < n_steps, form = can_split ? mb_choose(m, n) : 0;
+	int k = n_steps, form = 0;
+	TRY(mb_choose(m, steps, n_steps, n, &k, &form));
+	const int can_split = k < n_steps;
 	const double t0 = now_s();
 	if (!form)
 		k = n_steps;

@@ -15,7 +15,9 @@
  *   - moet_kv_token_bytes from config.json's dimensions;
  *   - bad arguments: block sizes that are not powers of two, a budget below one block, a
  *     cache larger than its pool, a cache of one MLA form given to a model of the other; a
- *     pool destroyed before its caches stays alive until they go (ASan in CI).
+ *     pool destroyed before its caches stays alive until they go (ASan in CI);
+ *   - MOET_MLA: empty is the expanded form; any other spelling (a capital, a trailing space)
+ *     is refused at the open with MOET_EINVAL naming the variable and the value.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -354,6 +356,25 @@ int main(void)
 	for (int f = 0; f < 2; f++) {
 		setenv("MOET_MLA", forms[f], 1);
 		CHECK(moet_model_open(dir, &m[f]) == 0, "open %s: %s", forms[f], moet_errmsg());
+	}
+	/* the empty value is the default; any other spelling is refused at the open, naming it */
+	setenv("MOET_MLA", "", 1);
+	moet_model *e = NULL;
+	CHECK(moet_model_open(dir, &e) == 0 && e && m[0] &&
+		      moet_kv_token_bytes(e) == moet_kv_token_bytes(m[0]),
+	      "MOET_MLA='': the expanded form (%s)", moet_errmsg());
+	moet_model_close(e);
+	static const char *const bad[] = { "Absorbed", "latent", "1", "expanded " };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		setenv("MOET_MLA", bad[i], 1);
+		e = NULL;
+		char want[64];
+		snprintf(want, sizeof(want), "MOET_MLA='%s'", bad[i]);
+		int rc = moet_model_open(dir, &e);
+		CHECK(rc == MOET_EINVAL && !e && strstr(moet_errmsg(), want) &&
+			      strstr(moet_errmsg(), "expanded or absorbed"),
+		      "MOET_MLA=%s: rc %d (%s)", bad[i], rc, moet_errmsg());
+		moet_model_close(e);
 	}
 	unsetenv("MOET_MLA");
 	for (int f = 0; f < 2 && m[0] && m[1]; f++) {
