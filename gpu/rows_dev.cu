@@ -196,7 +196,7 @@ static __global__ void __launch_bounds__(THREADS, 2)
 }
 
 template <int DT, int NMAT>
-static __global__ void __launch_bounds__(MOET_ROWS_WTHREADS, 2)
+static __global__ void __launch_bounds__(MOET_ROWS_WTHREADS, MOET_ROWS_WIDE_MINB)
 	rows_dev_wide_kernel(const __grid_constant__ dev_args a)
 {
 	using C = moet_rows_wcfg<DT, NMAT>;

@@ -33,12 +33,15 @@
  *   virtual rows: 32 per tile; NMAT 1: rows row0 .. row0+31; NMAT 2: gate rows row0 .. row0+15
  *          (virtual 0..15) and up rows row0 .. row0+15 (16..31); a tile lies in one 128-row
  *          block of the scales (row0 is a multiple of 32 / NMAT)
- *   shared: the decoded chunk, wf[16 lanes][8 steps][48] (32 rows, padded so that the staging
- *          stores of steps t and t+1 fall 16 banks apart) and xf[16][8][16] (tokens), and NS
- *          raw stages filled by cp.async (weight rows as bytes, activation rows as floats,
- *          zero-filled past the edges); per chunk: wait, sync, issue the fetch NS-1 chunks
- *          ahead, decode the raw stage into wf / xf, sync, compute. At the end the decoded
- *          chunk's memory holds red[8][16][33] for the tree.
+ *   shared: two decoded chunks, each wf[16 lanes][8 steps][32 rows] (warp w decodes step w,
+ *          thread li row li: 32 consecutive floats per store) and xf[16][8][16] (tokens), and
+ *          NS raw stages filled by cp.async (weight rows as bytes, activation rows as floats,
+ *          zero-filled past the edges; each thread's source rows found once per tile); per
+ *          chunk c: wait for raw chunk c+1, one sync, fetch chunk c+NS, decode chunk c+1 into
+ *          the other decoded buffer, compute chunk c. At the end the decoded chunks' memory
+ *          holds red[8][16][33] for the tree.
+ *   thread order: the two lanes one after the other per chunk (8 steps of lane w, its fold,
+ *          then lane w + 8), so one p tile is live, not two.
  *
  * NOTE (measured, H200, bench gpu-experts, 8 Kimi-K2 experts, docs/gpu.md): 16 tokens per
  * expert 0.37 of the SGEMM rate (ref 0.34), 256 tokens 0.40 (0.37); at 8 tokens this layout is
@@ -47,6 +50,9 @@
  * costing as much again: each 32-row tile re-reads its tokens' activations from L2, and the
  * register budget of the contract's 16 lanes x (p, acc) caps the tile. Larger tiles with 16
  * warps per block (one lane each, 64 x 32 and 32 x 32 tiles) measured slower; see docs/gpu.md.
+ * Those figures predate the one-sync pipeline with two decoded chunks and the per-tile fetch
+ * addresses (SASS sm_90, F8 gate_up, per full chunk and thread: 552 -> 471 instructions
+ * issued on average, FFMA share 0.52 -> 0.61, two barriers -> one; not yet measured on a GPU).
  */
 #include "rows_int.h"
 #include "rows_wide_body.cuh"
@@ -59,7 +65,7 @@
 #include <stdint.h>
 
 template <int DT, int NMAT>
-static __global__ void __launch_bounds__(MOET_ROWS_WTHREADS, 2)
+static __global__ void __launch_bounds__(MOET_ROWS_WTHREADS, MOET_ROWS_WIDE_MINB)
 	rows_wide_kernel(const __grid_constant__ moet_rows_args a)
 {
 	using C = moet_rows_wcfg<DT, NMAT>;

@@ -13,13 +13,20 @@
 
 #define MOET_ROWS_WTHREADS 256
 #define MOET_ROWS_WIDE_NS 3 /* raw stages in flight */
+/* Blocks per SM for __launch_bounds__: two on sm_90 (128 registers); one on sm_120, whose 100 KB
+ * of shared memory per SM holds one block anyway (there a cap of 128 registers only spilled). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+#define MOET_ROWS_WIDE_MINB 1
+#else
+#define MOET_ROWS_WIDE_MINB 2
+#endif
 
 template <int DT, int NMAT> struct moet_rows_wcfg {
 	static constexpr int VR = 32;                     /* virtual rows per tile */
 	static constexpr int RB = VR / NMAT;              /* output rows per tile */
 	static constexpr int TB = 16;                     /* tokens per tile */
 	static constexpr int ESZ = DT == MOET_ROWS_F8 ? 1 : 2;
-	static constexpr int WS = VR + 16;                /* floats per (lane, step) in wf */
+	static constexpr int WS = VR;                     /* floats per (lane, step) in wf */
 	static constexpr int WF = 16 * 8 * WS;            /* floats of wf */
 	static constexpr int XF = 16 * 8 * TB;            /* floats of xf */
 	static constexpr int DEC = (WF + XF) * 4;         /* bytes of the decoded chunk */
@@ -28,7 +35,7 @@ template <int DT, int NMAT> struct moet_rows_wcfg {
 	static constexpr int STAGE = VR * WRS + TB * XRS * 4;
 	static constexpr int RS = VR + 1;                 /* floats per (lane pair, token) in red */
 	static constexpr int RED = 8 * TB * RS * 4;
-	static constexpr int SMEM = DEC + MOET_ROWS_WIDE_NS * STAGE;
+	static constexpr int SMEM = 2 * DEC + MOET_ROWS_WIDE_NS * STAGE; /* 2 decoded chunks */
 	static_assert(RED <= DEC, "the tree's table fits in the decoded chunk");
 	static_assert((VR * WRS) % 16 == 0 && DEC % 16 == 0 && STAGE % 16 == 0, "16-byte stages");
 	static_assert(TB * 8 <= MOET_ROWS_WTHREADS, "one activation unit per thread at most");
@@ -65,41 +72,62 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 		moet_grid_dep_wait();
 	moet_rows_stage_xrows<C::TB>(a, g, tok0, n_toks, tid, xrow_s);
 
-	float *const wf = (float *)smem, *const xf = wf + C::WF;
-	unsigned char *const raw = smem + C::DEC;
+	unsigned char *const raw = smem + 2 * C::DEC;
 
 	/* Raw stage st <- chunk c: weight rows (16-byte pieces, zero-filled past the last row or
-	 * column) and activation rows (zero-filled for tokens past the tile or out of range). */
+	 * column) and activation rows (zero-filled for tokens past the tile or out of range).
+	 * NOTE: each thread's pieces are fixed for the tile (NWP weight pieces, NXP activation
+	 * pieces, fixed trip counts); their source rows are found once here, so a chunk's fetch
+	 * is a few adds per piece (per-chunk address work was a fifth of the loop's issue). */
+	constexpr int PPR = 128 * C::ESZ / 16; /* pieces per weight row */
+	constexpr int NWP = C::VR * PPR / WTHREADS, NXP = C::TB * 32 / WTHREADS;
+	static_assert(NWP * WTHREADS == C::VR * PPR && NXP * WTHREADS == C::TB * 32,
+		      "whole pieces per thread");
+	const unsigned char *wsrc[NWP];
+	bool wrow_ok[NWP];
+#pragma unroll
+	for (int i = 0; i < NWP; i++) {
+		const int p = tid + i * WTHREADS, vr = p / PPR, q = p % PPR;
+		const int m = NMAT == 2 ? vr >> 4 : 0;
+		const int row = row0 + (NMAT == 2 ? (vr & 15) : vr);
+		wrow_ok[i] = row < a.rows;
+		wsrc[i] = (const unsigned char *)g.w(m) +
+			  (wrow_ok[i] ? (size_t)row * K * C::ESZ + q * 16 : 0);
+	}
+	const float *xsrc[NXP];
+#pragma unroll
+	for (int i = 0; i < NXP; i++) {
+		const int xr = xrow_s[(tid + i * WTHREADS) >> 5], q = tid & 31;
+		xsrc[i] = xr >= 0 ? a.x + (long long)xr * a.x_stride + q * 4 : NULL;
+	}
 	auto fetch = [&](int c, int st) {
 		unsigned char *ws = raw + st * C::STAGE;
 		float *xs = (float *)(ws + C::VR * C::WRS);
 		const int kc0 = c * 128, kcols = min(128, K - kc0);
-		constexpr int PPR = 128 * C::ESZ / 16; /* pieces per weight row */
-		for (int p = tid; p < C::VR * PPR; p += WTHREADS) {
-			const int vr = p / PPR, q = p % PPR;
-			const int m = NMAT == 2 ? vr >> 4 : 0;
-			const int row = row0 + (NMAT == 2 ? (vr & 15) : vr);
-			const bool ok = row < a.rows && q * 16 < kcols * C::ESZ;
-			const unsigned char *src = (const unsigned char *)g.w(m) +
-				(ok ? ((size_t)row * K + kc0) * C::ESZ + q * 16 : 0);
-			moet_cp_async16z(ws + vr * C::WRS + q * 16, src, ok);
+#pragma unroll
+		for (int i = 0; i < NWP; i++) {
+			const int p = tid + i * WTHREADS, vr = p / PPR, q = p % PPR;
+			const bool ok = wrow_ok[i] && q * 16 < kcols * C::ESZ;
+			moet_cp_async16z(ws + vr * C::WRS + q * 16,
+					 ok ? wsrc[i] + (size_t)kc0 * C::ESZ : wsrc[i], ok);
 		}
-		for (int p = tid; p < C::TB * 32; p += WTHREADS) {
-			const int i = p >> 5, q = p & 31;
-			const int xr = xrow_s[i];
-			const bool ok = xr >= 0 && q * 4 < kcols;
-			const float *src = a.x + (ok ? (long long)xr * a.x_stride + kc0 + q * 4 : 0);
-			moet_cp_async16z(xs + i * C::XRS + q * 4, src, ok);
+#pragma unroll
+		for (int i = 0; i < NXP; i++) {
+			const int p = tid + i * WTHREADS, xi = p >> 5, q = p & 31;
+			const bool ok = xsrc[i] != NULL && q * 4 < kcols;
+			moet_cp_async16z(xs + xi * C::XRS + q * 4, ok ? xsrc[i] + kc0 : a.x, ok);
 		}
 		moet_cp_async_commit();
 	};
 
-	/* Decode raw stage st into wf / xf: weights unit (virtual row dv, step dt: 16 columns, one
-	 * per lane), activations unit (token xt, step xst). */
-	const int dv = (li & 15) + 16 * (w & 1), dt = 2 * (w >> 1) + (li >> 4);
+	/* Decode raw stage st into decoded buffer b (wf, then xf): weights unit (virtual row dv,
+	 * step dt: 16 columns, one per lane; a warp stores 32 consecutive rows, so wf needs no
+	 * padding), activations unit (token xt, step xst). */
+	const int dv = li, dt = w;
 	const int xt = tid % C::TB, xst = tid / C::TB;
-	auto decode = [&](int st) {
+	auto decode = [&](int st, int b) {
 		const unsigned char *ws = raw + st * C::STAGE;
+		float *const wf = (float *)(smem + b * C::DEC), *const xf = wf + C::WF;
 		const float *xs = (const float *)(ws + C::VR * C::WRS);
 		float *d = wf + dt * C::WS + dv;
 		const uint4 *src = (const uint4 *)(ws + dv * C::WRS + 16 * dt * C::ESZ);
@@ -144,17 +172,20 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 	if (has_s)
 		sp += (size_t)(srow / 128) * n_chunk;
 
-	float p[2][4][4], acc[2][4][4];
+	/* NOTE: p is live only inside a chunk, so the thread runs its two lanes one after the
+	 * other (8 steps of lane w, its fold, then lane w + 8): one p tile instead of two. */
+	float p[4][4], acc[2][4][4];
 #pragma unroll
 	for (int h = 0; h < 2; h++)
 #pragma unroll
 		for (int i = 0; i < 4; i++)
 #pragma unroll
 			for (int j = 0; j < 4; j++)
-				p[h][i][j] = acc[h][i][j] = 0.0f;
+				acc[h][i][j] = 0.0f;
 
 	/* Step t of lane w + 8h. */
-	auto step = [&](int h, int t) {
+	auto step = [&](const float *wf, int h, int t) {
+		const float *xf = wf + C::WF;
 		const int ln = w + 8 * h;
 		const float4 w4 = *(const float4 *)(wf + (ln * 8 + t) * C::WS + 4 * rt);
 		const float4 x4 = *(const float4 *)(xf + (ln * 8 + t) * C::TB + 4 * tt);
@@ -164,51 +195,58 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 		for (int i = 0; i < 4; i++)
 #pragma unroll
 			for (int j = 0; j < 4; j++)
-				p[h][i][j] = fmaf(wr[i], xv[j], p[h][i][j]);
+				p[i][j] = fmaf(wr[i], xv[j], p[i][j]);
 	};
 
+	/* NOTE (the pipeline). NS raw stages and two decoded chunks: iteration c waits for raw
+	 * chunk c+1, syncs, fetches chunk c+NS into the stage chunk c left (decoded in iteration
+	 * c-1), decodes chunk c+1 into buffer (c+1)%2 (its last readers computed chunk c-1, before
+	 * the sync) and computes chunk c from buffer c%2 (decoded before the sync). One barrier
+	 * per chunk; a warp's decode overlaps the other warps' fmas. */
 #pragma unroll
-	for (int st = 0; st < NS - 1; st++) {
+	for (int st = 0; st < NS; st++) {
 		if (st < n_chunk)
 			fetch(st, st);
 		else
 			moet_cp_async_commit();
 	}
+	moet_cp_async_wait<NS - 1>();
+	__syncthreads(); /* raw chunk 0 landed for all */
+	decode(0, 0);
 	for (int c = 0; c < n_chunk; c++) {
 		moet_cp_async_wait<NS - 2>();
-		__syncthreads(); /* raw chunk c landed for all; every warp is done with wf / xf */
-		const int nc = c + NS - 1;
-		if (nc < n_chunk)
-			fetch(nc, nc % NS);
+		__syncthreads(); /* raw chunk c+1 landed, decoded chunk c visible, buffer (c+1)%2 free */
+		if (c + NS < n_chunk)
+			fetch(c + NS, c % NS);
 		else
 			moet_cp_async_commit();
-		decode(c % NS);
-		__syncthreads();
 		const float sc = has_s ? __ldg(sp + c) : 1.0f;
+		if (c + 1 < n_chunk)
+			decode((c + 1) % NS, (c + 1) & 1);
+		const float *const wfc = (const float *)(smem + (c & 1) * C::DEC);
 		const int kcols = min(128, K - c * 128);
-		if (kcols == 128) {
 #pragma unroll
-			for (int t = 0; t < 8; t++) {
-				step(0, t);
-				step(1, t);
-			}
-		} else {
-			for (int t = 0; t < 8; t++) {
-				if (16 * t + w < kcols)
-					step(0, t);
-				if (16 * t + w + 8 < kcols)
-					step(1, t);
-			}
-		}
-#pragma unroll
-		for (int h = 0; h < 2; h++)
+		for (int h = 0; h < 2; h++) {
 #pragma unroll
 			for (int i = 0; i < 4; i++)
 #pragma unroll
-				for (int j = 0; j < 4; j++) {
-					acc[h][i][j] = fmaf(p[h][i][j], sc, acc[h][i][j]);
-					p[h][i][j] = 0.0f;
-				}
+				for (int j = 0; j < 4; j++)
+					p[i][j] = 0.0f;
+			if (kcols == 128) {
+#pragma unroll
+				for (int t = 0; t < 8; t++)
+					step(wfc, h, t);
+			} else {
+				for (int t = 0; t < 8; t++)
+					if (16 * t + w + 8 * h < kcols)
+						step(wfc, h, t);
+			}
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+#pragma unroll
+				for (int j = 0; j < 4; j++)
+					acc[h][i][j] = fmaf(p[i][j], sc, acc[h][i][j]);
+		}
 	}
 	moet_cp_async_wait<0>();
 	__syncthreads(); /* every warp is done with wf / xf */
