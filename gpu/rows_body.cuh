@@ -247,19 +247,31 @@ template <int DT, int NMAT, int TT, int WR> struct moet_rows_stage {
 
 /*
  * Whether moet_rows_body stages through moet_rows_stage (value) for the instance <DT, NMAT, TT,
- * WR> with the group object G; the rest keep the plain loop, as fast as before.
+ * WR> with the group object G, and whether it also keeps its rows' block-scale offsets
+ * (scales; else it finds them per chunk as the plain loop does); the rest keep the plain loop.
  * NOTE (why these, from ptxas -v on sm_90 and sm_120, rows.cu and rows_dev.cu): the hoisted
  * state (a pointer per matrix, an int per activation piece and per block scale) is a few live
- * registers more; the 1- and 2-token instances take it without spilling, the 4-token ones
- * (near 128 registers) gained spills, and so did, of the device-grouped ones (rows_dev.cu,
- * whose group object holds its pointers in registers), the BF16 ones and sm_120's F8 gate_up
- * at one token. Rechecked by ptxas -v at each change of the body.
+ * registers more. The 1- and 2-token instances take it without spilling; of the device-grouped
+ * ones (rows_dev.cu, whose group object holds its pointers in registers) the BF16 ones and
+ * sm_120's F8 gate_up at one token gained spills, so they keep the plain loop. At 4 tokens
+ * (near 128 registers) the F8 instances take it and lose the plain loop's spills (sm_120
+ * rows_kernel <0,1,4,4>/<0,1,4,8>/<0,2,4,8> 8 B -> none, rows_dev_kernel4 <0,1,4,*> sm_90
+ * 12 B -> none, sm_120 16-24 B -> none; sm_90 SASS of <0,1,4,8>: 758 -> 575 instructions a
+ * chunk per thread), except: sm_120 rows_kernel <0,1,4,2> (more spill bytes), and the
+ * device-grouped gate_up at <4,8>, which spills with the scale offsets on both archs, takes
+ * the staging without them on sm_90 (no spill) and nothing on sm_120 (spills either way).
+ * BF16 at 4 tokens: not tried. Rechecked by ptxas -v at each change of the body.
  */
 template <int DT, int NMAT, int TT, int WR, class G> struct moet_rows_hoist {
 	static constexpr bool param = std::is_same<G, moet_rows_param_group>::value;
 	static constexpr bool value =
-		moet_rows_stage<DT, NMAT, TT, WR>::FITS && TT <= 2 &&
-		(param || (DT == MOET_ROWS_F8 && !(MOET_ROWS_SM120 && NMAT == 2 && TT == 1)));
+		moet_rows_stage<DT, NMAT, TT, WR>::FITS &&
+		(TT <= 2 ? param || (DT == MOET_ROWS_F8 &&
+				     !(MOET_ROWS_SM120 && NMAT == 2 && TT == 1))
+			 : DT == MOET_ROWS_F8 &&
+				   !(MOET_ROWS_SM120 && (param ? NMAT == 1 && WR == 2
+							       : NMAT == 2 && WR == 8)));
+	static constexpr bool scales = value && !(TT == 4 && !param && NMAT == 2 && WR == 8);
 };
 
 /* One tile of rows_kernel (see the top of this file and of rows.cu). Every thread of the block
@@ -294,6 +306,7 @@ static __device__ __forceinline__ void moet_rows_body(const A &a, const G &g, in
 	/* The vec staging's per-thread state, fixed for the tile (moet_rows_stage's NOTE). */
 	using S = moet_rows_stage<DT, NMAT, TT, WR>;
 	constexpr bool HOIST = moet_rows_hoist<DT, NMAT, TT, WR, G>::value;
+	constexpr bool HOIST_S = moet_rows_hoist<DT, NMAT, TT, WR, G>::scales;
 	S sg;
 	if (HOIST)
 		sg.init(a, g, row0, n_toks, tid, xrow_s);
@@ -392,7 +405,7 @@ static __device__ __forceinline__ void moet_rows_body(const A &a, const G &g, in
 #pragma unroll
 		for (int r = 0; r < C::RT; r++) {
 			const int row = row0 + wr * 8 + qi + 8 * WR * r;
-			so[m][r] = (HOIST && g.s(m) && row < a.rows) ? row / 128 * n_chunk : -1;
+			so[m][r] = (HOIST_S && g.s(m) && row < a.rows) ? row / 128 * n_chunk : -1;
 		}
 
 #pragma unroll
@@ -423,7 +436,7 @@ static __device__ __forceinline__ void moet_rows_body(const A &a, const G &g, in
 		for (int m = 0; m < NMAT; m++)
 #pragma unroll
 			for (int r = 0; r < C::RT; r++) {
-				if (HOIST) {
+				if (HOIST_S) {
 					sc[m][r] = so[m][r] >= 0 ? __ldg(g.s(m) + so[m][r] + c)
 								 : 1.0f;
 					continue;
