@@ -7,41 +7,48 @@
  * Why. From 8 tokens per group up the work is the fmas, and rows_kernel gives each (row, token)
  * dot to a quad of threads, so no operand is shared inside a warp. Here each warp works on two
  * contract lanes (w and w + 8) of a tile of 32 virtual rows x 16 tokens, like a small SGEMM:
- * thread (rt, tt) keeps a 4 x 4 register tile of (row, token) dots per lane, and a step loads
- * one 16-byte row fragment (shared by the 4 token threads of the warp) and one 16-byte token
- * fragment (shared by the 8 row threads) for 16 fmas. The 8 warps hold the 16 lanes; the
- * contract's halving tree runs once per tile at the end (its first level in the thread, which
- * holds lanes l and l + 8, the rest through shared memory).
+ * half-warp hh works on lane w + 8hh, its thread (rt, tt) keeps an 8 x 4 register tile of
+ * (row, token) dots, and a step loads two 16-byte row fragments (shared by the 4 token threads
+ * of the half-warp) and one 16-byte token fragment (shared by the 4 row threads) for 32 fmas:
+ * 3 LDS.128 per 32 fmas. The 8 warps hold the 16 lanes; the contract's halving tree runs once
+ * per tile at the end (its first level between the half-warps, the rest through shared memory).
+ * MOET_ROWS_WIDE_TR 4 (rows_wide_body.cuh) builds the previous 4 x 4 tile instead: the whole
+ * warp on one lane, the thread's two lanes one after the other, 2 LDS.128 per 16 fmas.
  *
  * NOTE (the mapping, and why it is exact). The contract (docs/numerics.md) gives every (row,
  * token) sixteen lanes; lane l owns the columns k = 128b + 16t + l. Warp w holds p and acc of
  * lanes w and w + 8 of every (row, token) of the tile, in the registers of the thread that owns
- * the pair, and performs per lane, per 128-column block b, in the reference's order:
+ * the pair in the lane's half-warp, and performs per lane, per 128-column block b, in the
+ * reference's order:
  *   p = +0; for t = 0..7: p = fma(dec(W[r][k]), x[k], p) if k < K (else nothing);
  *   acc = fma(p, S[r/128][b], acc)  (every lane, every block, partial blocks too).
  * A lane's condition k < K is the same for the whole warp, so partial blocks cost no
  * divergence. At the end the tree in the reference's pairing:
- *   q[l] = acc[l] + acc[l+8] (in the thread); s[l] = q[l] + q[l+4]; u[l] = s[l] + s[l+2];
+ *   q[l] = acc[l] + acc[l+8] (a shuffle across the half-warps; in the thread at TR 4);
+ *   s[l] = q[l] + q[l+4]; u[l] = s[l] + s[l+2];
  *   D = u[0] + u[1] (through shared memory).
  * Decoding is exact and happens once per staged chunk, into binary32 in shared memory:
  * cvt.rn.f16x2.e4m3x2 then cvt.f32.f16 as in rows.cu (NaN codes give NaN; outputs are
  * canonicalized), BF16 a 16-bit shift. fmaf, --fmad=false, -ftz=false as everywhere in gpu/.
  * Nothing depends on the tiling: every output has its own fixed sequence of operations.
  *
- *   block: 256 threads = 8 warps, two blocks per SM; in warp w thread li: rt = li % 8 (virtual
- *          rows 4rt .. 4rt+3), tt = li / 8 (tokens 4tt .. 4tt+3)
+ *   block: 256 threads = 8 warps, two blocks per SM (sm_90); in warp w thread li: hh = li / 16
+ *          (lane w + 8hh), rt = li % 4 (virtual rows 8rt .. 8rt+7), tt = li / 4 % 4 (tokens
+ *          4tt .. 4tt+3); at TR 4: rt = li % 8 (rows 4rt .. 4rt+3), tt = li / 8, both lanes
  *   virtual rows: 32 per tile; NMAT 1: rows row0 .. row0+31; NMAT 2: gate rows row0 .. row0+15
  *          (virtual 0..15) and up rows row0 .. row0+15 (16..31); a tile lies in one 128-row
  *          block of the scales (row0 is a multiple of 32 / NMAT)
  *   shared: two decoded chunks, each wf[16 lanes][8 steps][32 rows] (warp w decodes step w,
- *          thread li row li: 32 consecutive floats per store) and xf[16][8][16] (tokens), and
+ *          thread li row li: 32 consecutive floats per store) and xf[16][8][16] (tokens), lanes
+ *          8..15 of each 4 (wf) and 16 (xf) floats later, so that the two half-warps' loads of
+ *          one step fall in disjoint banks, and
  *          NS raw stages filled by cp.async (weight rows as bytes, activation rows as floats,
  *          zero-filled past the edges; each thread's source rows found once per tile); per
  *          chunk c: wait for raw chunk c+1, one sync, fetch chunk c+NS, decode chunk c+1 into
  *          the other decoded buffer, compute chunk c. At the end the decoded chunks' memory
  *          holds red[8][16][33] for the tree.
- *   thread order: the two lanes one after the other per chunk (8 steps of lane w, its fold,
- *          then lane w + 8), so one p tile is live, not two.
+ *   thread order: per chunk 8 steps of its lane, then its fold (TR 4: the two lanes one after
+ *          the other, so one p tile is live, not two).
  *
  * NOTE (measured, H200, bench gpu-experts, 8 Kimi-K2 experts, docs/gpu.md): 16 tokens per
  * expert 0.37 of the SGEMM rate (ref 0.34), 256 tokens 0.40 (0.37); at 8 tokens this layout is
@@ -52,7 +59,11 @@
  * warps per block (one lane each, 64 x 32 and 32 x 32 tiles) measured slower; see docs/gpu.md.
  * Those figures predate the one-sync pipeline with two decoded chunks and the per-tile fetch
  * addresses (SASS sm_90, F8 gate_up, per full chunk and thread: 552 -> 471 instructions
- * issued on average, FFMA share 0.52 -> 0.61, two barriers -> one; not yet measured on a GPU).
+ * issued on average, FFMA share 0.52 -> 0.61, two barriers -> one; H200: 256 tokens 0.46 of
+ * SGEMM). The 8 x 4 tile (same trace, averaged over the threads that decode activations and
+ * those that do not): 469 -> 460 instructions, FFMA share 0.615 -> 0.626, LDS in the steps
+ * 32 -> 24 per chunk (LDS per step fma 0.125 -> 0.094), ptxas sm_90 127 registers (two blocks
+ * per SM kept), sm_120 137-142; no spills; not yet measured on a GPU.
  */
 #include "rows_int.h"
 #include "rows_wide_body.cuh"

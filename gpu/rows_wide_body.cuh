@@ -20,15 +20,25 @@
 #else
 #define MOET_ROWS_WIDE_MINB 2
 #endif
+/* Rows per thread of the register tile (x 4 tokens): 8 (the default: a half-warp per contract
+ * lane, 3 LDS.128 per 32 fmas) or 4 (the whole warp on one lane at a time, two lanes one after
+ * the other, 2 LDS.128 per 16 fmas). Same bits either way (rows_wide.cu). */
+#ifndef MOET_ROWS_WIDE_TR
+#define MOET_ROWS_WIDE_TR 8
+#endif
 
 template <int DT, int NMAT> struct moet_rows_wcfg {
 	static constexpr int VR = 32;                     /* virtual rows per tile */
 	static constexpr int RB = VR / NMAT;              /* output rows per tile */
 	static constexpr int TB = 16;                     /* tokens per tile */
 	static constexpr int ESZ = DT == MOET_ROWS_F8 ? 1 : 2;
+	static constexpr int TR = MOET_ROWS_WIDE_TR;      /* rows per thread */
 	static constexpr int WS = VR;                     /* floats per (lane, step) in wf */
-	static constexpr int WF = 16 * 8 * WS;            /* floats of wf */
-	static constexpr int XF = 16 * 8 * TB;            /* floats of xf */
+	/* Lanes 8..15 of wf / xf start WP / XP floats later: the two half-warps (lanes w and
+	 * w + 8) then read disjoint banks in one LDS.128 (TR 8 only). */
+	static constexpr int WP = TR == 8 ? 4 : 0, XP = TR == 8 ? 16 : 0;
+	static constexpr int WF = 16 * 8 * WS + WP;       /* floats of wf */
+	static constexpr int XF = 16 * 8 * TB + XP;       /* floats of xf */
 	static constexpr int DEC = (WF + XF) * 4;         /* bytes of the decoded chunk */
 	static constexpr int WRS = 128 * ESZ + 16;        /* bytes per raw weight row */
 	static constexpr int XRS = 128 + 4;               /* floats per raw activation row */
@@ -36,6 +46,7 @@ template <int DT, int NMAT> struct moet_rows_wcfg {
 	static constexpr int RS = VR + 1;                 /* floats per (lane pair, token) in red */
 	static constexpr int RED = 8 * TB * RS * 4;
 	static constexpr int SMEM = 2 * DEC + MOET_ROWS_WIDE_NS * STAGE; /* 2 decoded chunks */
+	static_assert(TR == 4 || TR == 8, "4 or 8 rows per thread");
 	static_assert(RED <= DEC, "the tree's table fits in the decoded chunk");
 	static_assert((VR * WRS) % 16 == 0 && DEC % 16 == 0 && STAGE % 16 == 0, "16-byte stages");
 	static_assert(TB * 8 <= MOET_ROWS_WTHREADS, "one activation unit per thread at most");
@@ -60,8 +71,10 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 	extern __shared__ __align__(16) unsigned char smem[];
 	__shared__ int xrow_s[C::TB];
 
+	constexpr int TR = C::TR, NL = TR == 4 ? 2 : 1; /* lanes per thread, in turn */
 	const int tid = threadIdx.x, li = tid & 31, w = tid >> 5;
-	const int rt = li & 7, tt = li >> 3;
+	/* thread: rows TR*rt .. TR*rt+TR-1, tokens 4tt .. 4tt+3, lanes w + 8(hh + h), h < NL */
+	const int rt = li % (32 / TR), tt = (li / (32 / TR)) & 3, hh = TR == 8 ? li >> 4 : 0;
 	const int n_rows = min(C::RB, a.rows - row0), n_toks = min(C::TB, n_e - tok0);
 	const int K = a.K, n_chunk = (K + 127) / 128;
 
@@ -139,15 +152,16 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 				moet_dec4_f8(moet_rows_word_of(u, i), v);
 #pragma unroll
 				for (int q = 0; q < 4; q++)
-					d[(4 * i + q) * 8 * C::WS] = v[q];
+					d[(4 * i + q) * 8 * C::WS + (i >= 2 ? C::WP : 0)] = v[q];
 			}
 		} else {
 			const uint4 u[2] = { src[0], src[1] };
 #pragma unroll
 			for (int i = 0; i < 8; i++) {
 				uint32_t b = moet_rows_word_of(u[i >> 2], i & 3);
-				d[(2 * i) * 8 * C::WS] = __uint_as_float(b << 16);
-				d[(2 * i + 1) * 8 * C::WS] = __uint_as_float(b & 0xFFFF0000u);
+				const int o = i >= 4 ? C::WP : 0;
+				d[(2 * i) * 8 * C::WS + o] = __uint_as_float(b << 16);
+				d[(2 * i + 1) * 8 * C::WS + o] = __uint_as_float(b & 0xFFFF0000u);
 			}
 		}
 		if (tid < C::TB * 8) {
@@ -156,43 +170,49 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 #pragma unroll
 			for (int q = 0; q < 4; q++) {
 				const float4 v = xsrc[q];
-				xd[(4 * q + 0) * 8 * C::TB] = v.x;
-				xd[(4 * q + 1) * 8 * C::TB] = v.y;
-				xd[(4 * q + 2) * 8 * C::TB] = v.z;
-				xd[(4 * q + 3) * 8 * C::TB] = v.w;
+				const int o = q >= 2 ? C::XP : 0;
+				xd[(4 * q + 0) * 8 * C::TB + o] = v.x;
+				xd[(4 * q + 1) * 8 * C::TB + o] = v.y;
+				xd[(4 * q + 2) * 8 * C::TB + o] = v.z;
+				xd[(4 * q + 3) * 8 * C::TB + o] = v.w;
 			}
 		}
 	};
 
-	/* My scale: virtual rows 4rt .. 4rt+3 are of one matrix (NMAT 2 splits at 16). */
-	const int mm = NMAT == 2 ? (rt >= 4) : 0;
-	const int srow = row0 + (NMAT == 2 ? (4 * rt) & 15 : 4 * rt);
+	/* My scale: virtual rows TR*rt .. TR*rt+TR-1 are of one matrix (NMAT 2 splits at 16). */
+	const int mm = NMAT == 2 ? (TR * rt >= 16) : 0;
+	const int srow = row0 + (NMAT == 2 ? (TR * rt) & 15 : TR * rt);
 	const float *sp = g.s(mm);
 	const bool has_s = sp && srow < a.rows;
 	if (has_s)
 		sp += (size_t)(srow / 128) * n_chunk;
 
-	/* NOTE: p is live only inside a chunk, so the thread runs its two lanes one after the
-	 * other (8 steps of lane w, its fold, then lane w + 8): one p tile instead of two. */
-	float p[4][4], acc[2][4][4];
+	/* NOTE: p is live only inside a chunk, so at TR 4 the thread runs its two lanes one after
+	 * the other (8 steps of lane w, its fold, then lane w + 8): one p tile instead of two. */
+	float p[TR][4], acc[NL][TR][4];
 #pragma unroll
-	for (int h = 0; h < 2; h++)
+	for (int h = 0; h < NL; h++)
 #pragma unroll
-		for (int i = 0; i < 4; i++)
+		for (int i = 0; i < TR; i++)
 #pragma unroll
 			for (int j = 0; j < 4; j++)
 				acc[h][i][j] = 0.0f;
 
-	/* Step t of lane w + 8h. */
+	/* Step t of lane w + 8(hh + h). */
 	auto step = [&](const float *wf, int h, int t) {
 		const float *xf = wf + C::WF;
-		const int ln = w + 8 * h;
-		const float4 w4 = *(const float4 *)(wf + (ln * 8 + t) * C::WS + 4 * rt);
-		const float4 x4 = *(const float4 *)(xf + (ln * 8 + t) * C::TB + 4 * tt);
-		const float wr[4] = { w4.x, w4.y, w4.z, w4.w };
+		const int ln = w + 8 * (hh + h), hi = hh + h;
+		const float *wl = wf + (ln * 8 + t) * C::WS + hi * C::WP + TR * rt;
+		const float4 x4 = *(const float4 *)(xf + (ln * 8 + t) * C::TB + hi * C::XP + 4 * tt);
+		float wr[TR];
+#pragma unroll
+		for (int i = 0; i < TR; i += 4) {
+			const float4 w4 = *(const float4 *)(wl + i);
+			wr[i] = w4.x, wr[i + 1] = w4.y, wr[i + 2] = w4.z, wr[i + 3] = w4.w;
+		}
 		const float xv[4] = { x4.x, x4.y, x4.z, x4.w };
 #pragma unroll
-		for (int i = 0; i < 4; i++)
+		for (int i = 0; i < TR; i++)
 #pragma unroll
 			for (int j = 0; j < 4; j++)
 				p[i][j] = fmaf(wr[i], xv[j], p[i][j]);
@@ -226,9 +246,9 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 		const float *const wfc = (const float *)(smem + (c & 1) * C::DEC);
 		const int kcols = min(128, K - c * 128);
 #pragma unroll
-		for (int h = 0; h < 2; h++) {
+		for (int h = 0; h < NL; h++) {
 #pragma unroll
-			for (int i = 0; i < 4; i++)
+			for (int i = 0; i < TR; i++)
 #pragma unroll
 				for (int j = 0; j < 4; j++)
 					p[i][j] = 0.0f;
@@ -238,11 +258,11 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 					step(wfc, h, t);
 			} else {
 				for (int t = 0; t < 8; t++)
-					if (16 * t + w + 8 * h < kcols)
+					if (16 * t + w + 8 * (hh + h) < kcols)
 						step(wfc, h, t);
 			}
 #pragma unroll
-			for (int i = 0; i < 4; i++)
+			for (int i = 0; i < TR; i++)
 #pragma unroll
 				for (int j = 0; j < 4; j++)
 					acc[h][i][j] = fmaf(p[i][j], sc, acc[h][i][j]);
@@ -251,12 +271,22 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 	moet_cp_async_wait<0>();
 	__syncthreads(); /* every warp is done with wf / xf */
 
+	/* The tree's first level: q[w] = acc[w] + acc[w + 8], in the thread at TR 4; at TR 8
+	 * through the other half-warp (half hh writes rows 8rt+4hh .. 8rt+4hh+3). */
 	float *red = (float *)smem;
 #pragma unroll
-	for (int i = 0; i < 4; i++)
+	for (int i = 0; i < TR; i++)
 #pragma unroll
-		for (int j = 0; j < 4; j++)
-			red[(w * C::TB + 4 * tt + j) * C::RS + 4 * rt + i] = acc[0][i][j] + acc[1][i][j];
+		for (int j = 0; j < 4; j++) {
+			float *r = &red[(w * C::TB + 4 * tt + j) * C::RS + TR * rt + i];
+			if constexpr (TR == 4) {
+				*r = acc[0][i][j] + acc[NL - 1][i][j];
+			} else {
+				const float o = __shfl_xor_sync(0xFFFFFFFFu, acc[0][i][j], 16);
+				if ((i >> 2) == hh)
+					*r = acc[0][i][j] + o; /* a + b == b + a, exactly */
+			}
+		}
 	__syncthreads();
 	auto tree = [&](int tl, int vr) {
 		float s[4];
