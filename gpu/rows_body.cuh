@@ -205,12 +205,12 @@ template <int DT, int NMAT, int TT, int WR> struct moet_rows_stage {
 
 	/* Chunk columns kc0 .. kc0 + kcols - 1 (K columns, n_rows rows in the tile) into the stage
 	 * at ws (weights) and xs (activations); commits nothing. */
-	template <class A>
+	template <bool FULL = false, class A>
 	__device__ __forceinline__ void load(const A &a, unsigned char *ws, float *xs, int kc0,
 					     int kcols, int K, int n_rows, int tid) const
 	{
-		/* K * ESZ % 16 == 0 under vec: a partial chunk has whole pieces */
-		if (tid % PPR < kcols * C::ESZ / 16) {
+		/* K * ESZ % 16 == 0 under vec: a partial chunk has whole pieces (FULL: kcols 128) */
+		if (FULL || tid % PPR < kcols * C::ESZ / 16) {
 			unsigned char *d = ws + tid / PPR * C::WSTRIDE + tid % PPR * 16;
 			const size_t off = (size_t)kc0 * C::ESZ;
 			const size_t step = (size_t)K * (RSTEP * C::ESZ); /* RSTEP rows */
@@ -224,7 +224,7 @@ template <int DT, int NMAT, int TT, int WR> struct moet_rows_stage {
 								    C::WSTRIDE, src);
 			}
 		}
-		if (tid % 32 < kcols / 4) {
+		if (FULL || tid % 32 < kcols / 4) {
 			float *d = xs + tid / 32 * MOET_ROWS_XSTRIDE + tid % 32 * 4;
 #pragma unroll
 			for (int i = 0; i < XPT; i++) {
@@ -272,6 +272,29 @@ template <int DT, int NMAT, int TT, int WR, class G> struct moet_rows_hoist {
 				   !(MOET_ROWS_SM120 && (param ? NMAT == 1 && WR == 2
 							       : NMAT == 2 && WR == 8)));
 	static constexpr bool scales = value && !(TT == 4 && !param && NMAT == 2 && WR == 8);
+};
+
+/*
+ * Whether moet_rows_body takes the steady-state path for the instance <DT, NMAT, TT, WR> with
+ * the group object G. NOTE (what it is): the chunks c < n_chunk - NSTAGE (under vec) load a
+ * full chunk (c + NSTAGE - 1 <= n_chunk - 2), compute a full one and are not the one that
+ * triggers the next grid; for them the chunk loop tests that once (c < n_steady) instead of
+ * the load's a.vec, chunk-end and partial-chunk tests, the PDL trigger test and the compute's
+ * partial-chunk test: the same pieces into the same places, the same scales and the same fmaf
+ * sequence. Which instances (ptxas -v, sm_90 and sm_120, rows.cu and rows_dev.cu): the F8 ones
+ * of the hoisted staging with its scale offsets, except those where it cost spill bytes: the
+ * device-grouped down pass at one token on sm_90 (8 B), and <NMAT 2, TT 4, WR 4> on sm_120
+ * (rows_kernel 8 -> 12 B, rows_dev_kernel4 0 -> 24 B). sm_90 SASS, rows_kernel, executed
+ * path of a full chunk per thread (one with an activation piece): <0,1,1,8> 223 -> 185
+ * instructions, <0,2,1,8> 358 -> 340, <0,1,2,8> 421 -> 397, <0,2,2,8> 427 -> 404, <0,1,4,8>
+ * 575 -> 553, <0,2,4,8> 587 -> 561.
+ */
+template <int DT, int NMAT, int TT, int WR, class G> struct moet_rows_steady {
+	static constexpr bool param = moet_rows_hoist<DT, NMAT, TT, WR, G>::param;
+	static constexpr bool value =
+		moet_rows_hoist<DT, NMAT, TT, WR, G>::scales && DT == MOET_ROWS_F8 &&
+		!(!MOET_ROWS_SM120 && !param && NMAT == 1 && TT == 1) &&
+		!(MOET_ROWS_SM120 && NMAT == 2 && TT == 4 && WR == 4);
 };
 
 /* One tile of rows_kernel (see the top of this file and of rows.cu). Every thread of the block
@@ -415,20 +438,31 @@ static __device__ __forceinline__ void moet_rows_body(const A &a, const G &g, in
 		else
 			moet_cp_async_commit();
 	}
+	/* The steady state (moet_rows_steady's NOTE): chunks c < n_steady. */
+	const int n_steady = moet_rows_steady<DT, NMAT, TT, WR, G>::value && a.vec ?
+				     n_chunk - C::NSTAGE : 0;
 	for (int c = 0; c < n_chunk; c++) {
 		moet_cp_async_wait<C::NSTAGE - 2>();
 		__syncthreads();
 		const int nc = c + C::NSTAGE - 1;
-		if (nc < n_chunk)
-			load(nc, nc % C::NSTAGE);
-		else
+		const bool steady = c < n_steady;
+		if (steady) {
+			unsigned char *ws = smem + nc % C::NSTAGE * C::STAGE;
+			sg.template load<true>(a, ws, (float *)(ws + C::WBYTES), nc * 128, 128, K,
+					       n_rows, tid);
 			moet_cp_async_commit();
-		/* NOTE: the block's last loads are issued: the next grid (the down pass) may now
-		 * take SM slots as this grid's last wave drains. Rows of NSTAGE-1 chunks or fewer
-		 * (K <= 384) trigger at exit only: covering them here too changed the registers of
-		 * F8 instances (sm_90). */
-		if ((pdl & MOET_ROWS_PDL_TRIGGER) && nc == n_chunk - 1)
-			moet_grid_dep_trigger();
+		} else {
+			if (nc < n_chunk)
+				load(nc, nc % C::NSTAGE);
+			else
+				moet_cp_async_commit();
+			/* NOTE: the block's last loads are issued: the next grid (the down pass)
+			 * may now take SM slots as this grid's last wave drains. Rows of NSTAGE-1
+			 * chunks or fewer (K <= 384) trigger at exit only: covering them here too
+			 * changed the registers of F8 instances (sm_90). */
+			if ((pdl & MOET_ROWS_PDL_TRIGGER) && nc == n_chunk - 1)
+				moet_grid_dep_trigger();
+		}
 
 		/* Block scales of my rows for this chunk (1.0f without scales or past the last row). */
 		float sc[NMAT][C::RT];
@@ -449,7 +483,7 @@ static __device__ __forceinline__ void moet_rows_body(const A &a, const G &g, in
 		const unsigned char *ws = smem + (c % C::NSTAGE) * C::STAGE;
 		const float *xs = (const float *)(ws + C::WBYTES);
 		const int kcols = min(128, K - c * 128);
-		if (kcols == 128) {
+		if (steady || kcols == 128) {
 #pragma unroll
 			for (int t = 0; t < 8; t++)
 				step(ws, xs, t, 128, true);
