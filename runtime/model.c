@@ -235,7 +235,7 @@ static int bind_uring(moet_model *m, const moet_mat *host, int64_t n, moet_mat *
  * copied from it). For the home GPU (bind_bulk) and GPUs 1.. (remote.c) alike.
  */
 int moet_bind_staged(moet_backend *be, const moet_ckpt *ck, const moet_mat *host, int64_t n,
-		     moet_mat *out, void ***blocks, int *n_blocks)
+		     moet_mat *out, void ***blocks, int *n_blocks, moet_upload_stats *stats)
 {
 	const moet_backend_ops *op = be->ops;
 	moet_upload_item *items = NULL;
@@ -279,7 +279,7 @@ int moet_bind_staged(moet_backend *be, const moet_ckpt *ck, const moet_mat *host
 	}
 	moet_upload_opts uo = { .host_dst = op->host_memory, .from = from };
 	if (!rc)
-		rc = moet_upload_many_opts(items, k, moet_upload_default_threads(), &uo, NULL);
+		rc = moet_upload_many_opts(items, k, moet_upload_default_threads(), &uo, stats);
 	if (rc)
 		for (int64_t i = 0; i < n_new; i++)
 			op->free(be, mine[i]);
@@ -313,7 +313,7 @@ static int bind_bulk(moet_model *m, const moet_mat *host, int64_t n, moet_mat *d
 		return bind_uring(m, host, n, dev);
 	if (!op->host_memory && staged)
 		return moet_bind_staged(m->be, m->ck, host, n, dev, &m->dev_blocks,
-					&m->n_dev_blocks);
+					&m->n_dev_blocks, &m->staged_last);
 	for (int64_t i = 0; i < n && !rc; i++)
 		rc = op->bind_mat(m->be, &host[i], &dev[i]);
 	return rc;
@@ -384,6 +384,7 @@ int moet_model_bind_experts(moet_model *m, const int16_t *owner)
 		}
 	}
 	double t0 = now_s();
+	m->staged_last = (moet_upload_stats){ 0 };
 	rc = bind_bulk(m, host, 3 * n, dev);
 	if (rc) {
 		rc = moet_err_prefix(rc, "%lld routed experts to the %s backend", (long long)n,
@@ -396,6 +397,8 @@ int moet_model_bind_experts(moet_model *m, const int16_t *owner)
 			m->upload_bytes += mat_bytes(&host[3 * i + k]);
 	}
 	m->upload_s += now_s() - t0;
+	m->upload_fill_s += m->staged_last.fill_seconds;
+	m->upload_wait_s += m->staged_last.link_wait_seconds;
 	if (!owner)
 		m->experts_unbound = 0;
 out:
@@ -416,6 +419,12 @@ void moet_model_upload_stats(const moet_model *m, double *out_bytes, double *out
 	*out_seconds = m->upload_s;
 	for (int g = 1; m->remote && g < m->n_devices; g++)
 		moet_remote_upload_stats(m->remote[g], out_bytes, out_seconds);
+}
+
+void moet_model_upload_split(const moet_model *m, double *out_fill_s, double *out_wait_s)
+{
+	*out_fill_s = m->upload_fill_s;
+	*out_wait_s = m->upload_wait_s;
 }
 
 void moet_model_dense_upload_stats(const moet_model *m, double *out_bytes, double *out_seconds)

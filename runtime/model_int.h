@@ -13,6 +13,7 @@
 #include "moet_backend.h"
 #include "moet_mat.h"
 #include "moet_model.h"
+#include "moet_upload.h"
 #include "moet_xtier.h"
 
 #define MOET_MODEL_MAX_EXPERTS 4096 /* the router's eligibility arrays */
@@ -162,6 +163,9 @@ struct moet_model {
 				     them at the placement or the first pass) */
 	uint64_t upload_bytes;    /* routed experts' bytes bound by moet_model_bind_experts */
 	double upload_s;          /* and its wall time */
+	double upload_fill_s;     /* of it, staged: waiting for the threads' fills of chunks, */
+	double upload_wait_s;     /* and waiting for the link (moet_model_upload_split) */
+	moet_upload_stats staged_last; /* the last staged bind's (moet_bind_staged) */
 	/* open on a device backend: the dense matrices (embedding, attention, routers, dense and
 	 * shared MLPs, lm_head) wait for one bulk upload at the end (model.c, bind_dense) */
 	int defer_dense;
@@ -312,9 +316,10 @@ void moet_graph_free(struct moet_model *m);
 /* model.c: n matrices bound on backend `be` (not host memory) through the upload's staging
  * (runtime/upload.c; MOET_UPLOAD_READ=pread reads ck's shard files), out[i] their views; each
  * allocation appended to (*blocks)[*n_blocks ..] (grown), which the caller owns and frees with
- * be's free. On failure nothing is appended and out[] is not to be used. */
+ * be's free. On failure nothing is appended and out[] is not to be used. stats (optional):
+ * the upload's (moet_upload_many_opts). */
 int moet_bind_staged(moet_backend *be, const moet_ckpt *ck, const moet_mat *host, int64_t n,
-		     moet_mat *out, void ***blocks, int *n_blocks);
+		     moet_mat *out, void ***blocks, int *n_blocks, moet_upload_stats *stats);
 
 /* forward.c: releases the forward pass's buffers (backend memory). */
 void moet_model_free_bufs(struct moet_model *m);

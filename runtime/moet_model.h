@@ -197,6 +197,10 @@ void moet_devgroup_env_reset(void);
 /* The routed experts' upload to a GPU backend so far (at the placement, or at the first pass
  * without one): bytes (codes and scales) and wall seconds. */
 void moet_model_upload_stats(const moet_model *m, double *out_bytes, double *out_seconds);
+/* Of that upload through the staged source (GPU 0's): the seconds the driving thread waited for
+ * the threads' fills of the staging chunks, and for the link (a buffer's copy to end before
+ * it is filled again, and the last copies); 0 for other sources. */
+void moet_model_upload_split(const moet_model *m, double *out_fill_s, double *out_wait_s);
 
 /* The dense matrices' bulk upload at open on a device backend (embedding, attention, routers,
  * dense and shared MLPs, lm_head; the hot experts' source): bytes and wall seconds; zeros on

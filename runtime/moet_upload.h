@@ -46,6 +46,9 @@ typedef struct moet_upload_stats {
 	double seconds;  /* wall time of the call */
 	double copy_seconds; /* staged: from the first fill to the last byte copied (the setup:
 				buffers, threads, excluded); 0 for uring */
+	double fill_seconds; /* staged: the caller's wait for the threads' fills of the chunks */
+	double link_wait_seconds; /* staged: its waits for a buffer's copy to end before the
+				     buffer is filled again, and for the last copies */
 	/* the uring source only (0 for staged) */
 	uint64_t read_bytes;   /* bytes read from the shards (aligned covers, merge gaps) */
 	uint64_t reads;        /* io_uring ranges */

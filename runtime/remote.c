@@ -76,7 +76,8 @@ static int bind_owned(moet_remote *r, const moet_model *m, int g, const int16_t 
 	struct timespec t0, t1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	if (!rc && n)
-		rc = moet_bind_staged(r->be, m->ck, host, 3 * n, dev, &r->blocks, &r->n_blocks);
+		rc = moet_bind_staged(r->be, m->ck, host, 3 * n, dev, &r->blocks, &r->n_blocks,
+				      NULL);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	r->upload_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
 	k = 0;

@@ -330,7 +330,7 @@ int moet_upload_many_opts(const moet_upload_item *items, int64_t n, int n_thread
 	int rc = o && (o->read < 0 || o->read > MOET_UPLOAD_READ_PREAD + 1)
 			 ? moet_err(MOET_EINVAL, "upload: read mode %d", o->read)
 			 : staged_opts(&chunk_cap, &t, o ? o->read : 0);
-	double t0 = now_s(), t1 = t0;
+	double t0 = now_s(), t1 = t0, fill_s = 0, wait_s = 0;
 	size_t total = 0;
 	if (rc)
 		goto out;
@@ -381,8 +381,12 @@ int moet_upload_many_opts(const moet_upload_item *items, int64_t n, int n_thread
 	size_t off = 0; /* in items[it] */
 	for (int chunk = 0; it < n && !rc; chunk++) {
 		int b = chunk % NBUF;
-		if (used[b] && !host && (rc = moet_gpu_event_sync(ev[b])))
-			break;
+		if (used[b] && !host) {
+			const double tw = now_s();
+			if ((rc = moet_gpu_event_sync(ev[b])))
+				break;
+			wait_s += now_s() - tw;
+		}
 		/* pieces of this chunk */
 		int np = 0;
 		size_t fill = 0;
@@ -406,7 +410,9 @@ int moet_upload_many_opts(const moet_upload_item *items, int64_t n, int n_thread
 		t.n_pc = np;
 		t.buf = buf[b];
 		t.chunk_bytes = fill;
+		const double tf = now_s();
 		copy_chunk(&t);
+		fill_s += now_s() - tf;
 		if ((rc = read_failure(&t, wk)))
 			break;
 		if (host) {
@@ -433,7 +439,9 @@ int moet_upload_many_opts(const moet_upload_item *items, int64_t n, int n_thread
 	pthread_mutex_destroy(&t.mu);
 	/* NOTE: after a failure too: the copies in flight read the buffers freed below */
 	if (stream) {
+		const double tw = now_s();
 		int e = moet_gpu_sync(stream);
+		wait_s += now_s() - tw;
 		if (!rc)
 			rc = e;
 	}
@@ -453,7 +461,8 @@ out:;
 	free(wk);
 	if (stats)
 		*stats = (moet_upload_stats){ .bytes = total, .seconds = now_s() - t0,
-					      .copy_seconds = t1 > t0 ? t2 - t1 : 0 };
+					      .copy_seconds = t1 > t0 ? t2 - t1 : 0,
+					      .fill_seconds = fill_s, .link_wait_seconds = wait_s };
 	return rc;
 }
 

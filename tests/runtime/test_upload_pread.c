@@ -157,6 +157,10 @@ static void bytes_cases(fixture *f)
 		CHECK(rc == 0 && check_dst(f, what), "%s: destinations equal the file's bytes", what);
 		CHECK(st.copy_seconds > 0 && st.copy_seconds <= st.seconds, "%s: times %g of %g s",
 		      what, st.copy_seconds, st.seconds);
+		/* the split of the copy phase: fills measured, no link on host destinations */
+		CHECK(st.fill_seconds > 0 && st.fill_seconds <= st.copy_seconds &&
+		      st.link_wait_seconds == 0, "%s: fill %g s, link wait %g s of %g s", what,
+		      st.fill_seconds, st.link_wait_seconds, st.copy_seconds);
 	}
 	unsetenv("MOET_UPLOAD_STORE");
 	/* the fill alone: nothing is copied out, the destinations (NULL here) are not touched */
