@@ -56,7 +56,7 @@
 #include "moet_topo.h"
 #include "moet_upload.h"
 
-#define CHUNK_MB 64 /* default staging buffer (MOET_UPLOAD_CHUNK_MB) */
+#define CHUNK_MB 8 /* default staging buffer (MOET_UPLOAD_CHUNK_MB) */
 #define NBUF 4
 
 typedef struct piece {
@@ -239,17 +239,18 @@ int moet_upload_read_mode(int *out)
 
 /*
  * The staging buffers' size, the copy's stores and the source, from the environment:
- *   MOET_UPLOAD_CHUNK_MB  1..1024 (default 64): each of the NBUF pinned buffers
- *   MOET_UPLOAD_STORE     nt (default): non-temporal stores, the buffers' lines written to
- *                         DRAM and read from it again by the DMA (3 bytes of DRAM traffic
- *                         per byte uploaded: source read, buffer write, DMA read);
- *                         cached: plain stores. NOTE (why a switch): with buffers that fit
+ *   MOET_UPLOAD_CHUNK_MB  1..1024 (default 8): each of the NBUF pinned buffers
+ *   MOET_UPLOAD_STORE     cached (default): plain stores; nt: non-temporal stores, the
+ *                         buffers' lines written to DRAM and read from it again by the DMA
+ *                         (3 bytes of DRAM traffic per byte uploaded: source read, buffer
+ *                         write, DMA read). NOTE (why a switch): with buffers that fit
  *                         the host's last-level cache together (e.g. 4 x 8 MiB against the
  *                         H200 host's 300 MB L3), the lines stay there between the fill and
  *                         the DMA (device reads are snooped), so the DRAM moves the source
  *                         read alone; with larger buffers the plain stores' reads for
- *                         ownership add a pass instead. Which wins is the GPU machine's to
- *                         say (docs/hybrid.md); the bytes on the device are the same.
+ *                         ownership add a pass instead. On the H200 machine cached 8 MiB
+ *                         was ahead of nt 64 MiB in every A/B (docs/hybrid.md): the
+ *                         default since c6c6fd5's run; the bytes on the device are the same.
  *                         (The pread source's stores are the kernel's copy: cached.)
  *   MOET_UPLOAD_READ      map (default) or pread (moet_upload_read_mode)
  *   MOET_UPLOAD_READ_FAULT  tests only: short (each pread asks at most 1000 bytes, so
@@ -269,10 +270,11 @@ static int staged_opts(size_t *out_chunk, team *t, int force_read)
 					v);
 	}
 	*out_chunk = (size_t)mb << 20;
-	static const char *const stores[] = { "nt", "cached" };
-	int rc_s = moet_env_choice("MOET_UPLOAD_STORE", stores, 2, &t->cached);
+	static const char *const stores[] = { "cached", "nt" };
+	int nt = 0, rc_s = moet_env_choice("MOET_UPLOAD_STORE", stores, 2, &nt);
 	if (rc_s)
 		return rc_s;
+	t->cached = !nt;
 	int read = force_read - 1, rc = force_read ? 0 : moet_upload_read_mode(&read);
 	if (rc)
 		return rc;
