@@ -17,9 +17,10 @@
  * NOTE: the worker threads are made per call and live for it (threads per chunk would cost
  * too much); they meet the caller once per chunk (a generation counter under a mutex).
  *
- * Per uploaded byte the host's DRAM moves three: the source read, the staging write, the
- * DMA's read of the staging. MOET_UPLOAD_STORE=cached with buffers that fit the last-level
- * cache (MOET_UPLOAD_CHUNK_MB; staged_opts says why) is meant to save the last two.
+ * With non-temporal stores the host's DRAM moves three bytes per uploaded byte: the source
+ * read, the staging write, the DMA's read of the staging. Plain stores into buffers that fit
+ * the last-level cache (MOET_UPLOAD_STORE=cached, MOET_UPLOAD_CHUNK_MB=8: the defaults;
+ * staged_opts says why) are meant to save the last two.
  * NOTE (what was tried): DMA from the mapped pages page-locked in place (cudaHostRegister,
  * MOET_UPLOAD=register) measured 1.0-1.4 GB/s serial, and its threaded version hung on the
  * H200 machine; removed (docs/hybrid.md).
