@@ -644,16 +644,9 @@ static const moet_backend_ops cuda_ops = {
 int moet_backend_cuda_stream_switch(int *out_own)
 {
 	static const char *const names[] = { "legacy", "own" };
-	const char *v = getenv("MOET_GPU_STREAM");
-	int graph = 0, rc = moet_env_choice("MOET_GPU_STREAM", names, 2, out_own);
-	if (rc || (rc = moet_graph_switch(&graph)) || !graph)
-		return rc;
+	int rc = moet_env_choice("MOET_GPU_STREAM", names, 2, out_own);
 	/* MOET_CUDA_GRAPH=1 captures the passes: the stream must be capturable */
-	if (v && *v && !*out_own)
-		return moet_err(MOET_EINVAL, "MOET_CUDA_GRAPH=1 needs MOET_GPU_STREAM=own (or "
-				"unset), not '%s'", v);
-	*out_own = 1;
-	return 0;
+	return rc ? rc : moet_graph_needs("MOET_GPU_STREAM", "own", out_own);
 }
 
 int moet_backend_cuda_create(int device, moet_backend **out)

@@ -70,15 +70,10 @@ int moet_devgroup_switch(int *out_on)
 		*out_on = v - 1;
 		return 0;
 	}
-	const char *ev = getenv("MOET_GPU_DEVGROUP");
-	int graph = 0, rc = moet_env_choice("MOET_GPU_DEVGROUP", names, 2, out_on);
+	int rc = moet_env_choice("MOET_GPU_DEVGROUP", names, 2, out_on);
 	/* MOET_CUDA_GRAPH=1 captures passes whose experts are grouped on the device */
-	if (!rc && !(rc = moet_graph_switch(&graph)) && graph) {
-		if (ev && *ev && !*out_on)
-			return moet_err(MOET_EINVAL, "MOET_CUDA_GRAPH=1 needs MOET_GPU_DEVGROUP=1 "
-					"(or unset), not '%s'", ev);
-		*out_on = 1;
-	}
+	if (!rc)
+		rc = moet_graph_needs("MOET_GPU_DEVGROUP", "1", out_on);
 	if (!rc)
 		__atomic_store_n(&env_on_p1, *out_on + 1, __ATOMIC_RELAXED);
 	return rc;

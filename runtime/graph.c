@@ -64,6 +64,19 @@ int moet_graph_switch(int *out_on)
 	return moet_env_choice("MOET_CUDA_GRAPH", names, 2, out_on);
 }
 
+int moet_graph_needs(const char *var, const char *on_name, int *on)
+{
+	const char *v = getenv(var);
+	int graph = 0, rc = moet_graph_switch(&graph);
+	if (rc || !graph || *on)
+		return rc;
+	if (v && *v)
+		return moet_err(MOET_EINVAL, "MOET_CUDA_GRAPH=1 needs %s=%s (or unset), not "
+				"'%.40s'", var, on_name, v);
+	*on = 1;
+	return 0;
+}
+
 static void drop(moet_model *m, ent *e)
 {
 	if (e->exec)

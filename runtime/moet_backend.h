@@ -209,6 +209,11 @@ int moet_backend_cuda_stream_switch(int *out_own);
  * (runtime/graph.c). Returns 0 or MOET_EINVAL naming the value. */
 int moet_graph_switch(int *out_on);
 
+/* A switch that MOET_CUDA_GRAPH=1 needs on (MOET_GPU_STREAM=own, MOET_GPU_DEVGROUP=1): *on,
+ * parsed from `var` (name `on_name` for on), is set to 1 when the graphs are on and var is
+ * unset or empty; MOET_EINVAL naming both when the graphs are on and var is set off. */
+int moet_graph_needs(const char *var, const char *on_name, int *on);
+
 /* out[0..n) = the pairs of ids[0..n) sorted by expert, then by pair index: consecutive runs
  * of one expert, in the same order on every backend. Returns 0 or MOET_EINVAL (negative id). */
 int moet_expert_pairs_sort(const int32_t *ids, int64_t n, moet_expert_pair *out);

@@ -129,6 +129,14 @@ void *moet_test_read_file(const char *path, size_t *out_n)
 	return b;
 }
 
+void moet_test_env(const char *name, const char *v)
+{
+	if (v)
+		setenv(name, v, 1);
+	else
+		unsetenv(name);
+}
+
 uint64_t moet_test_xorshift64(uint64_t *state)
 {
 	uint64_t x = *state;

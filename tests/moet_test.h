@@ -73,6 +73,9 @@ void *moet_test_read_file(const char *path, size_t *out_n);
  * The tests' reproducible random numbers: each test keeps its own seeded state. */
 uint64_t moet_test_xorshift64(uint64_t *state);
 
+/* Environment variable `name` set to v, or unset for v NULL (the switch tests' cases). */
+void moet_test_env(const char *name, const char *v);
+
 /* Routing ids for n tokens x top_k over E experts, from *state (xorshift64, % the range):
  * mode 0 distinct per token over all E; 1 distinct per token over top_k + 2 experts from a
  * random offset (heavy ties); 2 anything (repeats within a token too) over 3 experts. */

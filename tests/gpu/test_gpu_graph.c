@@ -30,10 +30,7 @@
 
 static void graph_env(const char *v)
 {
-	if (v)
-		setenv("MOET_CUDA_GRAPH", v, 1);
-	else
-		unsetenv("MOET_CUDA_GRAPH");
+	moet_test_env("MOET_CUDA_GRAPH", v);
 	moet_devgroup_env_reset(); /* MOET_CUDA_GRAPH=1 turns the device grouping on */
 }
 

@@ -39,10 +39,7 @@ static void switch_values(void)
 		      { "2", MOET_EINVAL, 0 }, { "yes", MOET_EINVAL, 0 }, { "on", MOET_EINVAL, 0 },
 		      { "10", MOET_EINVAL, 0 }, { " 1", MOET_EINVAL, 0 }, { "-1", MOET_EINVAL, 0 } };
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		if (cases[i].v)
-			setenv("MOET_GPU_DEVGROUP", cases[i].v, 1);
-		else
-			unsetenv("MOET_GPU_DEVGROUP");
+		moet_test_env("MOET_GPU_DEVGROUP", cases[i].v);
 		moet_devgroup_env_reset();
 		int on = -1, rc = moet_devgroup_switch(&on);
 		CHECK(rc == cases[i].rc, "MOET_GPU_DEVGROUP=%s: rc %d, want %d", cases[i].v ?
@@ -90,10 +87,7 @@ static void stream_values(const char *dir)
 	} cases[] = { { NULL, 0, 0 }, { "", 0, 0 }, { "legacy", 0, 0 }, { "own", 0, 1 },
 		      { "Own", MOET_EINVAL, 0 }, { "1", MOET_EINVAL, 0 }, { "own ", MOET_EINVAL, 0 } };
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		if (cases[i].v)
-			setenv("MOET_GPU_STREAM", cases[i].v, 1);
-		else
-			unsetenv("MOET_GPU_STREAM");
+		moet_test_env("MOET_GPU_STREAM", cases[i].v);
 		int own = -1, rc = moet_backend_cuda_stream_switch(&own);
 		CHECK(rc == cases[i].rc && (rc || own == cases[i].own), "MOET_GPU_STREAM=%s: rc %d "
 		      "own %d", cases[i].v ? cases[i].v : "(unset)", rc, own);

@@ -55,10 +55,7 @@ static void draw_with(moet_backend *be, const float *dev, const float *host, con
 		ids[r] = -5;
 		d[r] = (moet_draw){ &greedy, ROWS - 1 - r, r, &ids[r] };
 	}
-	if (v)
-		setenv("MOET_SAMPLE_DEVICE", v, 1);
-	else
-		unsetenv("MOET_SAMPLE_DEVICE");
+	moet_test_env("MOET_SAMPLE_DEVICE", v);
 	stub_calls = 0;
 	int rc = moet_backend_draw(be, dev, V, d, ROWS);
 	const char *name = v ? v : "(unset)";

@@ -21,14 +21,6 @@
 #define SEQS 3
 #define STEPS 3
 
-static void set_mb(const char *v)
-{
-	if (v)
-		setenv("MOET_MICROBATCH", v, 1);
-	else
-		unsetenv("MOET_MICROBATCH");
-}
-
 /* Two sequences prefilled together, then one batched decode step; with `bad`, that step first
  * runs under MOET_MICROBATCH=bad (must fail naming it, the caches unchanged), then again with
  * the switch unset. out: [2 calls][2 seqs][V] last-row logits. */
@@ -52,9 +44,9 @@ static int two_calls(moet_model *m, const char *bad, float *out)
 					 .out_logits = out + (2 + s) * V, .last_only = 1 };
 	if (!rc && bad) {
 		int64_t blocks[2] = { moet_kv_blocks(kv[0]), moet_kv_blocks(kv[1]) };
-		set_mb(bad);
+		moet_test_env("MOET_MICROBATCH", bad);
 		int r = moet_model_forward_batch(m, st, 2);
-		set_mb(NULL);
+		moet_test_env("MOET_MICROBATCH", NULL);
 		char want[64];
 		snprintf(want, sizeof(want), "MOET_MICROBATCH='%s'", bad);
 		CHECK(r == MOET_EINVAL && strstr(moet_errmsg(), want), "MOET_MICROBATCH=%s: rc %d "
@@ -79,10 +71,10 @@ static unsigned long long ragged(moet_model *m, const char *mb, const float *ref
 {
 	moet_hybrid_stats hs;
 	moet_model_hybrid_stats(m, &hs, 1);
-	set_mb(mb);
+	moet_test_env("MOET_MICROBATCH", mb);
 	memset(got, 0xCD, n_log * sizeof(float));
 	int rc = moet_test_ragged_run(m, SEQS, STEPS, 1, got);
-	set_mb(NULL);
+	moet_test_env("MOET_MICROBATCH", NULL);
 	CHECK(rc == 0, "%s, MOET_MICROBATCH=%s: %s", what, mb ? mb : "(unset)", moet_errmsg());
 	CHECK(rc || memcmp(ref, got, n_log * sizeof(float)) == 0, "%s, MOET_MICROBATCH=%s: logits "
 	      "differ from the reference", what, mb ? mb : "(unset)");
@@ -115,7 +107,7 @@ int main(void)
 	CHECK(c->first_k_dense_replace >= 1 && L > c->first_k_dense_replace, "a dense layer 0 "
 	      "and MoE layers after it (first_k_dense_replace %lld of %lld layers)",
 	      (long long)c->first_k_dense_replace, (long long)L);
-	set_mb(NULL);
+	moet_test_env("MOET_MICROBATCH", NULL);
 	CHECK(moet_test_ragged_run(m, SEQS, STEPS, 1, ref) == 0, "reference: %s", moet_errmsg());
 	CHECK(two_calls(m, NULL, ref2) == 0, "two calls, reference: %s", moet_errmsg());
 
