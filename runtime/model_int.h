@@ -314,10 +314,10 @@ int moet_graph_replay(struct moet_model *m);
 void moet_graph_free(struct moet_model *m);
 
 /* model.c: n matrices bound on backend `be` (not host memory) through the upload's staging
- * (runtime/upload.c; MOET_UPLOAD_READ=pread reads ck's shard files), out[i] their views; each
- * allocation appended to (*blocks)[*n_blocks ..] (grown), which the caller owns and frees with
- * be's free. On failure nothing is appended and out[] is not to be used. stats (optional):
- * the upload's (moet_upload_many_opts). */
+ * (runtime/upload.c; MOET_UPLOAD_READ=pread reads ck's shard files), out[i] their views, all
+ * in one backend allocation appended to (*blocks)[*n_blocks] (grown), which the caller owns and
+ * frees with be's free. On failure nothing is appended and out[] is not to be used. stats
+ * (optional): the upload's (moet_upload_many_opts). */
 int moet_bind_staged(moet_backend *be, const moet_ckpt *ck, const moet_mat *host, int64_t n,
 		     moet_mat *out, void ***blocks, int *n_blocks, moet_upload_stats *stats);
 
