@@ -18,14 +18,20 @@
  *                  uploaded (MOET_UPLOAD: uring streams shards -> pinned staging -> device),
  *                  the CPU tier made resident (warm fill); time to ready against
  *                  max(bytes read / disk ceiling, bytes uploaded / h2d ceiling)
+ *                  (--cold: the shards' pages evicted from the page cache first, so
+ *                  that the start reads the disk, as after a reboot)
  *   fill           the staged upload's fill of its staging alone, three sources
  *                  (bench_load_fill.c), against the read ceiling
  */
 #include "moet_bench_load.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "moet_ckpt.h"
@@ -234,6 +240,86 @@ static json_t *numa_report(moet_xtier *x, char *txt, size_t cap, const char *row
 	return o;
 }
 
+/* The share of the shards' pages in the page cache: mincore over a mapping of our own (its
+ * page tables untouched: what it reports is the page cache's, not this process's). */
+static int cache_share(const moet_ckpt *ck, double *out)
+{
+	const size_t pg = (size_t)sysconf(_SC_PAGESIZE), win = (size_t)1 << 30;
+	unsigned char *vec = malloc(win / pg);
+	uint64_t in = 0, all = 0;
+	int rc = vec ? 0 : moet_err(MOET_ENOMEM, "page cache query");
+	for (int i = 0; !rc && i < moet_ckpt_shard_count(ck); i++) {
+		const char *path = moet_ckpt_shard_path(ck, i);
+		struct stat sb;
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0 || fstat(fd, &sb)) {
+			rc = moet_err(MOET_EIO, "%s: %s", path, strerror(errno));
+			if (fd >= 0)
+				close(fd);
+			break;
+		}
+		const size_t len = (size_t)sb.st_size;
+		void *p = len ? mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0) : NULL;
+		close(fd);
+		if (p == MAP_FAILED) {
+			rc = moet_err(MOET_EIO, "mapping %s: %s", path, strerror(errno));
+			break;
+		}
+		for (size_t at = 0; at < len && !rc; at += win) {
+			const size_t n = len - at < win ? len - at : win, np = (n + pg - 1) / pg;
+			if (mincore((char *)p + at, n, vec)) {
+				rc = moet_err(MOET_EIO, "mincore %s: %s", path,
+					      strerror(errno));
+				break;
+			}
+			for (size_t k = 0; k < np; k++)
+				in += vec[k] & 1;
+			all += np;
+		}
+		if (p)
+			munmap(p, len);
+	}
+	free(vec);
+	*out = all ? (double)in / (double)all : 0;
+	return rc;
+}
+
+/* --cold: the shards' pages dropped from the page cache, so that the start reads the disk.
+ * Dirty pages are written first (fdatasync: they cannot be dropped), then POSIX_FADV_DONTNEED,
+ * which needs no root (unlike /proc/sys/vm/drop_caches); pages some process has mapped stay,
+ * and on tmpfs nothing can go (the record's cache_after says what stayed). */
+static int cache_drop(const moet_bench_load_opts *o, json_t *rec, FILE *out)
+{
+	moet_ckpt *ck = NULL;
+	double before = 0, after = 0;
+	int rc = moet_ckpt_open(o->model_dir, &ck);
+	if (!rc)
+		rc = cache_share(ck, &before);
+	for (int i = 0; !rc && i < moet_ckpt_shard_count(ck); i++) {
+		const char *path = moet_ckpt_shard_path(ck, i);
+		int fd = open(path, O_RDONLY | O_CLOEXEC), e = fd < 0 ? errno : 0;
+		if (!e && fdatasync(fd) && errno != EINVAL && errno != EROFS)
+			e = errno;
+		if (!e)
+			e = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+		if (fd >= 0)
+			close(fd);
+		if (e)
+			rc = moet_err(MOET_EIO, "%s: %s", path, strerror(e));
+	}
+	if (!rc)
+		rc = cache_share(ck, &after);
+	moet_ckpt_close(ck);
+	if (rc)
+		return moet_err_prefix(rc, "--cold");
+	json_object_set_new(rec, "cold", json_pack("{s:f, s:f}", "cache_before", before,
+						   "cache_after", after));
+	fprintf(out, "%-15s %10s %10s %9s the shards' pages in the page cache: %.1f%% before, "
+		"%.1f%% after dropping them%s\n", "start-cold", "-", "-", "-", 100 * before,
+		100 * after, after > 0.05 ? " (some stayed: tmpfs, or mapped by a process)" : "");
+	return 0;
+}
+
 /* The start: open on the device (the dense part bound), the placement's hot experts
  * uploaded through the chosen source, the CPU tier made resident (the NVMe tier's warm fill
  * of the whole tier, at most cap bytes); time to ready against the bounds of this run. */
@@ -253,8 +339,13 @@ static int start_bench(const moet_bench_load_opts *o, double disk_GBps, double h
 	const char *rd = read == MOET_UPLOAD_READ_PREAD ? "pread" : "map";
 	fprintf(log, "bench load: start on %s, hot experts through MOET_UPLOAD=%s "
 		"MOET_UPLOAD_READ=%s\n", o->device, src_name[src], rd);
+	json_t *cold = json_object();
+	int rc = cold ? 0 : moet_err(MOET_ENOMEM, "record");
+	if (!rc && o->cold)
+		rc = cache_drop(o, cold, out);
 	double t0 = moet_bench_now_s(), t1 = t0, t2 = t0, t3 = t0;
-	int rc = moet_model_open_on(o->model_dir, o->device, &m);
+	if (!rc)
+		rc = moet_model_open_on(o->model_dir, o->device, &m);
 	t1 = moet_bench_now_s();
 	double dense_up_b = 0, dense_up_s = 0;
 	if (!rc)
@@ -294,6 +385,7 @@ static int start_bench(const moet_bench_load_opts *o, double disk_GBps, double h
 	free(zeros);
 	if (rc) {
 		json_decref(numa);
+		json_decref(cold);
 		return moet_err_prefix(rc, "bench load: start on %s", o->device);
 	}
 	/* NOTE: the tier holds what the budget allows; its bytes are what was read */
@@ -324,6 +416,10 @@ static int start_bench(const moet_bench_load_opts *o, double disk_GBps, double h
 	/* the hot experts' staged upload: waiting for the fills vs for the link */
 	json_object_set_new(json_object_get(rec, "start"), "hot_fill_wait_s", json_real(fill_s));
 	json_object_set_new(json_object_get(rec, "start"), "hot_link_wait_s", json_real(wait_s));
+	/* --cold: the page cache's share of the shards before and after the drop */
+	if (o->cold)
+		json_object_set(json_object_get(rec, "start"), "cold", json_object_get(cold, "cold"));
+	json_decref(cold);
 	fprintf(out, "%-15s %10.3f %10.3f %9.2f open %.3f s (dense %.3f GB up in %.3f s) + hot "
 		"experts %.3f s + tier %.3f s; bound %.3f s (%s); ready/bound %.2f\n", "start",
 		read_b / 1e9, ready, ready > 0 ? read_b / ready / 1e9 : 0, t1 - t0,

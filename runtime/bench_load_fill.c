@@ -44,15 +44,15 @@ static int cmp_sel(const void *a, const void *b)
 	return strcmp(p->t->name, q->t->name);
 }
 
-/* One fill: items copied from src, or pread from their files; its time into *out_s. */
+/* One fill: items copied from src, or pread from their files; its time into *out_s, the
+ * staging it used into *st. */
 static int fill_once(const moet_upload_item *items, const moet_upload_from *from, int64_t n,
-		     int pread, int threads, double *out_s)
+		     int pread, int threads, double *out_s, moet_upload_stats *st)
 {
 	moet_upload_opts uo = { .fill_only = 1, .from = pread ? from : NULL,
 				.read = 1 + (pread ? MOET_UPLOAD_READ_PREAD : MOET_UPLOAD_READ_MAP) };
-	moet_upload_stats st = { 0 };
-	int rc = moet_upload_many_opts(items, n, threads, &uo, &st);
-	*out_s = st.copy_seconds;
+	int rc = moet_upload_many_opts(items, n, threads, &uo, st);
+	*out_s = st->copy_seconds;
 	return rc;
 }
 
@@ -116,19 +116,21 @@ int moet_bench_load_fill(const moet_bench_load_opts *o, const moet_model *m, dou
 	}
 	for (int64_t i = 0; i < n; i++)
 		items[i].src = map[shard[i]] + from[i].off;
-	if ((rc = fill_once(items, from, n, 0, threads, &sec[0])) ||
-	    (rc = fill_once(items, from, n, 0, threads, &sec[1])) ||
-	    (rc = fill_once(items, from, n, 1, threads, &sec[2])))
+	moet_upload_stats ust = { 0 };
+	if ((rc = fill_once(items, from, n, 0, threads, &sec[0], &ust)) ||
+	    (rc = fill_once(items, from, n, 0, threads, &sec[1], &ust)) ||
+	    (rc = fill_once(items, from, n, 1, threads, &sec[2], &ust)))
 		goto out;
 	static const char *const names[3] = { "fill-map-fresh", "fill-map-warm", "fill-pread" };
 	static const char *const notes[3] = { "copied from a fresh mapping (page faults)",
 					      "copied from the same mapping again",
 					      "pread from the shard files" };
-	const char *chunk = getenv("MOET_UPLOAD_CHUNK_MB"), *store = getenv("MOET_UPLOAD_STORE");
-	const int chunk_mb = chunk && *chunk ? atoi(chunk) : 64;
+	/* NOTE: the staging the upload used (its defaults or the environment's) */
+	const int chunk_mb = (int)(ust.buffer_bytes >> 20);
+	const char *store = ust.cached ? "cached" : "nt";
 	json_t *fo = json_pack("{s:f, s:I, s:i, s:i, s:i, s:s, s:s}", "bytes", (double)total,
 			       "tensors", (json_int_t)n, "threads", threads, "buffers", 4,
-			       "buffer_mb", chunk_mb, "store", store && *store ? store : "nt",
+			       "buffer_mb", chunk_mb, "store", store,
 			       "experts", o->owner ? "placement" : "all");
 	for (int k = 0; k < 3; k++) {
 		const double GBps = sec[k] > 0 ? (double)total / sec[k] / 1e9 : 0;

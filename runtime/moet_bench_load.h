@@ -28,6 +28,8 @@ typedef struct moet_bench_load_opts {
 	const char *upload;       /* MOET_UPLOAD for the hot experts: "uring", "staged",
 				     "plain"; NULL: the environment's */
 	size_t fill_bytes;        /* the fill rows' experts: at most this much; 0: 8 GiB */
+	int cold;                 /* the start: the shards' pages dropped from the page cache
+				     first (posix_fadvise; record start.cold) */
 } moet_bench_load_opts;
 
 /* Runs the bench: ceilings disk_read_GBps (and h2d_GBps), rows disk-seq-read and load-tier,

@@ -49,6 +49,8 @@ typedef struct moet_upload_stats {
 	double fill_seconds; /* staged: the caller's wait for the threads' fills of the chunks */
 	double link_wait_seconds; /* staged: its waits for a buffer's copy to end before the
 				     buffer is filled again, and for the last copies */
+	size_t buffer_bytes;   /* staged: each staging buffer's size (MOET_UPLOAD_CHUNK_MB) */
+	int cached;            /* staged: 1 plain stores, 0 non-temporal (MOET_UPLOAD_STORE) */
 	/* the uring source only (0 for staged) */
 	uint64_t read_bytes;   /* bytes read from the shards (aligned covers, merge gaps) */
 	uint64_t reads;        /* io_uring ranges */

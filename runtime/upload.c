@@ -465,7 +465,8 @@ out:;
 	if (stats)
 		*stats = (moet_upload_stats){ .bytes = total, .seconds = now_s() - t0,
 					      .copy_seconds = t1 > t0 ? t2 - t1 : 0,
-					      .fill_seconds = fill_s, .link_wait_seconds = wait_s };
+					      .fill_seconds = fill_s, .link_wait_seconds = wait_s,
+					      .buffer_bytes = chunk_cap, .cached = t.cached };
 	return rc;
 }
 

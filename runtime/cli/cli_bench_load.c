@@ -18,7 +18,8 @@ static void usage(FILE *f)
 	fprintf(f, "usage: moet-hybrid bench load --model DIR [--ram-budget-gb G] [--qd N]\n"
 		   "                              [--buffered] [--disk-gb G] [--no-gpu] [--no-register]\n"
 		   "                              [--device cuda|cpu [--placement FILE]\n"
-		   "                              [--upload uring|staged|plain]] [--fill-gb G]\n"
+		   "                              [--upload uring|staged|plain] [--cold]]\n"
+		   "                              [--fill-gb G]\n"
 		   "                              [--quiet] [--json FILE]\n\n"
 		   "Time to make the CPU tier (every routed expert) resident in RAM slots by\n"
 		   "io_uring reads, against the disk's sequential read bandwidth (O_DIRECT) and,\n"
@@ -38,6 +39,10 @@ static void usage(FILE *f)
 		   "  --placement FILE   the start's placement (default: every expert on GPU 0)\n"
 		   "  --upload S         the hot experts' source (MOET_UPLOAD; default: the\n"
 		   "                     environment's, else staged)\n"
+		   "  --cold             before the start, the shards' pages dropped from the page\n"
+		   "                     cache (fdatasync, posix_fadvise DONTNEED; no root), so\n"
+		   "                     that it reads the disk; the share before and after is\n"
+		   "                     reported (row start-cold)\n"
 		   "  --fill-gb G        the fill rows (the staged upload's fill of its staging\n"
 		   "                     without the transfer: fresh mapping, mapping again,\n"
 		   "                     pread): at most G GiB of the hot experts (default 8)\n"
@@ -60,6 +65,7 @@ int moet_cli_bench_load(int argc, char **argv)
 		{ "placement", required_argument, NULL, 'p' },
 		{ "upload", required_argument, NULL, 'u' },
 		{ "fill-gb", required_argument, NULL, 'F' },
+		{ "cold", no_argument, NULL, 'C' },
 		{ "json", required_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -96,6 +102,7 @@ int moet_cli_bench_load(int argc, char **argv)
 			break;
 		case 'b': o.direct = MOET_URING_DIRECT_OFF; break;
 		case 'G': o.no_gpu = 1; break;
+		case 'C': o.cold = 1; break;
 		case 'R': o.no_register = 1; break;
 		case 'Q': o.progress = 0; break;
 		case 'd':
@@ -124,6 +131,8 @@ int moet_cli_bench_load(int argc, char **argv)
 	}
 	if (!rc && place && !o.device)
 		rc = moet_err(MOET_EINVAL, "--placement is for the start: give --device too");
+	if (!rc && o.cold && !o.device)
+		rc = moet_err(MOET_EINVAL, "--cold is for the start: give --device too");
 	if (!rc && place)
 		rc = moet_cli_load_owner(o.model_dir, place, &owner, &o.n_devices);
 	o.owner = owner;
