@@ -5,17 +5,21 @@
  *
  *   ranges -> chunks of at most a buffer's bytes (a range may span several chunks, a chunk
  *             several ranges)
- *   chunk i: T threads copy its pieces into pinned buffer i % NBUF (each thread a slice, in
- *            parallel: one thread reads ~10-15 GB/s, the link takes ~55), then one async copy
- *            of the buffer to the device on a copy stream and an event; before buffer b is
- *            filled again its event is waited for
+ *   chunk i: its T slices are filled into pinned buffer i % NBUF by T threads (one thread
+ *            reads ~10-15 GB/s, the link takes ~55), then async copies of the buffer to the
+ *            device on a copy stream (one per run of pieces contiguous on both sides) and an
+ *            event; before buffer b is filled again its event has been waited for
  *
- * So the reads of chunk i+1 overlap the transfer of chunk i, and no host copy outlives the
- * call (the pinned buffers are freed at the end). A plain cudaMemcpy from the mapped pages
+ * So the fills of the next chunks overlap the transfer of chunk i, and no host copy outlives
+ * the call (the pinned buffers are freed at the end). A plain cudaMemcpy from the mapped pages
  * instead stages through the driver's small pinned buffer on one thread (~5 GB/s measured).
  *
  * NOTE: the worker threads are made per call and live for it (threads per chunk would cost
- * too much); they meet the caller once per chunk (a generation counter under a mutex).
+ * too much). The whole plan (every chunk's pieces) is made before they start; each takes the
+ * next (chunk, slice) unit from a counter and fills it once the chunk's buffer is free, so a
+ * thread done with its slice goes on to the next chunk instead of waiting for the slowest one
+ * (MOET_UPLOAD_PIPELINE, staged_opts). The caller waits for each chunk's last slice, queues
+ * its copies, and frees buffers by waiting for the events of the copies before the last.
  *
  * With non-temporal stores the host's DRAM moves three bytes per uploaded byte: the source
  * read, the staging write, the DMA's read of the staging. Plain stores into buffers that fit
@@ -79,16 +83,25 @@ typedef struct rd_err {
 
 typedef struct team {
 	pthread_mutex_t mu;
-	pthread_cond_t go, done;
-	unsigned gen;      /* bumped per chunk */
-	int pending;       /* workers still copying the current chunk */
-	int n_threads, quit;
+	pthread_cond_t freed_cv;  /* the caller freed a buffer or opened a chunk, or quit */
+	pthread_cond_t filled_cv; /* a chunk's last slice was filled */
+	int n_threads, slices;    /* slices per chunk: max(1, n_threads) */
+	int quit;                 /* under mu; read atomically by the fill loop */
+	/* the plan: every chunk's pieces, made before the threads start */
 	const piece *pc;
-	int n_pc;
-	char *buf;
-	size_t chunk_bytes;
+	const int64_t *chunk_first; /* [n_chunks + 1]: chunk c's pieces pc[first[c] .. first[c+1]) */
+	const size_t *chunk_bytes;  /* [n_chunks] */
+	int64_t n_chunks;
+	char *const *bufs;          /* [NBUF]: chunk c fills bufs[c % NBUF] */
+	int64_t next_unit;          /* atomic: the next (chunk, slice) unit to take */
+	int *filled;                /* [n_chunks], atomic: slices of the chunk filled */
+	int64_t freed;              /* under mu: chunks whose buffer may be refilled (their copy
+				       out is done) */
+	int64_t open;               /* under mu: chunks the threads may fill (lockstep: up to the
+				       one the caller waits for; ahead: all) */
 	int cached;        /* plain stores (MOET_UPLOAD_STORE=cached), else non-temporal */
 	int pread;         /* MOET_UPLOAD_READ=pread: pieces with a file are read from it */
+	int lockstep;      /* MOET_UPLOAD_PIPELINE=lockstep (staged_opts) */
 	/* test-only faults (MOET_UPLOAD_READ_FAULT, staged_opts) */
 	size_t fault_cap;  /* each pread asks at most this many bytes (0: no cap) */
 	long fault_at;     /* the fault_at-th pread of the call fails with EIO (0: none) */
@@ -152,7 +165,13 @@ static int read_full(team *t, const moet_upload_file *f, char *dst, size_t n, ui
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r <= 0) {
-			*e = (rd_err){ 1, r < 0 ? errno : 0, f, off, n };
+			/* NOTE: failed last, released: the caller may read it while this thread
+			 * is still at work (read_failure) */
+			e->err = r < 0 ? errno : 0;
+			e->file = f;
+			e->off = off;
+			e->bytes = n;
+			__atomic_store_n(&e->failed, 1, __ATOMIC_RELEASE);
 			return -1;
 		}
 		dst += r;
@@ -162,65 +181,96 @@ static int read_full(team *t, const moet_upload_file *f, char *dst, size_t n, ui
 	return 0;
 }
 
-/* Thread id's slice of the chunk's bytes, copied (or read) piece by piece; stops at the
- * first failed read (*e). */
-static void copy_slice(team *t, int id, int n_threads, rd_err *e)
+/* Slice s of chunk c's bytes into its buffer, piece by piece; nothing after a failed read
+ * (*e: the first one is kept). */
+static void fill_unit(team *t, int64_t c, int s, rd_err *e)
 {
-	size_t per = (t->chunk_bytes + (size_t)n_threads - 1) / (size_t)n_threads;
+	if (e->failed)
+		return;
+	const size_t cb = t->chunk_bytes[c];
+	size_t per = (cb + (size_t)t->slices - 1) / (size_t)t->slices;
 	per = (per + 4095) & ~(size_t)4095;
-	size_t lo = per * (size_t)id, hi = lo + per < t->chunk_bytes ? lo + per : t->chunk_bytes;
-	for (int i = 0; i < t->n_pc && lo < hi; i++) {
+	size_t lo = per * (size_t)s, hi = lo + per < cb ? lo + per : cb;
+	char *const buf = t->bufs[c % NBUF];
+	for (int64_t i = t->chunk_first[c]; i < t->chunk_first[c + 1] && lo < hi; i++) {
 		const piece *p = &t->pc[i];
 		size_t a = p->at > lo ? p->at : lo, b = p->at + p->bytes < hi ? p->at + p->bytes : hi;
 		if (a >= b)
 			continue;
 		if (t->pread && p->file) {
-			if (read_full(t, p->file, t->buf + a, b - a, p->off + (a - p->at), e))
+			if (read_full(t, p->file, buf + a, b - a, p->off + (a - p->at), e))
 				return;
 		} else if (t->cached) {
-			memcpy(t->buf + a, p->src + (a - p->at), b - a);
+			memcpy(buf + a, p->src + (a - p->at), b - a);
 		} else {
-			nt_copy(t->buf + a, p->src + (a - p->at), b - a);
+			nt_copy(buf + a, p->src + (a - p->at), b - a);
 		}
 	}
 }
 
+/* Waits until chunk c may be filled (open, and its buffer's previous copy out done); 0, or
+ * -1 when the caller quit. */
+static int wait_fillable(team *t, int64_t c)
+{
+	pthread_mutex_lock(&t->mu);
+	while (!t->quit && (t->open <= c || t->freed < c - NBUF + 1))
+		pthread_cond_wait(&t->freed_cv, &t->mu);
+	const int quit = t->quit;
+	pthread_mutex_unlock(&t->mu);
+	return quit ? -1 : 0;
+}
+
+static void mark_filled(team *t, int64_t c)
+{
+	if (__atomic_add_fetch(&t->filled[c], 1, __ATOMIC_ACQ_REL) == t->slices) {
+		pthread_mutex_lock(&t->mu);
+		pthread_cond_broadcast(&t->filled_cv);
+		pthread_mutex_unlock(&t->mu);
+	}
+}
+
+/* A worker takes the units (chunk, slice) in order, as far ahead as the buffers allow, so no
+ * thread waits for the slowest of a chunk before it starts on the next. */
 static void *worker_main(void *arg)
 {
 	worker *w = arg;
 	team *t = w->t;
-	unsigned seen = 0;
+	const int64_t n_units = t->n_chunks * t->slices;
 	for (;;) {
-		pthread_mutex_lock(&t->mu);
-		while (t->gen == seen && !t->quit)
-			pthread_cond_wait(&t->go, &t->mu);
-		if (t->quit) {
-			pthread_mutex_unlock(&t->mu);
+		const int64_t u = __atomic_fetch_add(&t->next_unit, 1, __ATOMIC_RELAXED);
+		if (u >= n_units)
 			return NULL;
-		}
-		seen = t->gen;
-		pthread_mutex_unlock(&t->mu);
-		copy_slice(t, w->id, t->n_threads, &w->e);
-		pthread_mutex_lock(&t->mu);
-		if (--t->pending == 0)
-			pthread_cond_signal(&t->done);
-		pthread_mutex_unlock(&t->mu);
+		const int64_t c = u / t->slices;
+		if (wait_fillable(t, c))
+			return NULL;
+		fill_unit(t, c, (int)(u % t->slices), &w->e);
+		mark_filled(t, c);
 	}
 }
 
-/* The chunk set in t, copied by the team (or by the caller when there is none). */
-static void copy_chunk(team *t)
+/* The caller's wait for chunk c's slices (filled by the caller when there is no team). */
+static void wait_filled(team *t, int64_t c)
 {
 	if (t->n_threads == 0) {
-		copy_slice(t, 0, 1, &t->self);
+		for (int s = 0; s < t->slices; s++)
+			fill_unit(t, c, s, &t->self);
 		return;
 	}
 	pthread_mutex_lock(&t->mu);
-	t->pending = t->n_threads;
-	t->gen++;
-	pthread_cond_broadcast(&t->go);
-	while (t->pending)
-		pthread_cond_wait(&t->done, &t->mu);
+	while (__atomic_load_n(&t->filled[c], __ATOMIC_ACQUIRE) < t->slices)
+		pthread_cond_wait(&t->filled_cv, &t->mu);
+	pthread_mutex_unlock(&t->mu);
+}
+
+/* The caller: chunks [.. upto) may be filled once their buffers are free (freed) / are open. */
+static void publish(team *t, int64_t freed, int64_t open)
+{
+	pthread_mutex_lock(&t->mu);
+	if (freed > t->freed)
+		t->freed = freed;
+	if (open > t->open)
+		t->open = open;
+	pthread_cond_broadcast(&t->freed_cv);
 	pthread_mutex_unlock(&t->mu);
 }
 
@@ -253,6 +303,12 @@ int moet_upload_read_mode(int *out)
  *                         was ahead of nt 64 MiB in every A/B (docs/hybrid.md): the
  *                         default since c6c6fd5's run; the bytes on the device are the same.
  *                         (The pread source's stores are the kernel's copy: cached.)
+ *   MOET_UPLOAD_PIPELINE  ahead (default): the threads take the chunks' slices in order as
+ *                         far ahead as the free buffers allow (while the caller waits for
+ *                         chunk c, chunks up to c + NBUF - 2 are being filled); lockstep: one
+ *                         chunk at a time, every thread on its slice, all of them waiting
+ *                         for the slowest before the next chunk opens (the team before
+ *                         session 7; kept for A/B). Same bytes either way
  *   MOET_UPLOAD_READ      map (default) or pread (moet_upload_read_mode)
  *   MOET_UPLOAD_READ_FAULT  tests only: short (each pread asks at most 1000 bytes, so
  *                         every piece takes many reads) or eio:K (the K-th pread, K >= 1,
@@ -276,6 +332,11 @@ static int staged_opts(size_t *out_chunk, team *t, int force_read)
 	if (rc_s)
 		return rc_s;
 	t->cached = !nt;
+	static const char *const pipes[] = { "ahead", "lockstep" };
+	int ls = 0, rc_p = moet_env_choice("MOET_UPLOAD_PIPELINE", pipes, 2, &ls);
+	if (rc_p)
+		return rc_p;
+	t->lockstep = ls;
 	int read = force_read - 1, rc = force_read ? 0 : moet_upload_read_mode(&read);
 	if (rc)
 		return rc;
@@ -300,7 +361,7 @@ static int read_failure(const team *t, const worker *wk)
 {
 	const rd_err *e = t->self.failed ? &t->self : NULL;
 	for (int i = 0; !e && i < t->n_threads; i++)
-		if (wk[i].e.failed)
+		if (__atomic_load_n(&wk[i].e.failed, __ATOMIC_ACQUIRE))
 			e = &wk[i].e;
 	if (!e)
 		return 0;
@@ -320,8 +381,10 @@ int moet_upload_many_opts(const moet_upload_item *items, int64_t n, int n_thread
 {
 	char *buf[NBUF] = { 0 };
 	void *ev[NBUF] = { 0 }, *stream = NULL;
-	int used[NBUF] = { 0 };
 	piece *pc = NULL;
+	int64_t *first = NULL;
+	size_t *cbytes = NULL;
+	int *filled = NULL;
 	pthread_t *th = NULL;
 	worker *wk = NULL;
 	team t = { 0 };
@@ -341,11 +404,43 @@ int moet_upload_many_opts(const moet_upload_item *items, int64_t n, int n_thread
 		total += items[i].bytes;
 	if (total == 0)
 		goto out;
-	size_t max_pieces = (size_t)n + chunk_cap / 4096 + 2;
+	/* the plan: chunks of at most chunk_cap bytes, their pieces */
+	const int64_t n_chunks = (int64_t)((total + chunk_cap - 1) / chunk_cap);
+	const size_t max_pieces = (size_t)n + (size_t)n_chunks + 1;
 	if (!(pc = malloc(max_pieces * sizeof(*pc))) ||
+	    !(first = malloc((size_t)(n_chunks + 1) * sizeof(*first))) ||
+	    !(cbytes = malloc((size_t)n_chunks * sizeof(*cbytes))) ||
+	    !(filled = calloc((size_t)n_chunks, sizeof(*filled))) ||
 	    !(th = calloc((size_t)want, sizeof(*th))) || !(wk = calloc((size_t)want, sizeof(*wk)))) {
 		rc = moet_err(MOET_ENOMEM, "upload tables");
 		goto out;
+	}
+	{
+		int64_t it = 0, np = 0;
+		size_t off = 0; /* in items[it] */
+		for (int64_t c = 0; c < n_chunks; c++) {
+			size_t fill = 0;
+			first[c] = np;
+			while (it < n && fill < chunk_cap) {
+				const moet_upload_item *x = &items[it];
+				const moet_upload_file *fx = from ? from[it].file : NULL;
+				size_t take = x->bytes - off;
+				if (take > chunk_cap - fill)
+					take = chunk_cap - fill;
+				if (take)
+					pc[np++] = (piece){ (const char *)x->src + off,
+							    (char *)x->dst + off, take, fill, fx,
+							    fx ? from[it].off + off : 0 };
+				fill += take;
+				off += take;
+				if (off == x->bytes) {
+					it++;
+					off = 0;
+				}
+			}
+			cbytes[c] = fill;
+		}
+		first[n_chunks] = np;
 	}
 	for (int b = 0; b < NBUF && !rc; b++) {
 		if (host) {
@@ -365,80 +460,80 @@ int moet_upload_many_opts(const moet_upload_item *items, int64_t n, int n_thread
 		rc = moet_gpu_stream_create(&stream);
 	if (rc)
 		goto out;
+	t.pc = pc;
+	t.chunk_first = first;
+	t.chunk_bytes = cbytes;
+	t.n_chunks = n_chunks;
+	t.bufs = buf;
+	t.filled = filled;
+	t.slices = want;
+	/* NOTE: ahead, every chunk is open from the start (a buffer is the only limit); lockstep
+	 * opens each when the caller comes to wait for it, as the team of one chunk at a time did */
+	t.open = t.lockstep ? 0 : n_chunks;
 	pthread_mutex_init(&t.mu, NULL);
-	pthread_cond_init(&t.go, NULL);
-	pthread_cond_init(&t.done, NULL);
-	/* NOTE: a thread that cannot be made is no error: fewer threads copy (or the caller) */
+	pthread_cond_init(&t.freed_cv, NULL);
+	pthread_cond_init(&t.filled_cv, NULL);
+	t1 = now_s();
+	/* NOTE: a thread that cannot be made is no error: fewer threads fill (or the caller) */
 	for (int i = 0; i < want; i++) {
 		wk[i] = (worker){ &t, i, { 0 } };
-		pthread_mutex_lock(&t.mu);
-		if (pthread_create(&th[i], NULL, worker_main, &wk[i])) {
-			pthread_mutex_unlock(&t.mu);
+		if (pthread_create(&th[i], NULL, worker_main, &wk[i]))
 			break;
-		}
+		/* NOTE: read by the caller only (wait_filled, read_failure); the workers never */
 		t.n_threads++;
-		pthread_mutex_unlock(&t.mu);
 	}
-	t1 = now_s();
-	int64_t it = 0;
-	size_t off = 0; /* in items[it] */
-	for (int chunk = 0; it < n && !rc; chunk++) {
-		int b = chunk % NBUF;
-		if (used[b] && !host) {
+	for (int64_t c = 0; c < n_chunks && !rc; c++) {
+		const int b = (int)(c % NBUF);
+		/* the buffers of the chunks before the last one out are free again (their copies
+		 * are done by now, the link being faster than the fill); lockstep: this chunk's
+		 * buffer, then the chunk opened */
+		if (!host && c >= 1) {
+			const int64_t upto = t.lockstep ? c - NBUF + 1 : c - 1;
 			const double tw = now_s();
-			if ((rc = moet_gpu_event_sync(ev[b])))
-				break;
+			for (int64_t d = t.freed; d < upto && !rc; d++)
+				rc = moet_gpu_event_sync(ev[d % NBUF]);
 			wait_s += now_s() - tw;
+			if (rc)
+				break;
+			publish(&t, upto, c + 1);
+		} else if (t.lockstep) {
+			publish(&t, c - NBUF + 1, c + 1);
 		}
-		/* pieces of this chunk */
-		int np = 0;
-		size_t fill = 0;
-		while (it < n && fill < chunk_cap) {
-			const moet_upload_item *x = &items[it];
-			const moet_upload_file *fx = from ? from[it].file : NULL;
-			size_t take = x->bytes - off;
-			if (take > chunk_cap - fill)
-				take = chunk_cap - fill;
-			if (take)
-				pc[np++] = (piece){ (const char *)x->src + off, (char *)x->dst + off,
-						    take, fill, fx, fx ? from[it].off + off : 0 };
-			fill += take;
-			off += take;
-			if (off == x->bytes) {
-				it++;
-				off = 0;
-			}
-		}
-		t.pc = pc;
-		t.n_pc = np;
-		t.buf = buf[b];
-		t.chunk_bytes = fill;
 		const double tf = now_s();
-		copy_chunk(&t);
+		wait_filled(&t, c);
 		fill_s += now_s() - tf;
 		if ((rc = read_failure(&t, wk)))
 			break;
+		const piece *p = pc + first[c];
+		const int64_t np = first[c + 1] - first[c];
 		if (host) {
-			for (int i = 0; i < np && copy_out; i++)
-				memcpy(pc[i].dst_dev, buf[b] + pc[i].at, pc[i].bytes);
+			for (int64_t i = 0; i < np && copy_out; i++)
+				memcpy(p[i].dst_dev, buf[b] + p[i].at, p[i].bytes);
+			publish(&t, c + 1, c + 1);
 			continue;
 		}
-		/* one async copy per piece (device ranges need not be contiguous) */
-		for (int i = 0; i < np && !rc; i++)
-			rc = moet_gpu_copy_h2d_async(pc[i].dst_dev, buf[b] + pc[i].at, pc[i].bytes,
-						     stream);
+		/* one async copy per run of pieces contiguous on both sides (device ranges need not
+		 * be contiguous; one bind's are, but for the alignment of its pieces) */
+		for (int64_t i = 0; i < np && !rc;) {
+			int64_t j = i + 1;
+			size_t bytes = p[i].bytes;
+			while (j < np && p[j].at == p[i].at + bytes &&
+			       p[j].dst_dev == p[i].dst_dev + bytes)
+				bytes += p[j++].bytes;
+			rc = moet_gpu_copy_h2d_async(p[i].dst_dev, buf[b] + p[i].at, bytes, stream);
+			i = j;
+		}
 		if (!rc)
 			rc = moet_gpu_event_record(ev[b], stream);
-		used[b] = 1;
 	}
 	pthread_mutex_lock(&t.mu);
 	t.quit = 1;
-	pthread_cond_broadcast(&t.go);
+	pthread_cond_broadcast(&t.freed_cv);
 	pthread_mutex_unlock(&t.mu);
 	for (int i = 0; i < t.n_threads; i++)
 		pthread_join(th[i], NULL);
-	pthread_cond_destroy(&t.go);
-	pthread_cond_destroy(&t.done);
+	pthread_cond_destroy(&t.freed_cv);
+	pthread_cond_destroy(&t.filled_cv);
 	pthread_mutex_destroy(&t.mu);
 	/* NOTE: after a failure too: the copies in flight read the buffers freed below */
 	if (stream) {
@@ -460,6 +555,9 @@ out:;
 	}
 	moet_gpu_stream_destroy(stream);
 	free(pc);
+	free(first);
+	free(cbytes);
+	free(filled);
 	free(th);
 	free(wk);
 	if (stats)
