@@ -18,8 +18,11 @@
  * too much). The whole plan (every chunk's pieces) is made before they start; each takes the
  * next (chunk, slice) unit from a counter and fills it once the chunk's buffer is free, so a
  * thread done with its slice goes on to the next chunk instead of waiting for the slowest one
- * (MOET_UPLOAD_PIPELINE, staged_opts). The caller waits for each chunk's last slice, queues
- * its copies, and frees buffers by waiting for the events of the copies before the last.
+ * (while the caller waits for chunk c, chunks up to c + NBUF - 2 are being filled). The
+ * caller waits for each chunk's last slice, queues its copies, and frees buffers by waiting
+ * for the events of the copies before the last. NOTE (measured, H200, docs/hybrid.md): the
+ * team before, one chunk at a time with every thread waiting for the slowest slice, filled at
+ * ~40-45 GB/s during the upload and held it at 38-41 GB/s; this one leaves the link waiting.
  *
  * With non-temporal stores the host's DRAM moves three bytes per uploaded byte: the source
  * read, the staging write, the DMA's read of the staging. Plain stores into buffers that fit
@@ -97,11 +100,8 @@ typedef struct team {
 	int *filled;                /* [n_chunks], atomic: slices of the chunk filled */
 	int64_t freed;              /* under mu: chunks whose buffer may be refilled (their copy
 				       out is done) */
-	int64_t open;               /* under mu: chunks the threads may fill (lockstep: up to the
-				       one the caller waits for; ahead: all) */
 	int cached;        /* plain stores (MOET_UPLOAD_STORE=cached), else non-temporal */
 	int pread;         /* MOET_UPLOAD_READ=pread: pieces with a file are read from it */
-	int lockstep;      /* MOET_UPLOAD_PIPELINE=lockstep (staged_opts) */
 	/* test-only faults (MOET_UPLOAD_READ_FAULT, staged_opts) */
 	size_t fault_cap;  /* each pread asks at most this many bytes (0: no cap) */
 	long fault_at;     /* the fault_at-th pread of the call fails with EIO (0: none) */
@@ -208,12 +208,12 @@ static void fill_unit(team *t, int64_t c, int s, rd_err *e)
 	}
 }
 
-/* Waits until chunk c may be filled (open, and its buffer's previous copy out done); 0, or
- * -1 when the caller quit. */
+/* Waits until chunk c may be filled (its buffer's previous copy out done); 0, or -1 when the
+ * caller quit. */
 static int wait_fillable(team *t, int64_t c)
 {
 	pthread_mutex_lock(&t->mu);
-	while (!t->quit && (t->open <= c || t->freed < c - NBUF + 1))
+	while (!t->quit && t->freed < c - NBUF + 1)
 		pthread_cond_wait(&t->freed_cv, &t->mu);
 	const int quit = t->quit;
 	pthread_mutex_unlock(&t->mu);
@@ -262,14 +262,12 @@ static void wait_filled(team *t, int64_t c)
 	pthread_mutex_unlock(&t->mu);
 }
 
-/* The caller: chunks [.. upto) may be filled once their buffers are free (freed) / are open. */
-static void publish(team *t, int64_t freed, int64_t open)
+/* The caller: the buffers of chunks [0, freed) may be filled again. */
+static void publish(team *t, int64_t freed)
 {
 	pthread_mutex_lock(&t->mu);
 	if (freed > t->freed)
 		t->freed = freed;
-	if (open > t->open)
-		t->open = open;
 	pthread_cond_broadcast(&t->freed_cv);
 	pthread_mutex_unlock(&t->mu);
 }
@@ -303,12 +301,6 @@ int moet_upload_read_mode(int *out)
  *                         was ahead of nt 64 MiB in every A/B (docs/hybrid.md): the
  *                         default since c6c6fd5's run; the bytes on the device are the same.
  *                         (The pread source's stores are the kernel's copy: cached.)
- *   MOET_UPLOAD_PIPELINE  ahead (default): the threads take the chunks' slices in order as
- *                         far ahead as the free buffers allow (while the caller waits for
- *                         chunk c, chunks up to c + NBUF - 2 are being filled); lockstep: one
- *                         chunk at a time, every thread on its slice, all of them waiting
- *                         for the slowest before the next chunk opens (the team before
- *                         session 7; kept for A/B). Same bytes either way
  *   MOET_UPLOAD_READ      map (default) or pread (moet_upload_read_mode)
  *   MOET_UPLOAD_READ_FAULT  tests only: short (each pread asks at most 1000 bytes, so
  *                         every piece takes many reads) or eio:K (the K-th pread, K >= 1,
@@ -332,11 +324,6 @@ static int staged_opts(size_t *out_chunk, team *t, int force_read)
 	if (rc_s)
 		return rc_s;
 	t->cached = !nt;
-	static const char *const pipes[] = { "ahead", "lockstep" };
-	int ls = 0, rc_p = moet_env_choice("MOET_UPLOAD_PIPELINE", pipes, 2, &ls);
-	if (rc_p)
-		return rc_p;
-	t->lockstep = ls;
 	int read = force_read - 1, rc = force_read ? 0 : moet_upload_read_mode(&read);
 	if (rc)
 		return rc;
@@ -467,9 +454,6 @@ int moet_upload_many_opts(const moet_upload_item *items, int64_t n, int n_thread
 	t.bufs = buf;
 	t.filled = filled;
 	t.slices = want;
-	/* NOTE: ahead, every chunk is open from the start (a buffer is the only limit); lockstep
-	 * opens each when the caller comes to wait for it, as the team of one chunk at a time did */
-	t.open = t.lockstep ? 0 : n_chunks;
 	pthread_mutex_init(&t.mu, NULL);
 	pthread_cond_init(&t.freed_cv, NULL);
 	pthread_cond_init(&t.filled_cv, NULL);
@@ -485,19 +469,15 @@ int moet_upload_many_opts(const moet_upload_item *items, int64_t n, int n_thread
 	for (int64_t c = 0; c < n_chunks && !rc; c++) {
 		const int b = (int)(c % NBUF);
 		/* the buffers of the chunks before the last one out are free again (their copies
-		 * are done by now, the link being faster than the fill); lockstep: this chunk's
-		 * buffer, then the chunk opened */
-		if (!host && c >= 1) {
-			const int64_t upto = t.lockstep ? c - NBUF + 1 : c - 1;
+		 * are done by now unless the link holds the upload) */
+		if (!host && c >= 2) {
 			const double tw = now_s();
-			for (int64_t d = t.freed; d < upto && !rc; d++)
+			for (int64_t d = t.freed; d < c - 1 && !rc; d++)
 				rc = moet_gpu_event_sync(ev[d % NBUF]);
 			wait_s += now_s() - tw;
 			if (rc)
 				break;
-			publish(&t, upto, c + 1);
-		} else if (t.lockstep) {
-			publish(&t, c - NBUF + 1, c + 1);
+			publish(&t, c - 1);
 		}
 		const double tf = now_s();
 		wait_filled(&t, c);
@@ -509,7 +489,7 @@ int moet_upload_many_opts(const moet_upload_item *items, int64_t n, int n_thread
 		if (host) {
 			for (int64_t i = 0; i < np && copy_out; i++)
 				memcpy(p[i].dst_dev, buf[b] + p[i].at, p[i].bytes);
-			publish(&t, c + 1, c + 1);
+			publish(&t, c + 1);
 			continue;
 		}
 		/* one async copy per run of pieces contiguous on both sides (device ranges need not

@@ -4,9 +4,9 @@
  *   - MOET_UPLOAD: plain, staged and uring parsed; unset or empty is auto; anything else
  *     (register, whose path was removed, included) refused in one line naming the value and
  *     the accepted ones;
- *   - the staged source's MOET_UPLOAD_CHUNK_MB, MOET_UPLOAD_STORE and MOET_UPLOAD_PIPELINE:
- *     bad values refused by name before anything is allocated; valid ones accepted (an empty
- *     upload succeeds without a CUDA call whatever they say);
+ *   - the staged source's MOET_UPLOAD_CHUNK_MB and MOET_UPLOAD_STORE: bad values refused by
+ *     name before anything is allocated; valid ones accepted (an empty upload succeeds
+ *     without a CUDA call whatever they say);
  *   - without a device, a non-empty staged upload fails cleanly with a message.
  */
 #include <stdio.h>
@@ -59,8 +59,7 @@ static void staged_cases(void)
 	const char *bad[][3] = { { "MOET_UPLOAD_CHUNK_MB", "0", "MOET_UPLOAD_CHUNK_MB='0'" },
 				 { "MOET_UPLOAD_CHUNK_MB", "2048", "MOET_UPLOAD_CHUNK_MB='2048'" },
 				 { "MOET_UPLOAD_CHUNK_MB", "8M", "MOET_UPLOAD_CHUNK_MB='8M'" },
-				 { "MOET_UPLOAD_STORE", "stream", "MOET_UPLOAD_STORE='stream'" },
-				 { "MOET_UPLOAD_PIPELINE", "fast", "MOET_UPLOAD_PIPELINE='fast'" } };
+				 { "MOET_UPLOAD_STORE", "stream", "MOET_UPLOAD_STORE='stream'" } };
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		setenv(bad[i][0], bad[i][1], 1);
 		expect(moet_upload_many(&it, 1, 1, NULL), MOET_EINVAL, bad[i][2], bad[i][2]);
@@ -68,9 +67,7 @@ static void staged_cases(void)
 	}
 	/* valid values: nothing to copy is no error, and no CUDA call */
 	const char *good[][2] = { { "MOET_UPLOAD_CHUNK_MB", "1" }, { "MOET_UPLOAD_CHUNK_MB", "1024" },
-				  { "MOET_UPLOAD_STORE", "nt" }, { "MOET_UPLOAD_STORE", "cached" },
-				  { "MOET_UPLOAD_PIPELINE", "ahead" },
-				  { "MOET_UPLOAD_PIPELINE", "lockstep" } };
+				  { "MOET_UPLOAD_STORE", "nt" }, { "MOET_UPLOAD_STORE", "cached" } };
 	it.bytes = 0;
 	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
 		moet_upload_stats st = { .bytes = 99 };

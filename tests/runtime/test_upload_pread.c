@@ -6,9 +6,9 @@
  *   bytes     a temp file of random bytes, random items (unaligned offsets and lengths,
  *             empty ones, items larger than a 1 MiB staging buffer, many buffers' turns):
  *             the destinations equal the file's bytes (read independently) for map and
- *             pread, nt and cached stores, 1, 3 and 7 threads, the pipeline ahead and in
- *             lockstep (MOET_UPLOAD_PIPELINE), every item or half of them with a file (the
- *             rest copied), reads capped at 1000 bytes (short reads continued);
+ *             pread, nt and cached stores, 1, 3 and 7 threads (the threads running ahead
+ *             over many buffers' turns), every item or half of them with a file (the rest
+ *             copied), reads capped at 1000 bytes (short reads continued);
  *             bytes between the destinations are untouched
  *   failures  a file truncated after the items were planned (end of file), a closed
  *             descriptor (EBADF), a directory (EISDIR), an injected EIO: MOET_EIO in one line
@@ -140,16 +140,14 @@ static void bytes_cases(fixture *f)
 		half[i] = i % 2 ? f->from[i] : (moet_upload_from){ NULL, 0 };
 	for (int v = 0; v < 48; v++) {
 		const char *read = v % 3 == 0 ? "map" : "pread", *store = v & 8 ? "cached" : "nt";
-		const char *pipe = v & 32 ? "lockstep" : "ahead";
-		const int threads = v & 4 ? (v & 1 ? 7 : 3) : 1, mixed = v % 3 == 2;
+		const int threads = v & 4 ? (v & 32 ? 7 : 3) : 1, mixed = v % 3 == 2;
 		const int shortr = (v & 16) != 0;
 		char what[200];
-		snprintf(what, sizeof(what), "read %s%s, %s stores, %d threads, %s%s", read,
-			 mixed ? " (half the items with a file)" : "", store, threads, pipe,
+		snprintf(what, sizeof(what), "read %s%s, %s stores, %d threads%s", read,
+			 mixed ? " (half the items with a file)" : "", store, threads,
 			 shortr ? ", reads of at most 1000 bytes" : "");
 		setenv("MOET_UPLOAD_READ", read, 1);
 		setenv("MOET_UPLOAD_STORE", store, 1);
-		setenv("MOET_UPLOAD_PIPELINE", pipe, 1);
 		if (shortr)
 			setenv("MOET_UPLOAD_READ_FAULT", "short", 1);
 		memset(f->dst, 0xA5, f->dst_bytes);
@@ -167,7 +165,6 @@ static void bytes_cases(fixture *f)
 		      st.fill_seconds, st.link_wait_seconds, st.copy_seconds);
 	}
 	unsetenv("MOET_UPLOAD_STORE");
-	unsetenv("MOET_UPLOAD_PIPELINE");
 	/* the fill alone: nothing is copied out, the destinations (NULL here) are not touched */
 	moet_upload_item it[N_ITEMS];
 	for (int i = 0; i < N_ITEMS; i++)
