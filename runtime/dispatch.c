@@ -180,7 +180,7 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 			expert_bytes += moet_mat_data_bytes(x) + moet_mat_scale_bytes(x);
 		}
 	}
-	if ((rc = moet_hybrid_stage_setup(m->hy, c, expert_bytes)))
+	if ((rc = moet_hybrid_stage_setup(m->hy, c, expert_bytes, !host)))
 		goto fail;
 	if (!host) {
 		if ((rc = moet_model_bind_experts(m, owner)))

@@ -66,8 +66,10 @@ void moet_hybrid_get_stats(const moet_hybrid *hy, moet_hybrid_stats *out);
 /* Prefill staging of cold experts (MOET_PREFILL_STAGE, docs/hybrid.md): reads the switches
  * and, for auto, the crossover of the cost model (placement/moet_cost.h) for experts of
  * expert_bytes on the hardware of MOET_HARDWARE (a configs/hardware-*.yaml file) or the
- * defaults. MOET_EINVAL naming a malformed switch; the hardware file's own errors. */
-int moet_hybrid_stage_setup(moet_hybrid *hy, const moet_config *c, uint64_t expert_bytes);
+ * defaults; unset, auto when on_gpu (the home backend is a GPU), else never. MOET_EINVAL
+ * naming a malformed switch; the hardware file's own errors. */
+int moet_hybrid_stage_setup(moet_hybrid *hy, const moet_config *c, uint64_t expert_bytes,
+			    int on_gpu);
 /* The tokens from which a cold expert of a call is staged (0: never). */
 int64_t moet_hybrid_stage_min(const moet_hybrid *hy);
 /* Computes cold pairs (sorted by expert; table: host views by expert) on the backend from

@@ -8,7 +8,8 @@
  *     batched and one sequence per call;
  *   - the tier counts add up, the random placement sends >= 25% of routings to the CPU;
  *   - the CPU tier's counters agree with the tier counts (pairs, bytes copied back);
- *   - prefill staging of cold experts (MOET_PREFILL_STAGE=0, 1, auto at 4 tokens): a 64-token
+ *   - prefill staging of cold experts (MOET_PREFILL_STAGE=0, 1, auto at 4 tokens, auto on
+ *     the cost model, unset: as many staged as auto, the default on a GPU): a 64-token
  *     prompt's logits equal the CPU reference's, experts staged and not as switched;
  *   - the upload sources plain, uring and staged with small cached-store buffers give the
  *     same logits;
@@ -237,12 +238,16 @@ int main(void)
 		CHECK(lr && lg && moet_kv_create(cpu, NP, &kv) == 0 &&
 		      moet_model_forward(cpu, kv, tk, NP, lr) == 0, "staging reference");
 		moet_kv_destroy(kv);
-		const char *mode[3] = { "0", "1", "auto" };
-		for (int md = 0; lr && lg && md < 3; md++) {
-			setenv("MOET_PREFILL_STAGE", mode[md], 1);
+		/* 0, 1, auto at 4 tokens, auto on the cost model, unset (on a GPU: that auto) */
+		const char *mode[5] = { "0", "1", "auto", "auto", NULL };
+		uint64_t staged_cost = 0;
+		for (int md = 0; lr && lg && md < 5; md++) {
+			if (mode[md])
+				setenv("MOET_PREFILL_STAGE", mode[md], 1);
 			if (md == 2)
 				setenv("MOET_PREFILL_STAGE_MIN", "4", 1);
-			CHECK(moet_model_set_placement(gpu, own, 1) == 0, "staging %s: %s", mode[md],
+			const char *mname = mode[md] ? mode[md] : "unset";
+			CHECK(moet_model_set_placement(gpu, own, 1) == 0, "staging %s: %s", mname,
 			      moet_errmsg());
 			unsetenv("MOET_PREFILL_STAGE");
 			unsetenv("MOET_PREFILL_STAGE_MIN");
@@ -252,19 +257,28 @@ int main(void)
 			kv = NULL;
 			CHECK(moet_kv_create(gpu, NP, &kv) == 0 &&
 			      moet_model_forward(gpu, kv, tk, NP, lg) == 0, "staging %s: %s",
-			      mode[md], moet_errmsg());
+			      mname, moet_errmsg());
 			moet_kv_destroy(kv);
 			CHECK(memcmp(lr, lg, (size_t)NP * (size_t)V * sizeof(float)) == 0,
-			      "MOET_PREFILL_STAGE=%s: logits differ from the CPU reference", mode[md]);
+			      "MOET_PREFILL_STAGE=%s: logits differ from the CPU reference", mname);
 			moet_model_hybrid_stats(gpu, &hs, 1);
-			CHECK(md == 0 ? hs.staged_experts == 0 : hs.staged_experts > 0,
-			      "staging %s: %llu experts staged", mode[md],
-			      (unsigned long long)hs.staged_experts);
-			CHECK(md != 1 ? hs.cpu_pairs > 0 : hs.cpu_pairs == 0 && hs.bytes_d2h == 0,
-			      "staging %s: %llu CPU pairs", mode[md],
-			      (unsigned long long)hs.cpu_pairs);
+			if (md == 3)
+				staged_cost = hs.staged_experts;
+			if (md == 4)
+				CHECK(hs.staged_experts == staged_cost, "unset: %llu experts staged, "
+				      "auto %llu (the default on a GPU is auto)",
+				      (unsigned long long)hs.staged_experts,
+				      (unsigned long long)staged_cost);
+			else if (md < 3)
+				CHECK(md == 0 ? hs.staged_experts == 0 : hs.staged_experts > 0,
+				      "staging %s: %llu experts staged", mname,
+				      (unsigned long long)hs.staged_experts);
+			if (md < 3)
+				CHECK(md != 1 ? hs.cpu_pairs > 0 : hs.cpu_pairs == 0 && hs.bytes_d2h == 0,
+				      "staging %s: %llu CPU pairs", mname,
+				      (unsigned long long)hs.cpu_pairs);
 			printf("staging %-4s: %llu experts (%llu pairs, %.1f MB) staged in %.3f ms, "
-			       "CPU tier %llu pairs, %.1f KB down: logits equal\n", mode[md],
+			       "CPU tier %llu pairs, %.1f KB down: logits equal\n", mname,
 			       (unsigned long long)hs.staged_experts,
 			       (unsigned long long)hs.staged_pairs, hs.bytes_staged / 1e6,
 			       hs.ns_stage / 1e6, (unsigned long long)hs.cpu_pairs,

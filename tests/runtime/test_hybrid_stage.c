@@ -188,7 +188,8 @@ int main(void)
 		}
 		char min_s[32];
 		snprintf(min_s, sizeof(min_s), "%lld", (long long)min_t);
-		/* modes: 0, 1, auto with min_t, auto on the cost model, unset (the default: never)
+		/* modes: 0, 1, auto with min_t, auto on the cost model, unset (the default on the CPU
+		 * backend: never; on a GPU auto, tests/gpu/test_gpu_hybrid.c)
 		 * with the default gap */
 		const char *mode[5] = { "0", "1", "auto", "auto", NULL };
 		for (int md = 0; md < 5; md++) {
