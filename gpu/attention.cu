@@ -140,11 +140,204 @@ attention_kernel(const float *q, long long q_stride, int d_qk, int d_v, float *c
 	}
 }
 
+/*
+ * The grouped kernel (MOET_GPU_ATTN=grouped, the default where a call has runs of rows of one
+ * sequence, as a prefill has): one block per (head, GR consecutive rows). The rows' runs of
+ * one sequence (same K and V cache, same block table: runtime/backend_cuda.c keeps one table
+ * copy per sequence) are found on the device; each run is worked as one: every K and V tile
+ * of the run's positions is staged once for all of its rows, instead of once per row. Per
+ * (row, head) the operations are the reference kernel's, in its order (so the same bits as
+ * attention_kernel and moet_attend_ref):
+ *   pass 1: s[p] = (float)(binary64 dot, index order) * scale for p <= pos, mx = their max
+ *           (order-free: a zero's sign cannot reach the output, see above);
+ *   pass 2: the scores again, e[p] = exp_c(s[p] - mx) in shared memory, then one thread per
+ *           row extends the row's sum in p order and each (row, dimension) its output sum in
+ *           p order; out = (float)(acc / sum).
+ * The binary64 dot and sums use fma: a product of two binary32 values is exact in binary64, so
+ * fma(a, b, c) = c + a * b bit for bit (the reference's two operations).
+ * Threads: scores, pair (r, p) of the tile = tid + 256 k (k < 4): row tid / 64 + 4k,
+ * position tid % 64 (a thread reads each K element once for its 4 rows); outputs, chain
+ * (r, d) = tid + 256 j: row (tid + 256 j) / d_v, dimension (tid + 256 j) % d_v.
+ * shared: q [GR][d_qk] | tile [TILE][max(d_qk, d_v) + 1] (K, then V) | e [GR][TILE]
+ */
+#define GR 16      /* rows per block */
+#define GTHREADS 256
+#define G_CHAINS (GR * ATT_MAX_D / GTHREADS)
+
+static_assert(GR * TILE == 4 * GTHREADS, "4 score pairs per thread");
+static_assert((GR * ATT_MAX_D + TILE * (ATT_MAX_D + 1) + GR * TILE) * 4 + GR * 12 + TILE * 8 +
+		      64 <= SM120_SMEM_MAX,
+	      "sm_120: 99 KB of shared memory per block");
+
+static __global__ void __launch_bounds__(GTHREADS)
+attention_group_kernel(const float *q, long long q_stride, int n_rows, int d_qk, int d_v,
+		       float *const *k_base, float *const *v_base, long long k_pos_stride,
+		       long long v_pos_stride, const int32_t *pos, const moet_gpu_pages pg,
+		       float scale, float *out, long long out_stride)
+{
+	extern __shared__ float sm[];
+	const int tid = threadIdx.x, h = blockIdx.x, t0 = blockIdx.y * GR;
+	const int ts = (d_qk > d_v ? d_qk : d_v) + 1;
+	float *qs = sm, *tile = sm + GR * d_qk, *et = tile + TILE * ts;
+	__shared__ long long row[TILE];
+	__shared__ float mx_r[GR];
+	__shared__ double sum_r[GR];
+	__shared__ int run_end;
+	const int n_g = min(GR, n_rows - t0);
+
+	for (int a = 0; a < n_g;) {
+		/* the run of rows a .. b-1 of one sequence, mapped through row lead's table */
+		if (tid == 0) {
+			int b = a + 1;
+			const int ta = t0 + a;
+			while (b < n_g && k_base[t0 + b] == k_base[ta] &&
+			       v_base[t0 + b] == v_base[ta] &&
+			       (!pg.table || (pg.off[t0 + b] == pg.off[ta] &&
+					      pg.shift[t0 + b] == pg.shift[ta])))
+				b++;
+			run_end = b;
+		}
+		__syncthreads();
+		const int b = run_end, g = b - a;
+		int lead = t0 + a, n_max = 0;
+		for (int r = a; r < b; r++)
+			if (pos[t0 + r] + 1 > n_max)
+				n_max = pos[t0 + r] + 1, lead = t0 + r;
+		const float *kb = k_base[lead] + (long long)h * d_qk;
+		const float *vb = v_base[lead] + (long long)h * d_v;
+		for (int i = tid; i < g * d_qk; i += GTHREADS)
+			qs[i] = q[(long long)(t0 + a + i / d_qk) * q_stride + (long long)h * d_qk +
+				  i % d_qk];
+		const int pp = tid % TILE, rq = tid / TILE;
+		int npos[4];
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			const int r = rq + 4 * k;
+			npos[k] = r < g ? pos[t0 + a + r] + 1 : 0;
+		}
+
+		/* the tile at p0: its cache rows, then n_p rows of K (v: V) into tile */
+		auto stage = [&](int p0, int n_p, bool v) {
+			__syncthreads(); /* the previous tile is consumed */
+			if (!v && tid < n_p)
+				row[tid] = moet_gpu_page_row(pg, lead, p0 + tid);
+			if (!v)
+				__syncthreads();
+			const int d_n = v ? d_v : d_qk;
+			const long long st = v ? v_pos_stride : k_pos_stride;
+			const float *base = v ? vb : kb;
+			for (int q_ = tid >> 5; q_ < n_p; q_ += GTHREADS / 32) {
+				const float *src = base + row[q_] * st;
+				float *dst = tile + q_ * ts;
+				for (int d = tid & 31; d < d_n; d += 32)
+					dst[d] = src[d];
+			}
+			__syncthreads();
+		};
+		/* the scores of pairs k < 4 (row rq + 4k, position p0 + pp): each K element read
+		 * once for the four rows; NaN where a row has ended (or is past the run) */
+		auto scores = [&](int p0, float sc[4]) {
+			const float *kr = tile + pp * ts;
+			double dot[4] = { 0.0, 0.0, 0.0, 0.0 };
+			for (int d = 0; d < d_qk; d++) {
+				const double kd = (double)kr[d];
+#pragma unroll
+				for (int k = 0; k < 4; k++)
+					dot[k] = __fma_rn((double)qs[(rq + 4 * k) * d_qk + d], kd, dot[k]);
+			}
+#pragma unroll
+			for (int k = 0; k < 4; k++)
+				sc[k] = p0 + pp < npos[k] ? (float)dot[k] * scale
+							  : __int_as_float(0x7FC00000);
+		};
+
+		float mx[4] = { -INFINITY, -INFINITY, -INFINITY, -INFINITY };
+		for (int p0 = 0; p0 < n_max; p0 += TILE) {
+			stage(p0, min(TILE, n_max - p0), false);
+			float sc[4];
+			scores(p0, sc);
+#pragma unroll
+			for (int k = 0; k < 4; k++)
+				if (sc[k] > mx[k]) /* NaN (past the row) never is */
+					mx[k] = sc[k];
+		}
+		__syncthreads();
+#pragma unroll
+		for (int k = 0; k < 4; k++)
+			et[(rq + 4 * k) * TILE + pp] = mx[k];
+		__syncthreads();
+		if (tid < g) {
+			float m = -INFINITY;
+			for (int i = 0; i < TILE; i++)
+				if (et[tid * TILE + i] > m)
+					m = et[tid * TILE + i];
+			mx_r[tid] = m;
+		}
+		double sum = 0.0, acc[G_CHAINS];
+#pragma unroll
+		for (int j = 0; j < G_CHAINS; j++)
+			acc[j] = 0.0;
+		for (int p0 = 0; p0 < n_max; p0 += TILE) {
+			const int n_p = min(TILE, n_max - p0);
+			stage(p0, n_p, false); /* (its first sync orders mx_r too) */
+			float sc[4];
+			scores(p0, sc);
+#pragma unroll
+			for (int k = 0; k < 4; k++) {
+				const int r = rq + 4 * k;
+				if (p0 + pp < npos[k])
+					et[r * TILE + pp] = moet_exp_c(sc[k] - mx_r[r]);
+			}
+			stage(p0, n_p, true);
+			if (tid < g)
+				for (int i = 0, ne = min(TILE, pos[t0 + a + tid] + 1 - p0); i < ne; i++)
+					sum = sum + (double)et[tid * TILE + i];
+#pragma unroll
+			for (int j = 0; j < G_CHAINS; j++) {
+				const int c = tid + GTHREADS * j, r = c / d_v, d = c % d_v;
+				if (r >= g)
+					continue;
+				const float *er = et + r * TILE;
+				const int ne = min(TILE, pos[t0 + a + r] + 1 - p0);
+				double x = acc[j];
+				for (int i = 0; i < ne; i++)
+					x = __fma_rn((double)er[i], (double)tile[i * ts + d], x);
+				acc[j] = x;
+			}
+		}
+		if (tid < g)
+			sum_r[tid] = sum;
+		__syncthreads();
+#pragma unroll
+		for (int j = 0; j < G_CHAINS; j++) {
+			const int c = tid + GTHREADS * j, r = c / d_v, d = c % d_v;
+			if (r < g)
+				out[(long long)(t0 + a + r) * out_stride + (long long)h * d_v + d] =
+					(float)(acc[j] / sum_r[r]);
+		}
+		__syncthreads(); /* run_end, qs and sum_r are rewritten by the next run */
+		a = b;
+	}
+}
+
+/* MOET_GPU_ATTN: 1 for the grouped kernel where the call has runs (default), 0: per row. */
+static int attn_grouped(int *out)
+{
+	const char *v = getenv("MOET_GPU_ATTN");
+	if (!v || !*v || !strcmp(v, "grouped"))
+		*out = 1;
+	else if (!strcmp(v, "ref"))
+		*out = 0;
+	else
+		return moet_err(MOET_EINVAL, "MOET_GPU_ATTN=%.40s (want ref or grouped)", v);
+	return 0;
+}
+
 extern "C" int moet_gpu_attention(const float *q, int64_t q_stride, int64_t n_rows,
 				  int64_t n_heads, int64_t d_qk, int64_t d_v,
 				  float *const *k_base, float *const *v_base,
 				  int64_t k_pos_stride, int64_t v_pos_stride, const int32_t *pos,
-				  const moet_gpu_pages *pages, float scale, float *out,
+				  const moet_gpu_pages *pages, int64_t run, float scale, float *out,
 				  int64_t out_stride, void *stream)
 {
 	if (n_rows < 0 || n_rows > 65535 || n_heads < 1 || n_heads > 65535 || d_qk < 1 ||
@@ -163,10 +356,28 @@ extern "C" int moet_gpu_attention(const float *q, int64_t q_stride, int64_t n_ro
 				"%lld, out %lld, K %lld, V %lld)", (long long)q_stride,
 				(long long)out_stride, (long long)k_pos_stride,
 				(long long)v_pos_stride);
+	int grouped = 0, rc = attn_grouped(&grouped);
+	if (rc)
+		return rc;
+	const moet_gpu_pages pg = pages ? *pages : moet_gpu_pages{ NULL, NULL, NULL };
+	/* NOTE: runs of fewer rows gain little from the grouped kernel, and a decode batch of
+	 * distinct sequences (runs of one) would have each block work its rows one by one */
+	if (grouped && run >= GR / 2) {
+		const int dm = (int)(d_qk > d_v ? d_qk : d_v);
+		const size_t gsm = (size_t)(GR * d_qk + TILE * (dm + 1) + GR * TILE) * sizeof(float);
+		MOET_CUDA_TRY(cudaFuncSetAttribute(attention_group_kernel,
+						   cudaFuncAttributeMaxDynamicSharedMemorySize,
+						   (int)gsm));
+		dim3 gg((unsigned)n_heads, (unsigned)((n_rows + GR - 1) / GR));
+		attention_group_kernel<<<gg, GTHREADS, gsm, moet_stream(stream)>>>(
+			q, q_stride, (int)n_rows, (int)d_qk, (int)d_v, k_base, v_base,
+			k_pos_stride, v_pos_stride, pos, pg, scale, out, out_stride);
+		MOET_CUDA_TRY(cudaGetLastError());
+		return 0;
+	}
 	const size_t smem = (size_t)(d_qk + TILE * (d_qk + 1) + TILE) * sizeof(float);
 	MOET_CUDA_TRY(cudaFuncSetAttribute(attention_kernel,
 					   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-	const moet_gpu_pages pg = pages ? *pages : moet_gpu_pages{ NULL, NULL, NULL };
 	dim3 grid((unsigned)n_heads, (unsigned)n_rows);
 	attention_kernel<<<grid, TILE, smem, moet_stream(stream)>>>(
 		q, q_stride, (int)d_qk, (int)d_v, k_base, v_base, k_pos_stride, v_pos_stride, pos,

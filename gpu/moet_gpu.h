@@ -195,12 +195,16 @@ int moet_gpu_kv_write(const float *kvb, int64_t kvb_stride, const float *k_pe,
  * outputs equal the CPU's bit for bit (NaN payloads aside).
  * The K/V of a row's own position must be in the cache first (moet_gpu_kv_write).
  * d_qk, d_v <= 256; n_rows, n_heads <= 65535; pos[t] >= 0.
+ * run: the longest run of consecutive rows of one sequence in the call (a hint, 0 if
+ * unknown): from 8 on, the grouped kernel (MOET_GPU_ATTN=grouped, the default; ref: always
+ * the per-row kernel) stages each K/V tile once per run of rows (rows of one sequence: same
+ * k_base, v_base and, with pages, the same table offset and shift); the bits are the same.
  */
 int moet_gpu_attention(const float *q, int64_t q_stride, int64_t n_rows, int64_t n_heads,
 		       int64_t d_qk, int64_t d_v, float *const *k_base, float *const *v_base,
 		       int64_t k_pos_stride, int64_t v_pos_stride, const int32_t *pos,
-		       const moet_gpu_pages *pages, float scale, float *out, int64_t out_stride,
-		       void *stream);
+		       const moet_gpu_pages *pages, int64_t run, float scale, float *out,
+		       int64_t out_stride, void *stream);
 
 /*
  * The noaux_tc router for n_tok tokens: logits [n_tok][n_exp] (from moet_gpu_linear with the

@@ -173,10 +173,10 @@ int moet_gpu_kv_write(const float *kvb, int64_t kvb_stride, const float *k_pe,
 int moet_gpu_attention(const float *q, int64_t q_stride, int64_t n_rows, int64_t n_heads,
 		       int64_t d_qk, int64_t d_v, float *const *k_base, float *const *v_base,
 		       int64_t k_pos_stride, int64_t v_pos_stride, const int32_t *pos,
-		       const moet_gpu_pages *pages, float scale, float *out, int64_t out_stride,
-		       void *stream)
+		       const moet_gpu_pages *pages, int64_t run, float scale, float *out,
+		       int64_t out_stride, void *stream)
 {
-	(void)q, (void)q_stride, (void)n_rows, (void)n_heads, (void)d_qk, (void)d_v;
+	(void)q, (void)q_stride, (void)n_rows, (void)n_heads, (void)d_qk, (void)d_v, (void)run;
 	(void)k_base, (void)v_base, (void)k_pos_stride, (void)v_pos_stride, (void)pos, (void)pages;
 	(void)scale, (void)out, (void)out_stride, (void)stream;
 	return no_cuda("moet_gpu_attention");

@@ -37,6 +37,7 @@ struct moet_rows {
 	moet_gpu_pages pages;/* device: each row's block table, its offset and block shift */
 	int64_t k_row, v_row;/* floats per position (from the row table) */
 	int64_t n;
+	int64_t max_run;     /* the longest run of consecutive rows of one sequence */
 };
 
 typedef struct cuda_be {
@@ -264,7 +265,11 @@ static int cu_prepare_rows(moet_backend *be, int slot, const moet_rowinfo *rows,
 	float **kb = c->host_stage[slot], **vb = kb + n_layers * n;
 	int32_t *tok = (int32_t *)((char *)c->host_stage[slot] + ptrs), *pos = tok + n;
 	int32_t *off = pos + n, *shift = off + n, *tab = shift + n;
-	for (int64_t t = 0, o = 0; t < n; t++) {
+	int64_t max_run = 0;
+	for (int64_t t = 0, o = 0, run = 0; t < n; t++) {
+		run = t > 0 && rows[t].blocks == rows[t - 1].blocks && rows[t].k == rows[t - 1].k ?
+			      run + 1 : 1;
+		max_run = run > max_run ? run : max_run;
 		tok[t] = (int32_t)tokens[t];
 		pos[t] = (int32_t)rows[t].pos;
 		if (t == 0 || rows[t].blocks != rows[t - 1].blocks) {
@@ -296,6 +301,7 @@ static int cu_prepare_rows(moet_backend *be, int slot, const moet_rowinfo *rows,
 	r->pages = (moet_gpu_pages){ .table = r->tok + 4 * n, .off = r->tok + 2 * n,
 				     .shift = r->tok + 3 * n };
 	r->n = n;
+	r->max_run = max_run;
 	*out = r;
 	return 0;
 }
@@ -359,7 +365,7 @@ static int cu_attend(moet_backend *be, const moet_attn_dims *d, int64_t l, const
 	return moet_gpu_attention(q, q_stride, n, d->n_heads, qk, d->v_dim,
 				  rows->kbase + l * rows->n, rows->vbase + l * rows->n,
 				  d->n_heads * qk, d->n_heads * d->v_dim, rows->pos, &rows->pages,
-				  d->softmax_scale, out, out_stride, NULL);
+				  rows->max_run, d->softmax_scale, out, out_stride, NULL);
 }
 
 static int cu_kv_store_latent(moet_backend *be, int64_t l, const float *kva, int64_t kva_stride,

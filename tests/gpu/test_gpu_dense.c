@@ -498,15 +498,12 @@ static void attention_case(const char *name, attn_dims a, int n_seq, const int32
 		hcache = NULL;
 	}
 	const float scale = 1.0f / sqrtf((float)qk) * 1.3f;
-	if (dev_fail(moet_gpu_attention(dq, ks, n_rows, a.heads, qk, a.dv, dkb, dvb, ks, vs, dpos,
-					NULL, scale, dout, vs, NULL), name) ||
-	    down(got, dout, (size_t)(n_rows * vs) * sizeof(float)) ||
-	    dev_fail(moet_gpu_attention(dq, ks, n_rows, a.heads, qk, a.dv, dkb, dvb, ks, vs, dpos,
-					NULL, scale, dout, vs, NULL), name) ||
-	    down(got2, dout, (size_t)(n_rows * vs) * sizeof(float)))
-		goto out;
-	CHECK(!memcmp(got, got2, (size_t)(n_rows * vs) * sizeof(float)), "%s: repeat differs",
-	      name);
+	/* the longest run of rows of one sequence: the hint that picks the grouped kernel */
+	int64_t run = 0;
+	for (int t = 0, r = 0; t < n_rows; t++) {
+		r = t > 0 && rows[t].seq == rows[t - 1].seq ? r + 1 : 1;
+		run = r > run ? r : run;
+	}
 	for (int t = 0; t < n_rows; t++) {
 		const int s = rows[t].seq;
 		for (int64_t h = 0; h < a.heads; h++)
@@ -514,12 +511,34 @@ static void attention_case(const char *name, attn_dims a, int n_seq, const int32
 					NULL, 0, pos[t] + 1, qk, a.dv, scale, scr,
 					ref + t * vs + h * a.dv);
 	}
-	same_bits(name, got, ref, (size_t)(n_rows * vs), 1);
+	/* the default (grouped where runs of 8+ rows allow) and the per-row kernel, each twice */
+	for (int v = 0; v < 2; v++) {
+		char what[96];
+		snprintf(what, sizeof(what), "%s (MOET_GPU_ATTN=%s, run %lld)", name,
+			 v ? "ref" : "default", (long long)run);
+		if (v)
+			setenv("MOET_GPU_ATTN", "ref", 1);
+		const int bad =
+			dev_fail(moet_gpu_attention(dq, ks, n_rows, a.heads, qk, a.dv, dkb, dvb, ks,
+						    vs, dpos, NULL, run, scale, dout, vs, NULL),
+				 what) ||
+			down(got, dout, (size_t)(n_rows * vs) * sizeof(float)) ||
+			dev_fail(moet_gpu_attention(dq, ks, n_rows, a.heads, qk, a.dv, dkb, dvb, ks,
+						    vs, dpos, NULL, run, scale, dout, vs, NULL),
+				 what) ||
+			down(got2, dout, (size_t)(n_rows * vs) * sizeof(float));
+		unsetenv("MOET_GPU_ATTN");
+		if (bad)
+			goto out;
+		CHECK(!memcmp(got, got2, (size_t)(n_rows * vs) * sizeof(float)),
+		      "%s: repeat differs", what);
+		same_bits(what, got, ref, (size_t)(n_rows * vs), 1);
+	}
 	/* Batch invariance: each row alone (its own pointers, n_rows = 1) gives its batch bits. */
 	for (int t = 0; t < n_rows; t++) {
 		if (dev_fail(moet_gpu_attention((float *)dq + t * ks, ks, 1, a.heads, qk, a.dv,
 						(float **)dkb + t, (float **)dvb + t, ks, vs,
-						(int32_t *)dpos + t, NULL, scale, dout, vs, NULL),
+						(int32_t *)dpos + t, NULL, 1, scale, dout, vs, NULL),
 			     name) ||
 		    down(one, dout, (size_t)vs * sizeof(float)))
 			goto out;
@@ -577,6 +596,18 @@ static void test_attention(void)
 	const attn_row deep[2] = { { 0, 4095 }, { 1, 63 } };
 	const int32_t dlen[2] = { 4096, 64 };
 	attention_case("kimi-k2-4k", (attn_dims){ 64, 128, 64, 128 }, 2, dlen, deep, 2);
+	/* prefill chunks: 40 rows of seq 0 (positions 100..139: runs across three 16-row groups
+	 * and three 64-position tiles), a decode row of seq 1, 19 rows of seq 2 (0..18) */
+	attn_row pre[60];
+	int np = 0;
+	for (int p = 100; p < 140; p++)
+		pre[np++] = (attn_row){ 0, p };
+	pre[np++] = (attn_row){ 1, 700 };
+	for (int p = 0; p < 19; p++)
+		pre[np++] = (attn_row){ 2, p };
+	const int32_t plen[3] = { 140, 701, 19 };
+	attention_case("kimi-k2-prefill", (attn_dims){ 64, 128, 64, 128 }, 3, plen, pre, np);
+	attention_case("tiny-prefill", (attn_dims){ 4, 32, 16, 32 }, 3, plen, pre, np);
 }
 
 /* ---- router ----------------------------------------------------------------------------- */
@@ -814,9 +845,15 @@ static void test_bad_input(void)
 	CHECK(moet_gpu_rope(d, 2, 16, 2, 16, 8, di, d, 1.0f, 1, NULL) == MOET_EINVAL,
 	      "rope overlapping rows");
 	CHECK(moet_gpu_attention(d, 64, 1, 1, 300, 8, (float **)di, (float **)di, 300, 8, di,
-				 NULL, 1.0f, d, 8, NULL) == MOET_EINVAL, "attention d_qk");
-	CHECK(moet_gpu_attention(d, 64, 1, 1, 64, 8, NULL, (float **)di, 64, 8, di, NULL, 1.0f, d,
-				 8, NULL) == MOET_EINVAL, "attention NULL");
+				 NULL, 1, 1.0f, d, 8, NULL) == MOET_EINVAL, "attention d_qk");
+	CHECK(moet_gpu_attention(d, 64, 1, 1, 64, 8, NULL, (float **)di, 64, 8, di, NULL, 1, 1.0f,
+				 d, 8, NULL) == MOET_EINVAL, "attention NULL");
+	setenv("MOET_GPU_ATTN", "fast", 1);
+	CHECK(moet_gpu_attention(d, 64, 1, 1, 64, 8, (float **)di, (float **)di, 64, 8, di, NULL,
+				 16, 1.0f, d, 8, NULL) == MOET_EINVAL &&
+	      strstr(moet_errmsg(), "MOET_GPU_ATTN"), "MOET_GPU_ATTN=fast refused by name: %s",
+	      moet_errmsg());
+	unsetenv("MOET_GPU_ATTN");
 	CHECK(moet_gpu_kv_write(d, 4, d, 4, 1, 1, 4, 4, 4, (float **)di, (float **)di, 8, 4, di,
 				NULL, NULL) == MOET_EINVAL, "kv_write kvb stride");
 	CHECK(moet_gpu_router(d, 1, 10, d, 3, 1, 2, 1, 1.0f, di, d, NULL) == MOET_EINVAL,
