@@ -36,6 +36,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <type_traits>
 
 #define TILE 64                 /* positions per tile = threads per block */
 #define ATT_MAX_D 256           /* d_qk and d_v limits */
@@ -162,28 +163,44 @@ attention_kernel(const float *q, long long q_stride, int d_qk, int d_v, float *c
  */
 #define GR 16      /* rows per block */
 #define GTHREADS 256
-#define G_CHAINS (GR * ATT_MAX_D / GTHREADS)
+
+/* Shared memory of the grouped kernel: e [GR][TILE] and, with QD, q [GR][d_qk] in binary64
+ * (converted once, not at every use), then the tile [TILE][max(d_qk, d_v) + 1] (binary32). */
+static size_t group_smem(int d_qk, int d_v, bool qd)
+{
+	const int dm = d_qk > d_v ? d_qk : d_v;
+	return (size_t)GR * TILE * 8 + (size_t)GR * d_qk * (qd ? 8 : 4) +
+	       (size_t)TILE * (dm + 1) * 4;
+}
 
 static_assert(GR * TILE == 4 * GTHREADS, "4 score pairs per thread");
-static_assert((GR * ATT_MAX_D + TILE * (ATT_MAX_D + 1) + GR * TILE) * 4 + GR * 12 + TILE * 8 +
-		      64 <= SM120_SMEM_MAX,
-	      "sm_120: 99 KB of shared memory per block");
+static_assert(GR * TILE * 8 + GR * ATT_MAX_D * 4 + TILE * (ATT_MAX_D + 1) * 4 + TILE * 8 +
+		      GR * 12 + 64 <= SM120_SMEM_MAX,
+	      "sm_120: 99 KB of shared memory per block (q in binary32 at the largest dims)");
 
+/* CH: output chains per thread, >= GR * d_v / GTHREADS; QD: q staged in binary64. */
+template <int CH, bool QD>
 static __global__ void __launch_bounds__(GTHREADS)
 attention_group_kernel(const float *q, long long q_stride, int n_rows, int d_qk, int d_v,
 		       float *const *k_base, float *const *v_base, long long k_pos_stride,
 		       long long v_pos_stride, const int32_t *pos, const moet_gpu_pages pg,
 		       float scale, float *out, long long out_stride)
 {
-	extern __shared__ float sm[];
+	extern __shared__ double smd[];
+	using qt = typename std::conditional<QD, double, float>::type;
 	const int tid = threadIdx.x, h = blockIdx.x, t0 = blockIdx.y * GR;
 	const int ts = (d_qk > d_v ? d_qk : d_v) + 1;
-	float *qs = sm, *tile = sm + GR * d_qk, *et = tile + TILE * ts;
+	double *et = smd;
+	qt *qs = (qt *)(smd + GR * TILE);
+	float *tile = (float *)(qs + GR * d_qk);
 	__shared__ long long row[TILE];
 	__shared__ float mx_r[GR];
 	__shared__ double sum_r[GR];
 	__shared__ int run_end;
 	const int n_g = min(GR, n_rows - t0);
+	/* output chains (r, d) = tid + GTHREADS j; where d_v divides GTHREADS every chain of a
+	 * thread has one dimension, so each V element is read and widened once for them all */
+	const bool one_d = GTHREADS % d_v == 0;
 
 	for (int a = 0; a < n_g;) {
 		/* the run of rows a .. b-1 of one sequence, mapped through row lead's table */
@@ -206,14 +223,22 @@ attention_group_kernel(const float *q, long long q_stride, int n_rows, int d_qk,
 		const float *kb = k_base[lead] + (long long)h * d_qk;
 		const float *vb = v_base[lead] + (long long)h * d_v;
 		for (int i = tid; i < g * d_qk; i += GTHREADS)
-			qs[i] = q[(long long)(t0 + a + i / d_qk) * q_stride + (long long)h * d_qk +
-				  i % d_qk];
+			qs[i] = (qt)q[(long long)(t0 + a + i / d_qk) * q_stride + (long long)h * d_qk +
+				      i % d_qk];
 		const int pp = tid % TILE, rq = tid / TILE;
 		int npos[4];
 #pragma unroll
 		for (int k = 0; k < 4; k++) {
 			const int r = rq + 4 * k;
 			npos[k] = r < g ? pos[t0 + a + r] + 1 : 0;
+		}
+		int cr[CH], cd[CH], cn[CH]; /* chain j: row, dimension, positions */
+#pragma unroll
+		for (int j = 0; j < CH; j++) {
+			const int c = tid + GTHREADS * j;
+			cr[j] = c / d_v;
+			cd[j] = c % d_v;
+			cn[j] = cr[j] < g ? pos[t0 + a + cr[j]] + 1 : 0;
 		}
 
 		/* the tile at p0: its cache rows, then n_p rows of K (v: V) into tile */
@@ -264,18 +289,18 @@ attention_group_kernel(const float *q, long long q_stride, int n_rows, int d_qk,
 		__syncthreads();
 #pragma unroll
 		for (int k = 0; k < 4; k++)
-			et[(rq + 4 * k) * TILE + pp] = mx[k];
+			et[(rq + 4 * k) * TILE + pp] = (double)mx[k];
 		__syncthreads();
 		if (tid < g) {
-			float m = -INFINITY;
+			double m = -INFINITY;
 			for (int i = 0; i < TILE; i++)
 				if (et[tid * TILE + i] > m)
 					m = et[tid * TILE + i];
-			mx_r[tid] = m;
+			mx_r[tid] = (float)m; /* a binary32 value: exact both ways */
 		}
-		double sum = 0.0, acc[G_CHAINS];
+		double sum = 0.0, acc[CH];
 #pragma unroll
-		for (int j = 0; j < G_CHAINS; j++)
+		for (int j = 0; j < CH; j++)
 			acc[j] = 0.0;
 		for (int p0 = 0; p0 < n_max; p0 += TILE) {
 			const int n_p = min(TILE, n_max - p0);
@@ -286,38 +311,55 @@ attention_group_kernel(const float *q, long long q_stride, int n_rows, int d_qk,
 			for (int k = 0; k < 4; k++) {
 				const int r = rq + 4 * k;
 				if (p0 + pp < npos[k])
-					et[r * TILE + pp] = moet_exp_c(sc[k] - mx_r[r]);
+					et[r * TILE + pp] = (double)moet_exp_c(sc[k] - mx_r[r]);
 			}
 			stage(p0, n_p, true);
 			if (tid < g)
 				for (int i = 0, ne = min(TILE, pos[t0 + a + tid] + 1 - p0); i < ne; i++)
-					sum = sum + (double)et[tid * TILE + i];
+					sum = sum + et[tid * TILE + i];
+			/* each chain in position order; position-major so that one V element serves
+			 * every chain of the thread */
+			int ne_max = 0;
 #pragma unroll
-			for (int j = 0; j < G_CHAINS; j++) {
-				const int c = tid + GTHREADS * j, r = c / d_v, d = c % d_v;
-				if (r >= g)
-					continue;
-				const float *er = et + r * TILE;
-				const int ne = min(TILE, pos[t0 + a + r] + 1 - p0);
-				double x = acc[j];
-				for (int i = 0; i < ne; i++)
-					x = __fma_rn((double)er[i], (double)tile[i * ts + d], x);
-				acc[j] = x;
+			for (int j = 0; j < CH; j++)
+				ne_max = max(ne_max, min(n_p, cn[j] - p0));
+			for (int i = 0; i < ne_max; i++) {
+				const float *vr = tile + i * ts;
+				const double v0 = (double)vr[cd[0]];
+#pragma unroll
+				for (int j = 0; j < CH; j++)
+					if (i < cn[j] - p0)
+						acc[j] = __fma_rn(et[cr[j] * TILE + i],
+								  one_d ? v0 : (double)vr[cd[j]], acc[j]);
 			}
 		}
 		if (tid < g)
 			sum_r[tid] = sum;
 		__syncthreads();
 #pragma unroll
-		for (int j = 0; j < G_CHAINS; j++) {
-			const int c = tid + GTHREADS * j, r = c / d_v, d = c % d_v;
-			if (r < g)
-				out[(long long)(t0 + a + r) * out_stride + (long long)h * d_v + d] =
-					(float)(acc[j] / sum_r[r]);
-		}
+		for (int j = 0; j < CH; j++)
+			if (cr[j] < g)
+				out[(long long)(t0 + a + cr[j]) * out_stride + (long long)h * d_v +
+				    cd[j]] = (float)(acc[j] / sum_r[cr[j]]);
 		__syncthreads(); /* run_end, qs and sum_r are rewritten by the next run */
 		a = b;
 	}
+}
+
+template <int CH, bool QD> static int group_launch(dim3 grid, size_t smem, cudaStream_t st,
+						   const float *q, long long q_stride, int n_rows,
+						   int d_qk, int d_v, float *const *k_base,
+						   float *const *v_base, long long kps, long long vps,
+						   const int32_t *pos, const moet_gpu_pages &pg,
+						   float scale, float *out, long long out_stride)
+{
+	MOET_CUDA_TRY(cudaFuncSetAttribute(attention_group_kernel<CH, QD>,
+					   cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	attention_group_kernel<CH, QD><<<grid, GTHREADS, smem, st>>>(
+		q, q_stride, n_rows, d_qk, d_v, k_base, v_base, kps, vps, pos, pg, scale, out,
+		out_stride);
+	MOET_CUDA_TRY(cudaGetLastError());
+	return 0;
 }
 
 /* MOET_GPU_ATTN: 1 for the grouped kernel where the call has runs (default), 0: per row. */
@@ -363,17 +405,22 @@ extern "C" int moet_gpu_attention(const float *q, int64_t q_stride, int64_t n_ro
 	/* NOTE: runs of fewer rows gain little from the grouped kernel, and a decode batch of
 	 * distinct sequences (runs of one) would have each block work its rows one by one */
 	if (grouped && run >= GR / 2) {
-		const int dm = (int)(d_qk > d_v ? d_qk : d_v);
-		const size_t gsm = (size_t)(GR * d_qk + TILE * (dm + 1) + GR * TILE) * sizeof(float);
-		MOET_CUDA_TRY(cudaFuncSetAttribute(attention_group_kernel,
-						   cudaFuncAttributeMaxDynamicSharedMemorySize,
-						   (int)gsm));
+		/* q in binary64 where it fits (99 KB: sm_120's limit per block) */
+		const bool qd = group_smem((int)d_qk, (int)d_v, true) <= 96 * 1024;
+		const size_t gsm = group_smem((int)d_qk, (int)d_v, qd);
+		const int ch = (int)((GR * d_v + GTHREADS - 1) / GTHREADS);
 		dim3 gg((unsigned)n_heads, (unsigned)((n_rows + GR - 1) / GR));
-		attention_group_kernel<<<gg, GTHREADS, gsm, moet_stream(stream)>>>(
-			q, q_stride, (int)n_rows, (int)d_qk, (int)d_v, k_base, v_base,
-			k_pos_stride, v_pos_stride, pos, pg, scale, out, out_stride);
-		MOET_CUDA_TRY(cudaGetLastError());
-		return 0;
+		cudaStream_t st = moet_stream(stream);
+#define GROUP_ARGS gg, gsm, st, q, q_stride, (int)n_rows, (int)d_qk, (int)d_v, k_base, v_base, \
+		   k_pos_stride, v_pos_stride, pos, pg, scale, out, out_stride
+		if (ch <= 2)
+			return qd ? group_launch<2, true>(GROUP_ARGS) : group_launch<2, false>(GROUP_ARGS);
+		if (ch <= 4)
+			return qd ? group_launch<4, true>(GROUP_ARGS) : group_launch<4, false>(GROUP_ARGS);
+		if (ch <= 8)
+			return qd ? group_launch<8, true>(GROUP_ARGS) : group_launch<8, false>(GROUP_ARGS);
+		return qd ? group_launch<16, true>(GROUP_ARGS) : group_launch<16, false>(GROUP_ARGS);
+#undef GROUP_ARGS
 	}
 	const size_t smem = (size_t)(d_qk + TILE * (d_qk + 1) + TILE) * sizeof(float);
 	MOET_CUDA_TRY(cudaFuncSetAttribute(attention_kernel,
