@@ -164,25 +164,17 @@ attention_kernel(const float *q, long long q_stride, int d_qk, int d_v, float *c
 #define GR 16      /* rows per block */
 #define GTHREADS 256
 
-/* Floats per tile row of the grouped kernel: a multiple of 4 at least max(d_qk, d_v) + 1 whose
- * quarter is odd, so that 16-byte loads of 8 consecutive rows (a quarter-warp) fall in
- * distinct banks. */
-static __host__ __device__ constexpr int group_ts(int dm)
-{
-	return 4 * (2 * ((dm + 7) / 8) + 1);
-}
-
 /* Shared memory of the grouped kernel: e [GR][TILE] and, with QD, q [GR][d_qk] in binary64
- * (converted once, not at every use), then the tile [TILE][group_ts] (binary32). */
+ * (converted once, not at every use), then the tile [TILE][max(d_qk, d_v) + 1] (binary32). */
 static size_t group_smem(int d_qk, int d_v, bool qd)
 {
 	const int dm = d_qk > d_v ? d_qk : d_v;
 	return (size_t)GR * TILE * 8 + (size_t)GR * d_qk * (qd ? 8 : 4) +
-	       (size_t)TILE * group_ts(dm) * 4;
+	       (size_t)TILE * (dm + 1) * 4;
 }
 
 static_assert(GR * TILE == 4 * GTHREADS, "4 score pairs per thread");
-static_assert(GR * TILE * 8 + GR * ATT_MAX_D * 4 + TILE * group_ts(ATT_MAX_D) * 4 + TILE * 8 +
+static_assert(GR * TILE * 8 + GR * ATT_MAX_D * 4 + TILE * (ATT_MAX_D + 1) * 4 + TILE * 8 +
 		      GR * 12 + 64 <= SM120_SMEM_MAX,
 	      "sm_120: 99 KB of shared memory per block (q in binary32 at the largest dims)");
 
@@ -197,7 +189,7 @@ attention_group_kernel(const float *q, long long q_stride, int n_rows, int d_qk,
 	extern __shared__ double smd[];
 	using qt = typename std::conditional<QD, double, float>::type;
 	const int tid = threadIdx.x, h = blockIdx.x, t0 = blockIdx.y * GR;
-	const int ts = group_ts(d_qk > d_v ? d_qk : d_v);
+	const int ts = (d_qk > d_v ? d_qk : d_v) + 1;
 	double *et = smd;
 	qt *qs = (qt *)(smd + GR * TILE);
 	float *tile = (float *)(qs + GR * d_qk);
@@ -272,31 +264,7 @@ attention_group_kernel(const float *q, long long q_stride, int n_rows, int d_qk,
 		auto scores = [&](int p0, float sc[4]) {
 			const float *kr = tile + pp * ts;
 			double dot[4] = { 0.0, 0.0, 0.0, 0.0 };
-			int d = 0;
-			/* 4 columns per step from 16-byte loads (the rows are 16-byte aligned: every
-			 * offset in shared memory is a multiple of 16 bytes when d_qk is of 4) */
-			if (d_qk % 4 == 0)
-				for (; d < d_qk; d += 4) {
-					const float4 k4 = *(const float4 *)(kr + d);
-#pragma unroll
-					for (int k = 0; k < 4; k++) {
-						const qt *qr = qs + (rq + 4 * k) * d_qk + d;
-						double q0, q1, q2, q3;
-						if constexpr (QD) {
-							const double2 a = *(const double2 *)qr;
-							const double2 b = *(const double2 *)(qr + 2);
-							q0 = a.x, q1 = a.y, q2 = b.x, q3 = b.y;
-						} else {
-							const float4 a = *(const float4 *)qr;
-							q0 = a.x, q1 = a.y, q2 = a.z, q3 = a.w;
-						}
-						dot[k] = __fma_rn(q0, (double)k4.x, dot[k]);
-						dot[k] = __fma_rn(q1, (double)k4.y, dot[k]);
-						dot[k] = __fma_rn(q2, (double)k4.z, dot[k]);
-						dot[k] = __fma_rn(q3, (double)k4.w, dot[k]);
-					}
-				}
-			for (; d < d_qk; d++) {
+			for (int d = 0; d < d_qk; d++) {
 				const double kd = (double)kr[d];
 #pragma unroll
 				for (int k = 0; k < 4; k++)
