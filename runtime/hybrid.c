@@ -385,6 +385,11 @@ int moet_hybrid_stage_setup(moet_hybrid *hy, const moet_config *c, uint64_t expe
 	int mode = 0, rc = moet_env_choice("MOET_PREFILL_STAGE", modes, 3, &mode);
 	if (rc)
 		return rc;
+	/* NOTE: read again where the slots are made (stage.c); refused here, with the others */
+	static const char *const copies[] = { "pinned", "driver" };
+	int copy = 0;
+	if ((rc = moet_env_choice("MOET_STAGE_COPY", copies, 2, &copy)))
+		return rc;
 	hy->stage_mode = v && *v ? mode_of[mode] : on_gpu ? HY_STAGE_AUTO : HY_STAGE_NEVER;
 	long long at_least = 0;
 	if (min && min[0]) {

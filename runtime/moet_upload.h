@@ -84,6 +84,22 @@ typedef struct moet_upload_opts {
 int moet_upload_many_opts(const moet_upload_item *items, int64_t n, int n_threads,
 			  const moet_upload_opts *o, moet_upload_stats *stats);
 
+/*
+ * An uploader: the staged upload's pinned buffers (or, with host_dst / fill_only, host ones),
+ * copy stream, events and threads, made once and kept for many uploads (prefill staging
+ * copies one expert per call: runtime/stage.c). The options are read at create (the
+ * environment's MOET_UPLOAD_CHUNK_MB, _STORE, _READ and o's modes; MOET_EINVAL naming a bad
+ * one, before anything is allocated); moet_uploader_run(items, n, from, stats) then works as
+ * moet_upload_many_opts and returns when every byte is at its destination (the copies done;
+ * the same errors). One run at a time per uploader. moet_upload_many_opts is create, run,
+ * destroy. destroy accepts NULL.
+ */
+typedef struct moet_uploader moet_uploader;
+int moet_uploader_create(int n_threads, const moet_upload_opts *o, moet_uploader **out);
+int moet_uploader_run(moet_uploader *u, const moet_upload_item *items, int64_t n,
+		      const moet_upload_from *from, moet_upload_stats *stats);
+void moet_uploader_destroy(moet_uploader *u);
+
 /* MOET_UPLOAD_READ: the staged source's read of items that have a file. map (unset, empty):
  * copied from the mapping (src); pread: read from the file into the staging buffer (no page
  * fault on the mapping, whose pages the upload never touches). MOET_EINVAL naming the value

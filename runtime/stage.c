@@ -17,16 +17,21 @@
  * CPU tier's bit for bit (tests/runtime/test_hybrid_stage.c, test_gpu_hybrid).
  *
  * Slots grow to the largest expert seen and are kept (every expert of a model has one size:
- * allocated once). NOTE: the copy's source is the mapped checkpoint (pageable memory): the
- * driver stages it through its own pinned buffer, below the pinned link's rate; a pinned fill
- * by several threads (runtime/upload.c's way) is the next step if the GPU records ask for it.
+ * allocated once). The copy's source is the mapped checkpoint (pageable memory). On a GPU
+ * it goes through an uploader (runtime/upload.c: pinned buffers filled by several threads,
+ * made at the first staged expert and kept) that returns once the bytes are on the device;
+ * MOET_STAGE_COPY=driver instead queues a cudaMemcpyAsync per part on the copy stream (the
+ * driver stages pageable memory through its own pinned buffer: 6.6 GB/s measured on the H200,
+ * docs/hybrid.md), the reference path. Same bytes either way.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "model_int.h"
+#include "moet_env.h"
 #include "moet_err.h"
 #include "moet_gpu_host.h"
+#include "moet_upload.h"
 
 #define STAGE_PARTS 6 /* gate, up, down: codes and scales */
 
@@ -40,7 +45,9 @@ typedef struct stage_slot {
 struct moet_stage {
 	int n_slots;
 	int cuda;                       /* 1: the backend's memory is a GPU's */
-	void *stream;                   /* the copy stream (CUDA) */
+	int driver;                     /* MOET_STAGE_COPY=driver (CUDA) */
+	void *stream;                   /* the copy stream (CUDA, driver copies) */
+	moet_uploader *up;              /* the pinned copies (CUDA), made at the first */
 	moet_ffn_w *table;              /* [E]: the staged experts' slot views */
 	int64_t n_experts;
 	stage_slot slot[MOET_STAGE_MAX_SLOTS];
@@ -63,6 +70,7 @@ void moet_stage_destroy(moet_stage *s, moet_backend *be)
 		moet_gpu_event_destroy(sl->ev_used);
 	}
 	moet_gpu_stream_destroy(s->stream);
+	moet_uploader_destroy(s->up);
 	free(s->table);
 	free(s);
 }
@@ -81,6 +89,9 @@ int moet_stage_create(moet_backend *be, int n_slots, int64_t n_experts, moet_sta
 	s->n_slots = n_slots;
 	s->n_experts = n_experts;
 	s->cuda = !be->ops->host_memory;
+	static const char *const copies[] = { "pinned", "driver" };
+	if ((rc = moet_env_choice("MOET_STAGE_COPY", copies, 2, &s->driver)))
+		goto fail;
 	if (s->cuda && (rc = moet_gpu_stream_create(&s->stream)))
 		goto fail;
 	for (int i = 0; s->cuda && i < n_slots; i++)
@@ -110,7 +121,13 @@ static int put(moet_stage *s, moet_backend *be, int i, const moet_ffn_w *src, mo
 	stage_slot *sl = &s->slot[i];
 	const moet_mat *in[3] = { &src->gate, &src->up, &src->down };
 	moet_mat *o[3] = { &view->gate, &view->up, &view->down };
+	moet_upload_item items[STAGE_PARTS];
+	int n_items = 0;
+	const int pinned = s->cuda && !s->driver;
 	int rc = wait_mark(sl->ev_used, &sl->used);
+	/* NOTE: half the cores fill: the CPU tier's team may be at work meanwhile */
+	if (!rc && pinned && !s->up)
+		rc = moet_uploader_create((moet_upload_default_threads() + 1) / 2, NULL, &s->up);
 	for (int m = 0; m < 3 && !rc; m++) {
 		size_t bytes[2] = { moet_mat_data_bytes(in[m]), moet_mat_scale_bytes(in[m]) };
 		const void *from[2] = { in[m]->data, in[m]->scale_inv };
@@ -128,15 +145,21 @@ static int put(moet_stage *s, moet_backend *be, int i, const moet_ffn_w *src, mo
 					break;
 				sl->cap[p] = bytes[j];
 			}
-			rc = s->cuda ? moet_gpu_copy_h2d_async(sl->mem[p], from[j], bytes[j],
-							       s->stream)
-				     : be->ops->upload(be, sl->mem[p], from[j], bytes[j]);
+			if (pinned)
+				items[n_items++] = (moet_upload_item){ from[j], sl->mem[p], bytes[j] };
+			else
+				rc = s->cuda ? moet_gpu_copy_h2d_async(sl->mem[p], from[j], bytes[j],
+								       s->stream)
+					     : be->ops->upload(be, sl->mem[p], from[j], bytes[j]);
 			*bytes_out += bytes[j];
 		}
 		o[m]->data = sl->mem[2 * m];
 		o[m]->scale_inv = in[m]->scale_inv ? sl->mem[2 * m + 1] : NULL;
 	}
-	if (!rc && s->cuda && !(rc = moet_gpu_event_record(sl->ev_copied, s->stream)))
+	/* the pinned copies are done when the run returns: no mark to wait for */
+	if (!rc && pinned)
+		rc = moet_uploader_run(s->up, items, n_items, NULL, NULL);
+	else if (!rc && s->cuda && !(rc = moet_gpu_event_record(sl->ev_copied, s->stream)))
 		sl->copied = 1;
 	return rc;
 }

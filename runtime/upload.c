@@ -88,8 +88,13 @@ typedef struct team {
 	pthread_mutex_t mu;
 	pthread_cond_t freed_cv;  /* the caller freed a buffer or opened a chunk, or quit */
 	pthread_cond_t filled_cv; /* a chunk's last slice was filled */
+	pthread_cond_t job_cv;    /* a job began, or quit */
+	pthread_cond_t idle_cv;   /* every worker is between jobs */
 	int n_threads, slices;    /* slices per chunk: max(1, n_threads) */
-	int quit;                 /* under mu; read atomically by the fill loop */
+	int quit;                 /* under mu: the workers end */
+	int abort;                /* under mu: the job ends early (a failure) */
+	unsigned job;             /* under mu: bumped per job (moet_uploader_run) */
+	int idle;                 /* under mu: workers between jobs */
 	/* the plan: every chunk's pieces, made before the threads start */
 	const piece *pc;
 	const int64_t *chunk_first; /* [n_chunks + 1]: chunk c's pieces pc[first[c] .. first[c+1]) */
@@ -209,15 +214,15 @@ static void fill_unit(team *t, int64_t c, int s, rd_err *e)
 }
 
 /* Waits until chunk c may be filled (its buffer's previous copy out done); 0, or -1 when the
- * caller quit. */
+ * job ended early. */
 static int wait_fillable(team *t, int64_t c)
 {
 	pthread_mutex_lock(&t->mu);
-	while (!t->quit && t->freed < c - NBUF + 1)
+	while (!t->abort && t->freed < c - NBUF + 1)
 		pthread_cond_wait(&t->freed_cv, &t->mu);
-	const int quit = t->quit;
+	const int ab = t->abort;
 	pthread_mutex_unlock(&t->mu);
-	return quit ? -1 : 0;
+	return ab ? -1 : 0;
 }
 
 static void mark_filled(team *t, int64_t c)
@@ -229,23 +234,40 @@ static void mark_filled(team *t, int64_t c)
 	}
 }
 
-/* A worker takes the units (chunk, slice) in order, as far ahead as the buffers allow, so no
- * thread waits for the slowest of a chunk before it starts on the next. */
+/* A worker lives for the uploader: between jobs it waits for the next; in a job it takes the
+ * units (chunk, slice) in order, as far ahead as the buffers allow, so no thread waits for the
+ * slowest of a chunk before it starts on the next. */
 static void *worker_main(void *arg)
 {
 	worker *w = arg;
 	team *t = w->t;
-	const int64_t n_units = t->n_chunks * t->slices;
+	unsigned seen = 0;
+	pthread_mutex_lock(&t->mu);
 	for (;;) {
-		const int64_t u = __atomic_fetch_add(&t->next_unit, 1, __ATOMIC_RELAXED);
-		if (u >= n_units)
-			return NULL;
-		const int64_t c = u / t->slices;
-		if (wait_fillable(t, c))
-			return NULL;
-		fill_unit(t, c, (int)(u % t->slices), &w->e);
-		mark_filled(t, c);
+		if (++t->idle == t->n_threads)
+			pthread_cond_broadcast(&t->idle_cv);
+		while (t->job == seen && !t->quit)
+			pthread_cond_wait(&t->job_cv, &t->mu);
+		if (t->quit)
+			break;
+		seen = t->job;
+		t->idle--;
+		pthread_mutex_unlock(&t->mu);
+		const int64_t n_units = t->n_chunks * t->slices;
+		for (;;) {
+			const int64_t u = __atomic_fetch_add(&t->next_unit, 1, __ATOMIC_RELAXED);
+			if (u >= n_units)
+				break;
+			const int64_t c = u / t->slices;
+			if (wait_fillable(t, c))
+				break;
+			fill_unit(t, c, (int)(u % t->slices), &w->e);
+			mark_filled(t, c);
+		}
+		pthread_mutex_lock(&t->mu);
 	}
+	pthread_mutex_unlock(&t->mu);
+	return NULL;
 }
 
 /* The caller's wait for chunk c's slices (filled by the caller when there is no team). */
@@ -363,30 +385,122 @@ int moet_upload_many(const moet_upload_item *items, int64_t n, int n_threads,
 	return moet_upload_many_opts(items, n, n_threads, NULL, stats);
 }
 
-int moet_upload_many_opts(const moet_upload_item *items, int64_t n, int n_threads,
-			  const moet_upload_opts *o, moet_upload_stats *stats)
+struct moet_uploader {
+	team t;
+	pthread_t *th;
+	worker *wk;
+	char *buf[NBUF];
+	void *ev[NBUF], *stream;
+	int host, copy_out;  /* no CUDA call; the chunks copied out (not fill_only) */
+	size_t chunk_cap;
+	int sync_made;       /* the team's mutex and conditions exist */
+};
+
+void moet_uploader_destroy(moet_uploader *u)
 {
-	char *buf[NBUF] = { 0 };
-	void *ev[NBUF] = { 0 }, *stream = NULL;
+	if (!u)
+		return;
+	team *t = &u->t;
+	if (u->sync_made) {
+		pthread_mutex_lock(&t->mu);
+		t->quit = 1;
+		pthread_cond_broadcast(&t->job_cv);
+		pthread_mutex_unlock(&t->mu);
+		for (int i = 0; i < t->n_threads; i++)
+			pthread_join(u->th[i], NULL);
+		pthread_cond_destroy(&t->job_cv);
+		pthread_cond_destroy(&t->idle_cv);
+		pthread_cond_destroy(&t->freed_cv);
+		pthread_cond_destroy(&t->filled_cv);
+		pthread_mutex_destroy(&t->mu);
+	}
+	for (int b = 0; b < NBUF; b++) {
+		if (u->host) {
+			free(u->buf[b]);
+			continue;
+		}
+		moet_gpu_host_free(u->buf[b]);
+		moet_gpu_event_destroy(u->ev[b]);
+	}
+	moet_gpu_stream_destroy(u->stream);
+	free(u->th);
+	free(u->wk);
+	free(u);
+}
+
+int moet_uploader_create(int n_threads, const moet_upload_opts *o, moet_uploader **out)
+{
+	const int want = n_threads < 1 ? 1 : n_threads > 64 ? 64 : n_threads;
+	moet_uploader *u = calloc(1, sizeof(*u));
+	if (!u)
+		return moet_err(MOET_ENOMEM, "uploader");
+	team *t = &u->t;
+	/* host: no CUDA call (host destinations, or none) */
+	u->host = o && (o->host_dst || o->fill_only);
+	u->copy_out = o ? !o->fill_only : 1;
+	int rc = o && (o->read < 0 || o->read > MOET_UPLOAD_READ_PREAD + 1)
+			 ? moet_err(MOET_EINVAL, "upload: read mode %d", o->read)
+			 : staged_opts(&u->chunk_cap, t, o ? o->read : 0);
+	if (!rc && (!(u->th = calloc((size_t)want, sizeof(*u->th))) ||
+		    !(u->wk = calloc((size_t)want, sizeof(*u->wk)))))
+		rc = moet_err(MOET_ENOMEM, "upload tables");
+	for (int b = 0; b < NBUF && !rc; b++) {
+		if (u->host) {
+			/* NOTE: touched here, as pinned memory is: the fill does not fault them */
+			if (!(u->buf[b] = aligned_alloc(4096, u->chunk_cap)))
+				rc = moet_err(MOET_ENOMEM, "upload: %d staging buffers of %zu bytes",
+					      NBUF, u->chunk_cap);
+			else
+				memset(u->buf[b], 0, u->chunk_cap);
+			continue;
+		}
+		rc = moet_gpu_host_alloc(u->chunk_cap, (void **)&u->buf[b]);
+		if (!rc)
+			rc = moet_gpu_event_create(&u->ev[b]);
+	}
+	if (!rc && !u->host)
+		rc = moet_gpu_stream_create(&u->stream);
+	if (rc) {
+		moet_uploader_destroy(u);
+		return rc;
+	}
+	t->bufs = u->buf;
+	t->slices = want;
+	pthread_mutex_init(&t->mu, NULL);
+	pthread_cond_init(&t->freed_cv, NULL);
+	pthread_cond_init(&t->filled_cv, NULL);
+	pthread_cond_init(&t->job_cv, NULL);
+	pthread_cond_init(&t->idle_cv, NULL);
+	u->sync_made = 1;
+	/* NOTE: a thread that cannot be made is no error: fewer threads fill (or the caller).
+	 * Made under the mutex, so that n_threads is final before any of them counts itself. */
+	pthread_mutex_lock(&t->mu);
+	for (int i = 0; i < want; i++) {
+		u->wk[i] = (worker){ t, i, { 0 } };
+		if (pthread_create(&u->th[i], NULL, worker_main, &u->wk[i]))
+			break;
+		t->n_threads++;
+	}
+	pthread_mutex_unlock(&t->mu);
+	*out = u;
+	return 0;
+}
+
+int moet_uploader_run(moet_uploader *u, const moet_upload_item *items, int64_t n,
+		      const moet_upload_from *from, moet_upload_stats *stats)
+{
+	team *t = &u->t;
 	piece *pc = NULL;
 	int64_t *first = NULL;
 	size_t *cbytes = NULL;
 	int *filled = NULL;
-	pthread_t *th = NULL;
-	worker *wk = NULL;
-	team t = { 0 };
-	const int want = n_threads < 1 ? 1 : n_threads > 64 ? 64 : n_threads;
-	/* host: no CUDA call (host destinations, or none) */
-	const int host = o && (o->host_dst || o->fill_only), copy_out = o ? !o->fill_only : 1;
-	size_t chunk_cap = 0;
-	const moet_upload_from *from = o ? o->from : NULL;
-	int rc = o && (o->read < 0 || o->read > MOET_UPLOAD_READ_PREAD + 1)
-			 ? moet_err(MOET_EINVAL, "upload: read mode %d", o->read)
-			 : staged_opts(&chunk_cap, &t, o ? o->read : 0);
+	const size_t chunk_cap = u->chunk_cap;
+	char *const *buf = u->buf;
+	void *const *ev = u->ev, *stream = u->stream;
+	const int host = u->host, copy_out = u->copy_out;
 	double t0 = now_s(), t1 = t0, fill_s = 0, wait_s = 0;
 	size_t total = 0;
-	if (rc)
-		goto out;
+	int rc = 0, started = 0;
 	for (int64_t i = 0; i < n; i++)
 		total += items[i].bytes;
 	if (total == 0)
@@ -397,8 +511,7 @@ int moet_upload_many_opts(const moet_upload_item *items, int64_t n, int n_thread
 	if (!(pc = malloc(max_pieces * sizeof(*pc))) ||
 	    !(first = malloc((size_t)(n_chunks + 1) * sizeof(*first))) ||
 	    !(cbytes = malloc((size_t)n_chunks * sizeof(*cbytes))) ||
-	    !(filled = calloc((size_t)n_chunks, sizeof(*filled))) ||
-	    !(th = calloc((size_t)want, sizeof(*th))) || !(wk = calloc((size_t)want, sizeof(*wk)))) {
+	    !(filled = calloc((size_t)n_chunks, sizeof(*filled)))) {
 		rc = moet_err(MOET_ENOMEM, "upload tables");
 		goto out;
 	}
@@ -429,67 +542,48 @@ int moet_upload_many_opts(const moet_upload_item *items, int64_t n, int n_thread
 		}
 		first[n_chunks] = np;
 	}
-	for (int b = 0; b < NBUF && !rc; b++) {
-		if (host) {
-			/* NOTE: touched here, as pinned memory is: the fill does not fault them */
-			if (!(buf[b] = aligned_alloc(4096, chunk_cap)))
-				rc = moet_err(MOET_ENOMEM, "upload: %d staging buffers of %zu bytes",
-					      NBUF, chunk_cap);
-			else
-				memset(buf[b], 0, chunk_cap);
-			continue;
-		}
-		rc = moet_gpu_host_alloc(chunk_cap, (void **)&buf[b]);
-		if (!rc)
-			rc = moet_gpu_event_create(&ev[b]);
-	}
-	if (!rc && !host)
-		rc = moet_gpu_stream_create(&stream);
-	if (rc)
-		goto out;
-	t.pc = pc;
-	t.chunk_first = first;
-	t.chunk_bytes = cbytes;
-	t.n_chunks = n_chunks;
-	t.bufs = buf;
-	t.filled = filled;
-	t.slices = want;
-	pthread_mutex_init(&t.mu, NULL);
-	pthread_cond_init(&t.freed_cv, NULL);
-	pthread_cond_init(&t.filled_cv, NULL);
+	/* the job: the workers are idle (the last run waited for them), so it is set unraced */
+	t->pc = pc;
+	t->chunk_first = first;
+	t->chunk_bytes = cbytes;
+	t->n_chunks = n_chunks;
+	t->filled = filled;
+	t->next_unit = 0;
+	t->freed = 0;
+	t->abort = 0;
+	t->self = (rd_err){ 0 };
+	for (int i = 0; i < t->n_threads; i++)
+		u->wk[i].e = (rd_err){ 0 };
 	t1 = now_s();
-	/* NOTE: a thread that cannot be made is no error: fewer threads fill (or the caller) */
-	for (int i = 0; i < want; i++) {
-		wk[i] = (worker){ &t, i, { 0 } };
-		if (pthread_create(&th[i], NULL, worker_main, &wk[i]))
-			break;
-		/* NOTE: read by the caller only (wait_filled, read_failure); the workers never */
-		t.n_threads++;
-	}
+	pthread_mutex_lock(&t->mu);
+	t->job++;
+	pthread_cond_broadcast(&t->job_cv);
+	pthread_mutex_unlock(&t->mu);
+	started = 1;
 	for (int64_t c = 0; c < n_chunks && !rc; c++) {
 		const int b = (int)(c % NBUF);
 		/* the buffers of the chunks before the last one out are free again (their copies
 		 * are done by now unless the link holds the upload) */
 		if (!host && c >= 2) {
 			const double tw = now_s();
-			for (int64_t d = t.freed; d < c - 1 && !rc; d++)
+			for (int64_t d = t->freed; d < c - 1 && !rc; d++)
 				rc = moet_gpu_event_sync(ev[d % NBUF]);
 			wait_s += now_s() - tw;
 			if (rc)
 				break;
-			publish(&t, c - 1);
+			publish(t, c - 1);
 		}
 		const double tf = now_s();
-		wait_filled(&t, c);
+		wait_filled(t, c);
 		fill_s += now_s() - tf;
-		if ((rc = read_failure(&t, wk)))
+		if ((rc = read_failure(t, u->wk)))
 			break;
 		const piece *p = pc + first[c];
 		const int64_t np = first[c + 1] - first[c];
 		if (host) {
 			for (int64_t i = 0; i < np && copy_out; i++)
 				memcpy(p[i].dst_dev, buf[b] + p[i].at, p[i].bytes);
-			publish(&t, c + 1);
+			publish(t, c + 1);
 			continue;
 		}
 		/* one async copy per run of pieces contiguous on both sides (device ranges need not
@@ -506,45 +600,67 @@ int moet_upload_many_opts(const moet_upload_item *items, int64_t n, int n_thread
 		if (!rc)
 			rc = moet_gpu_event_record(ev[b], stream);
 	}
-	pthread_mutex_lock(&t.mu);
-	t.quit = 1;
-	pthread_cond_broadcast(&t.freed_cv);
-	pthread_mutex_unlock(&t.mu);
-	for (int i = 0; i < t.n_threads; i++)
-		pthread_join(th[i], NULL);
-	pthread_cond_destroy(&t.freed_cv);
-	pthread_cond_destroy(&t.filled_cv);
-	pthread_mutex_destroy(&t.mu);
-	/* NOTE: after a failure too: the copies in flight read the buffers freed below */
-	if (stream) {
+out:
+	if (started) {
+		/* every worker back between jobs before the plan is freed (a failure ends the job
+		 * early: the workers waiting for a buffer give up) */
+		pthread_mutex_lock(&t->mu);
+		if (rc)
+			t->abort = 1;
+		pthread_cond_broadcast(&t->freed_cv);
+		while (t->idle < t->n_threads)
+			pthread_cond_wait(&t->idle_cv, &t->mu);
+		pthread_mutex_unlock(&t->mu);
+	}
+	/* NOTE: after a failure too: the copies in flight read the buffers, which the next run
+	 * refills */
+	if (stream && started) {
 		const double tw = now_s();
 		int e = moet_gpu_sync(stream);
 		wait_s += now_s() - tw;
 		if (!rc)
 			rc = e;
 	}
-out:;
 	const double t2 = now_s();
-	for (int b = 0; b < NBUF; b++) {
-		if (host) {
-			free(buf[b]);
-			continue;
-		}
-		moet_gpu_host_free(buf[b]);
-		moet_gpu_event_destroy(ev[b]);
-	}
-	moet_gpu_stream_destroy(stream);
 	free(pc);
 	free(first);
 	free(cbytes);
 	free(filled);
-	free(th);
-	free(wk);
+	t->pc = NULL;
+	t->filled = NULL;
 	if (stats)
 		*stats = (moet_upload_stats){ .bytes = total, .seconds = now_s() - t0,
 					      .copy_seconds = t1 > t0 ? t2 - t1 : 0,
 					      .fill_seconds = fill_s, .link_wait_seconds = wait_s,
-					      .buffer_bytes = chunk_cap, .cached = t.cached };
+					      .buffer_bytes = chunk_cap, .cached = t->cached };
+	return rc;
+}
+
+int moet_upload_many_opts(const moet_upload_item *items, int64_t n, int n_threads,
+			  const moet_upload_opts *o, moet_upload_stats *stats)
+{
+	/* NOTE: options first, so that bad ones are refused before anything is allocated */
+	size_t chunk = 0;
+	team probe = { 0 };
+	int rc = o && (o->read < 0 || o->read > MOET_UPLOAD_READ_PREAD + 1)
+			 ? moet_err(MOET_EINVAL, "upload: read mode %d", o->read)
+			 : staged_opts(&chunk, &probe, o ? o->read : 0);
+	size_t total = 0;
+	for (int64_t i = 0; !rc && i < n; i++)
+		total += items[i].bytes;
+	if (rc || total == 0) {
+		if (stats)
+			*stats = (moet_upload_stats){ .buffer_bytes = chunk, .cached = probe.cached };
+		return rc;
+	}
+	const double t0 = now_s();
+	moet_uploader *u = NULL;
+	if ((rc = moet_uploader_create(n_threads, o, &u)))
+		return rc;
+	rc = moet_uploader_run(u, items, n, o ? o->from : NULL, stats);
+	moet_uploader_destroy(u);
+	if (stats)
+		stats->seconds = now_s() - t0;
 	return rc;
 }
 

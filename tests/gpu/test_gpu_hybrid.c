@@ -9,7 +9,8 @@
  *   - the tier counts add up, the random placement sends >= 25% of routings to the CPU;
  *   - the CPU tier's counters agree with the tier counts (pairs, bytes copied back);
  *   - prefill staging of cold experts (MOET_PREFILL_STAGE=0, 1, auto at 4 tokens, auto on
- *     the cost model, unset: as many staged as auto, the default on a GPU): a 64-token
+ *     the cost model, unset: as many staged as auto, the default on a GPU; 1 with the
+ *     driver's copies, MOET_STAGE_COPY=driver, against the pinned uploader's): a 64-token
  *     prompt's logits equal the CPU reference's, experts staged and not as switched;
  *   - the upload sources plain, uring and staged with small cached-store buffers give the
  *     same logits;
@@ -238,20 +239,24 @@ int main(void)
 		CHECK(lr && lg && moet_kv_create(cpu, NP, &kv) == 0 &&
 		      moet_model_forward(cpu, kv, tk, NP, lr) == 0, "staging reference");
 		moet_kv_destroy(kv);
-		/* 0, 1, auto at 4 tokens, auto on the cost model, unset (on a GPU: that auto) */
-		const char *mode[5] = { "0", "1", "auto", "auto", NULL };
+		/* 0, 1, auto at 4 tokens, auto on the cost model, unset (on a GPU: that auto); 1
+		 * again with the driver's copies (MOET_STAGE_COPY=driver, the reference path) */
+		const char *mode[6] = { "0", "1", "auto", "auto", NULL, "1" };
 		uint64_t staged_cost = 0;
-		for (int md = 0; lr && lg && md < 5; md++) {
+		for (int md = 0; lr && lg && md < 6; md++) {
 			if (mode[md])
 				setenv("MOET_PREFILL_STAGE", mode[md], 1);
+			if (md == 5)
+				setenv("MOET_STAGE_COPY", "driver", 1);
 			if (md == 2)
 				setenv("MOET_PREFILL_STAGE_MIN", "4", 1);
-			const char *mname = mode[md] ? mode[md] : "unset";
+			const char *mname = md == 5 ? "1 (driver copies)" : mode[md] ? mode[md] : "unset";
 			CHECK(moet_model_set_placement(gpu, own, 1) == 0, "staging %s: %s", mname,
 			      moet_errmsg());
 			unsetenv("MOET_PREFILL_STAGE");
 			unsetenv("MOET_PREFILL_STAGE_MIN");
 			moet_hybrid_stats hs;
+			/* NOTE: MOET_STAGE_COPY is read when the first staged expert makes the slots */
 			moet_model_hybrid_stats(gpu, &hs, 1);
 			memset(lg, 0xCD, (size_t)NP * (size_t)V * sizeof(float));
 			kv = NULL;
@@ -259,6 +264,7 @@ int main(void)
 			      moet_model_forward(gpu, kv, tk, NP, lg) == 0, "staging %s: %s",
 			      mname, moet_errmsg());
 			moet_kv_destroy(kv);
+			unsetenv("MOET_STAGE_COPY");
 			CHECK(memcmp(lr, lg, (size_t)NP * (size_t)V * sizeof(float)) == 0,
 			      "MOET_PREFILL_STAGE=%s: logits differ from the CPU reference", mname);
 			moet_model_hybrid_stats(gpu, &hs, 1);
@@ -269,12 +275,13 @@ int main(void)
 				      "auto %llu (the default on a GPU is auto)",
 				      (unsigned long long)hs.staged_experts,
 				      (unsigned long long)staged_cost);
-			else if (md < 3)
+			else if (md < 3 || md == 5)
 				CHECK(md == 0 ? hs.staged_experts == 0 : hs.staged_experts > 0,
 				      "staging %s: %llu experts staged", mname,
 				      (unsigned long long)hs.staged_experts);
-			if (md < 3)
-				CHECK(md != 1 ? hs.cpu_pairs > 0 : hs.cpu_pairs == 0 && hs.bytes_d2h == 0,
+			if (md < 3 || md == 5)
+				CHECK(md != 1 && md != 5 ? hs.cpu_pairs > 0
+							 : hs.cpu_pairs == 0 && hs.bytes_d2h == 0,
 				      "staging %s: %llu CPU pairs", mname,
 				      (unsigned long long)hs.cpu_pairs);
 			printf("staging %-4s: %llu experts (%llu pairs, %.1f MB) staged in %.3f ms, "

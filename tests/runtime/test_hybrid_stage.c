@@ -270,8 +270,9 @@ int main(void)
 				 { "MOET_HARDWARE", "/nonexistent/hw.yaml", "MOET_HARDWARE" },
 				 { "MOET_PREFILL_STAGE", "Auto", "MOET_PREFILL_STAGE='Auto'" },
 				 { "MOET_HYBRID_OVERLAP", "2", "MOET_HYBRID_OVERLAP='2'" },
-				 { "MOET_HYBRID_OVERLAP", "off", "MOET_HYBRID_OVERLAP='off'" } };
-	for (int i = 0; i < 7; i++) {
+				 { "MOET_HYBRID_OVERLAP", "off", "MOET_HYBRID_OVERLAP='off'" },
+				 { "MOET_STAGE_COPY", "dma", "MOET_STAGE_COPY='dma'" } };
+	for (int i = 0; i < 8; i++) {
 		setenv(bad[i][0], bad[i][1], 1);
 		int rc = moet_model_set_placement(m, own, 2);
 		unsetenv(bad[i][0]);

@@ -13,6 +13,9 @@
  *   failures  a file truncated after the items were planned (end of file), a closed
  *             descriptor (EBADF), a directory (EISDIR), an injected EIO: MOET_EIO in one line
  *             naming the file, the offset and the errno text
+ *   reuse     one uploader (moet_uploader_*) for several runs (halves, the whole): bytes
+ *             right each time; one with an injected EIO: the failure named, the next run
+ *             whole and right
  *   refusals  bad MOET_UPLOAD_READ / MOET_UPLOAD_READ_FAULT values named before anything is
  *             allocated (a device upload then fails with EINVAL, not a CUDA error)
  *   ckpt      every tensor of a several-shard generated checkpoint located in its shard
@@ -327,11 +330,54 @@ out:
 	moet_ckpt_close(ck);
 }
 
+/* One uploader kept for many runs (runtime/stage.c's use): the items in halves (pread, then
+ * copied from the mapping), then all of them: each run's destinations equal the file's bytes.
+ * Another, made with an injected EIO (the 7th pread of its life): its first run fails with
+ * the failure named, its next run (no fault left) is whole and right. */
+static void reuse_cases(fixture *f)
+{
+	setenv("MOET_UPLOAD_CHUNK_MB", "1", 1);
+	setenv("MOET_UPLOAD_READ", "pread", 1);
+	moet_uploader *u = NULL, *v = NULL;
+	moet_upload_opts o = { .host_dst = 1 };
+	CHECK(moet_uploader_create(5, &o, &u) == 0, "uploader: %s", moet_errmsg());
+	memset(f->dst, 0xA5, f->dst_bytes);
+	for (int run = 0; u && run < 3; run++) {
+		/* run 0 and 1: the first and second half (the second keeps the first's bytes) */
+		const int lo = run == 1 ? N_ITEMS / 2 : 0, hi = run == 0 ? N_ITEMS / 2 : N_ITEMS;
+		char what[64];
+		snprintf(what, sizeof(what), "uploader run %d", run);
+		int rc = moet_uploader_run(u, f->it + lo, hi - lo, run == 1 ? NULL : f->from + lo,
+					   NULL);
+		CHECK(rc == 0, "%s: %s", what, moet_errmsg());
+		if (run >= 1)
+			CHECK(rc == 0 && check_dst(f, what), "%s: destinations equal the file's bytes",
+			      what);
+	}
+	setenv("MOET_UPLOAD_READ_FAULT", "eio:7", 1);
+	CHECK(moet_uploader_create(3, &o, &v) == 0, "uploader with a fault: %s", moet_errmsg());
+	unsetenv("MOET_UPLOAD_READ_FAULT");
+	if (v) {
+		expect(moet_uploader_run(v, f->it, N_ITEMS, f->from, NULL), MOET_EIO,
+		       "Input/output error", "uploader run with EIO");
+		memset(f->dst, 0xA5, f->dst_bytes);
+		CHECK(moet_uploader_run(v, f->it, N_ITEMS, f->from, NULL) == 0 &&
+		      check_dst(f, "uploader run after the failure"),
+		      "the run after a failed one: %s", moet_errmsg());
+	}
+	moet_uploader_destroy(u);
+	moet_uploader_destroy(v);
+	moet_uploader_destroy(NULL);
+	unsetenv("MOET_UPLOAD_READ");
+	unsetenv("MOET_UPLOAD_CHUNK_MB");
+}
+
 int main(void)
 {
 	fixture f = { .fd = -1 };
 	if (setup(&f) == 0) {
 		bytes_cases(&f);
+		reuse_cases(&f);
 		failure_cases(&f);
 		refusal_cases(&f);
 	}
