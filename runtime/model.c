@@ -289,7 +289,7 @@ int moet_bind_staged(moet_backend *be, const moet_ckpt *ck, const moet_mat *host
 			k++;
 		}
 	}
-	moet_upload_opts uo = { .host_dst = op->host_memory, .from = from };
+	moet_upload_opts uo = { .host_dst = op->host_memory, .from = from, .one_block = 1 };
 	if (!rc)
 		rc = moet_upload_many_opts(items, k, moet_upload_default_threads(), &uo, stats);
 	if (rc && blk)

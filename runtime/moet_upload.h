@@ -78,6 +78,9 @@ typedef struct moet_upload_opts {
 	const moet_upload_from *from; /* [n] (borrowed) or NULL: the items' files */
 	int read;       /* 0: MOET_UPLOAD_READ says; else MOET_UPLOAD_READ_MAP + 1 or
 			   MOET_UPLOAD_READ_PREAD + 1 (bench load's fill rows) */
+	int one_block;  /* 1: every destination lies in one device allocation, so pieces
+			   contiguous on both sides may go in one copy (a copy may not span two
+			   allocations, however adjacent) */
 } moet_upload_opts;
 
 /* moet_upload_many with options (o NULL: device destinations). */

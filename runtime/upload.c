@@ -392,6 +392,7 @@ struct moet_uploader {
 	char *buf[NBUF];
 	void *ev[NBUF], *stream;
 	int host, copy_out;  /* no CUDA call; the chunks copied out (not fill_only) */
+	int one_block;       /* moet_upload_opts.one_block */
 	size_t chunk_cap;
 	int sync_made;       /* the team's mutex and conditions exist */
 };
@@ -438,6 +439,7 @@ int moet_uploader_create(int n_threads, const moet_upload_opts *o, moet_uploader
 	/* host: no CUDA call (host destinations, or none) */
 	u->host = o && (o->host_dst || o->fill_only);
 	u->copy_out = o ? !o->fill_only : 1;
+	u->one_block = o && o->one_block;
 	int rc = o && (o->read < 0 || o->read > MOET_UPLOAD_READ_PREAD + 1)
 			 ? moet_err(MOET_EINVAL, "upload: read mode %d", o->read)
 			 : staged_opts(&u->chunk_cap, t, o ? o->read : 0);
@@ -586,12 +588,12 @@ int moet_uploader_run(moet_uploader *u, const moet_upload_item *items, int64_t n
 			publish(t, c + 1);
 			continue;
 		}
-		/* one async copy per run of pieces contiguous on both sides (device ranges need not
-		 * be contiguous; one bind's are, but for the alignment of its pieces) */
+		/* one async copy per run of pieces contiguous on both sides where the destinations
+		 * are one allocation (one bind's), else one per piece */
 		for (int64_t i = 0; i < np && !rc;) {
 			int64_t j = i + 1;
 			size_t bytes = p[i].bytes;
-			while (j < np && p[j].at == p[i].at + bytes &&
+			while (u->one_block && j < np && p[j].at == p[i].at + bytes &&
 			       p[j].dst_dev == p[i].dst_dev + bytes)
 				bytes += p[j++].bytes;
 			rc = moet_gpu_copy_h2d_async(p[i].dst_dev, buf[b] + p[i].at, bytes, stream);
