@@ -386,7 +386,7 @@ int moet_hybrid_stage_setup(moet_hybrid *hy, const moet_config *c, uint64_t expe
 	if (rc)
 		return rc;
 	/* NOTE: read again where the slots are made (stage.c); refused here, with the others */
-	static const char *const copies[] = { "pinned", "driver" };
+	static const char *const copies[] = { "driver", "pinned" };
 	int copy = 0;
 	if ((rc = moet_env_choice("MOET_STAGE_COPY", copies, 2, &copy)))
 		return rc;

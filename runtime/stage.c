@@ -17,12 +17,15 @@
  * CPU tier's bit for bit (tests/runtime/test_hybrid_stage.c, test_gpu_hybrid).
  *
  * Slots grow to the largest expert seen and are kept (every expert of a model has one size:
- * allocated once). The copy's source is the mapped checkpoint (pageable memory). On a GPU
- * it goes through an uploader (runtime/upload.c: pinned buffers filled by several threads,
- * made at the first staged expert and kept) that returns once the bytes are on the device;
- * MOET_STAGE_COPY=driver instead queues a cudaMemcpyAsync per part on the copy stream (the
- * driver stages pageable memory through its own pinned buffer: 6.6 GB/s measured on the H200,
- * docs/hybrid.md), the reference path. Same bytes either way.
+ * allocated once). The copy's source is the mapped checkpoint (pageable memory). On a GPU,
+ * by default (MOET_STAGE_COPY=driver, the reference path), a cudaMemcpyAsync per part on the
+ * copy stream: the driver stages pageable memory through its own pinned buffer (6.6 GB/s
+ * measured on the H200, docs/hybrid.md). MOET_STAGE_COPY=pinned sends it through an uploader
+ * instead (runtime/upload.c: pinned buffers filled by several threads, made at the first
+ * staged expert and kept) that returns once the bytes are on the device. Same bytes either
+ * way. NOTE: pinned is opt-in until test_gpu_hybrid has passed with it on a GPU (at 6eaec04
+ * its copies failed where two slot parts were adjacent allocations; fixed in cd7e557, not
+ * yet run there).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +48,7 @@ typedef struct stage_slot {
 struct moet_stage {
 	int n_slots;
 	int cuda;                       /* 1: the backend's memory is a GPU's */
-	int driver;                     /* MOET_STAGE_COPY=driver (CUDA) */
+	int driver;                     /* MOET_STAGE_COPY=driver, the default (CUDA) */
 	void *stream;                   /* the copy stream (CUDA, driver copies) */
 	moet_uploader *up;              /* the pinned copies (CUDA), made at the first */
 	moet_ffn_w *table;              /* [E]: the staged experts' slot views */
@@ -89,9 +92,11 @@ int moet_stage_create(moet_backend *be, int n_slots, int64_t n_experts, moet_sta
 	s->n_slots = n_slots;
 	s->n_experts = n_experts;
 	s->cuda = !be->ops->host_memory;
-	static const char *const copies[] = { "pinned", "driver" };
-	if ((rc = moet_env_choice("MOET_STAGE_COPY", copies, 2, &s->driver)))
+	static const char *const copies[] = { "driver", "pinned" };
+	int pinned = 0;
+	if ((rc = moet_env_choice("MOET_STAGE_COPY", copies, 2, &pinned)))
 		goto fail;
+	s->driver = !pinned;
 	if (s->cuda && (rc = moet_gpu_stream_create(&s->stream)))
 		goto fail;
 	for (int i = 0; s->cuda && i < n_slots; i++)
