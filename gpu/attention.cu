@@ -365,14 +365,10 @@ template <int CH, bool QD> static int group_launch(dim3 grid, size_t smem, cudaS
 /* MOET_GPU_ATTN: 1 for the grouped kernel where the call has runs (default), 0: per row. */
 static int attn_grouped(int *out)
 {
-	const char *v = getenv("MOET_GPU_ATTN");
-	if (!v || !*v || !strcmp(v, "grouped"))
-		*out = 1;
-	else if (!strcmp(v, "ref"))
-		*out = 0;
-	else
-		return moet_err(MOET_EINVAL, "MOET_GPU_ATTN=%.40s (want ref or grouped)", v);
-	return 0;
+	static const char *const names[] = { "grouped", "ref" };
+	int ref = 0, rc = moet_env_choice("MOET_GPU_ATTN", names, 2, &ref);
+	*out = !ref;
+	return rc;
 }
 
 extern "C" int moet_gpu_attention(const float *q, int64_t q_stride, int64_t n_rows,

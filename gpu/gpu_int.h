@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 extern "C" {
+#include "moet_env.h"
 #include "moet_err.h"
 }
 
