@@ -247,7 +247,9 @@ static int cache_share(const moet_ckpt *ck, double *out)
 	const size_t pg = (size_t)sysconf(_SC_PAGESIZE), win = (size_t)1 << 30;
 	unsigned char *vec = malloc(win / pg);
 	uint64_t in = 0, all = 0;
-	int rc = vec ? 0 : moet_err(MOET_ENOMEM, "page cache query");
+	if (!vec)
+		return moet_err(MOET_ENOMEM, "page cache query");
+	int rc = 0;
 	for (int i = 0; !rc && i < moet_ckpt_shard_count(ck); i++) {
 		const char *path = moet_ckpt_shard_path(ck, i);
 		struct stat sb;
@@ -343,10 +345,10 @@ static int start_bench(const moet_bench_load_opts *o, double disk_GBps, double h
 	int rc = cold ? 0 : moet_err(MOET_ENOMEM, "record");
 	if (!rc && o->cold)
 		rc = cache_drop(o, cold, out);
-	double t0 = moet_bench_now_s(), t1 = t0, t2 = t0, t3 = t0;
+	const double t0 = moet_bench_now_s();
 	if (!rc)
 		rc = moet_model_open_on(o->model_dir, o->device, &m);
-	t1 = moet_bench_now_s();
+	const double t1 = moet_bench_now_s();
 	double dense_up_b = 0, dense_up_s = 0;
 	if (!rc)
 		moet_model_dense_upload_stats(m, &dense_up_b, &dense_up_s);
@@ -357,7 +359,7 @@ static int start_bench(const moet_bench_load_opts *o, double disk_GBps, double h
 	const int16_t *own = o->owner ? o->owner : zeros;
 	if (!rc)
 		rc = moet_model_set_placement(m, own, o->n_devices > 0 ? o->n_devices : 1);
-	t2 = moet_bench_now_s();
+	const double t2 = moet_bench_now_s();
 	double dense = 0, hot = 0, tier = 0, fill_s = 0, wait_s = 0;
 	if (!rc)
 		moet_model_upload_split(m, &fill_s, &wait_s);
@@ -376,7 +378,7 @@ static int start_bench(const moet_bench_load_opts *o, double disk_GBps, double h
 		if (!rc)
 			moet_xtier_stats_get(moet_model_xtier(m), &st);
 	}
-	t3 = moet_bench_now_s();
+	const double t3 = moet_bench_now_s();
 	char numa_txt[768] = "";
 	json_t *numa = !rc && moet_model_xtier(m) ? numa_report(moet_model_xtier(m), numa_txt,
 								 sizeof(numa_txt), "start-numa")
