@@ -35,16 +35,17 @@
 
 template <int DT, int NMAT, int TT, int WR> struct moet_rows_cfg {
 	static constexpr int WT = 8 / WR;                 /* token groups (warps) */
-	/* rows per thread: in the down pass 1 at one token per thread, 4 for F8 at 2-4 tokens
-	 * with 8 row warps (classes 1 and 2: 256-row tiles), else 2; 1 in gate_up. NOTE: at one
-	 * token per expert, smaller down tiles give more blocks than SM slots, so no half-empty
-	 * wave; at 2-4 tokens the 256-row tiles (224 blocks for 8 Kimi-K2 experts: one wave,
-	 * two stages) measured ahead of 128-row ones (448 blocks, four stages) on the H200: 2
-	 * tokens 0.693-0.702 of the copy bandwidth against 0.655-0.676, 4 tokens 0.515-0.517
-	 * against 0.508-0.509 (docs/gpu.md); F32 rows are 4x wider in shared memory, so 1 keeps
-	 * two stages under the budget */
+	/* rows per thread: in the down pass 1 at one token per thread, 4 for F8 at 2 tokens
+	 * with 8 row warps (class 1: 256-row tiles), else 2; 1 in gate_up. NOTE: at one token per
+	 * expert, smaller down tiles give more blocks than SM slots, so no half-empty wave; at 2
+	 * tokens the 256-row tiles (224 blocks for 8 Kimi-K2 experts: one wave, two stages)
+	 * measured ahead of 128-row ones (448 blocks, four stages) on the H200: 0.693-0.702 of
+	 * the copy bandwidth against 0.655-0.676 (docs/gpu.md). At 4 tokens they gained 1%
+	 * (0.515-0.517 against 0.508-0.509) for 225 registers in rows_kernel and 184 bytes of
+	 * stack in the device-grouped rows_dev_kernel4 (sm_90): not taken. F32 rows are 4x wider
+	 * in shared memory, so 1 keeps two stages under the budget */
 	static constexpr int RT = DT == MOET_ROWS_F32 || NMAT == 2 || TT == 1 ? 1
-				  : DT == MOET_ROWS_F8 && WR == 8 && TT <= 4 ? 4 : 2;
+				  : DT == MOET_ROWS_F8 && WR == 8 && TT == 2 ? 4 : 2;
 	static constexpr int RB = 8 * WR * RT;            /* rows per block tile */
 	static constexpr int TB = WT * TT;                /* tokens per block tile */
 	static constexpr int ESZ = DT == MOET_ROWS_F8 ? 1 : DT == MOET_ROWS_BF16 ? 2 : 4;
