@@ -178,7 +178,10 @@ static_assert(GR * TILE * 8 + GR * ATT_MAX_D * 4 + TILE * (ATT_MAX_D + 1) * 4 + 
 		      GR * 12 + 64 <= SM120_SMEM_MAX,
 	      "sm_120: 99 KB of shared memory per block (q in binary32 at the largest dims)");
 
-/* CH: output chains per thread, >= GR * d_v / GTHREADS; QD: q staged in binary64. */
+/* CH: output chains per thread, >= GR * d_v / GTHREADS; QD: q staged in binary64.
+ * NOTE (ptxas, cuobjdump --dump-resource-usage at c8bc301): Kimi-K2's instance <8, true> on
+ * sm_90 takes 128 registers and no stack; <16, true> (d_v above 128) uses 152 bytes of stack on
+ * sm_90, and sm_120's <8, *> 24-32 bytes (its binary64 rate is 1/64 anyway). */
 template <int CH, bool QD>
 static __global__ void __launch_bounds__(GTHREADS)
 attention_group_kernel(const float *q, long long q_stride, int n_rows, int d_qk, int d_v,
