@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "moet_cpu.h"
+#include "moet_env.h"
 #include "moet_err.h"
 #include "moet_expc.h"
 
@@ -98,6 +99,24 @@ const moet_cpu_kernels *moet_cpu_kernels_get(void)
 {
 	pthread_once(&chosen_once, choose);
 	return chosen;
+}
+
+int moet_cpu_attend_choose(moet_attend_fn *out)
+{
+	/* NOTE: in the order of the choice's index: unset and empty select names[0] */
+	static const char *const names[] = { NULL, "avx512", "ref" };
+	int v = 0, rc = moet_env_choice("MOET_CPU_ATTN", names, 3, &v);
+	*out = moet_attend_ref;
+	if (rc || v == 2)
+		return rc;
+#ifdef MOET_HAVE_AVX512_KERNELS
+	if (moet_cpu_avx512_supported()) {
+		*out = moet_attend_avx512;
+		return 0;
+	}
+#endif
+	return v == 1 ? moet_err(MOET_EINVAL, "MOET_CPU_ATTN=avx512: not built, or this CPU has "
+				 "no AVX-512") : 0;
 }
 
 int moet_expert_ffn(const moet_cpu_kernels *k, const moet_mat *gate, const moet_mat *up,

@@ -113,6 +113,23 @@ void moet_attend_ref(const float *q, const float *k, int64_t k_stride, const flo
 		     int64_t v_stride, const int32_t *blocks, int block_shift, int64_t n_pos,
 		     int64_t d_qk, int64_t d_v, float scale, float *scratch, float *out);
 
+/* The same bits with AVX-512 (cpu/attend_avx512.c; built where the compiler has it). */
+void moet_attend_avx512(const float *q, const float *k, int64_t k_stride, const float *v,
+			int64_t v_stride, const int32_t *blocks, int block_shift, int64_t n_pos,
+			int64_t d_qk, int64_t d_v, float scale, float *scratch, float *out);
+
+typedef void (*moet_attend_fn)(const float *q, const float *k, int64_t k_stride, const float *v,
+			       int64_t v_stride, const int32_t *blocks, int block_shift,
+			       int64_t n_pos, int64_t d_qk, int64_t d_v, float scale,
+			       float *scratch, float *out);
+
+/*
+ * The attention kernel of the CPU backend, by MOET_CPU_ATTN: avx512 (unset: where built and
+ * the CPU has it, else ref) or ref (moet_attend_ref, the specification); same bits. avx512 where
+ * it cannot run, or another value: MOET_EINVAL naming it.
+ */
+int moet_cpu_attend_choose(moet_attend_fn *out);
+
 /*
  * MLA attention of one head in the absorbed (latent-cache) form, for one query row:
  *   q_abs[j] = sum_i q_nope[i] * W_UK[i][j]          (W_UK = kv_b's k_nope rows of head h)

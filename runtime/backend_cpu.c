@@ -35,6 +35,7 @@ struct moet_rows {
 typedef struct cpu_be {
 	moet_backend be;
 	const moet_cpu_kernels *kern;
+	moet_attend_fn attend; /* MOET_CPU_ATTN (moet_cpu_attend_choose) */
 	moet_cpuexec *ex;     /* NULL: single-threaded */
 	int max_jobs;
 	float *scratch;
@@ -252,6 +253,7 @@ static int cpu_kv_store(moet_backend *be, const moet_attn_dims *d, int64_t l, co
 
 /* One attention task: rows x heads items, each with `per` floats of scratch per worker. */
 typedef struct attn_task {
+	moet_attend_fn attend;  /* the expanded form's kernel */
 	const moet_attn_dims *d;
 	const moet_mat *kv_b;   /* NULL: expanded form */
 	int64_t l, q_stride, out_stride, n, per;
@@ -279,10 +281,9 @@ static void attn_items(void *arg, int worker, int n_workers)
 					       r->block_shift, r->pos + 1, d->softmax_scale, s, oh);
 		} else {
 			const int64_t k_row = d->n_heads * qk, v_row = d->n_heads * d->v_dim;
-			moet_attend_ref(qh, r->k + a->l * r->k_layer + h * qk, k_row,
-					r->v + a->l * r->v_layer + h * d->v_dim, v_row, r->blocks,
-					r->block_shift, r->pos + 1, qk, d->v_dim, d->softmax_scale,
-					s, oh);
+			a->attend(qh, r->k + a->l * r->k_layer + h * qk, k_row,
+				  r->v + a->l * r->v_layer + h * d->v_dim, v_row, r->blocks,
+				  r->block_shift, r->pos + 1, qk, d->v_dim, d->softmax_scale, s, oh);
 		}
 	}
 }
@@ -319,8 +320,8 @@ static int cpu_attend(moet_backend *be, const moet_attn_dims *d, int64_t l, cons
 		      int64_t q_stride, int64_t n, const moet_rows *rw, float *out,
 		      int64_t out_stride)
 {
-	attn_task a = { .d = d, .l = l, .q_stride = q_stride, .out_stride = out_stride, .n = n,
-			.q = q, .rw = rw, .out = out };
+	attn_task a = { .attend = impl(be)->attend, .d = d, .l = l, .q_stride = q_stride,
+			.out_stride = out_stride, .n = n, .q = q, .rw = rw, .out = out };
 	return run_attention(be, &a);
 }
 
@@ -511,6 +512,11 @@ int moet_backend_cpu_create(int n_threads, int64_t max_inter, moet_backend **out
 	if (!c)
 		return moet_err(MOET_ENOMEM, "CPU backend");
 	c->kern = moet_cpu_kernels_get();
+	int rc_a = moet_cpu_attend_choose(&c->attend);
+	if (rc_a) {
+		free(c);
+		return moet_err_prefix(rc_a, "CPU backend");
+	}
 	c->be = (moet_backend){ .ops = &cpu_ops, .impl = c };
 	const char *env = getenv("MOET_CPU_THREADS");
 	if (n_threads == 0 && env && env[0])
