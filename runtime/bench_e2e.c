@@ -734,8 +734,15 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			double t = 0;
 			moet_hybrid_stats z;
 			moet_model_hybrid_stats(m, &z, 1);
+			if (o->op_times)
+				moet_model_op_times(m, 1, NULL, 1);
 			if ((rc = prefill_run(m, P, &t)))
 				break;
+			if (o->op_times) {
+				fprintf(out, "op times, %s prefill of %lld tokens (each op waited for: "
+					"serialized):\n", mode_name[mode], (long long)P);
+				moet_model_op_times(m, 1, out, 1);
+			}
 			moet_hybrid_stats hs;
 			moet_model_hybrid_stats(m, &hs, 1);
 			char name[32];

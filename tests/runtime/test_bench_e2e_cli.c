@@ -117,6 +117,11 @@ int main(void)
 	double ms = 0, calls = 0;
 	CHECK(em && sscanf(em, " embed %lf %lf", &ms, &calls) == 2 && calls == 1.0,
 	      "embed once per timed step (prefill and warm-up not counted): %g", calls);
+	/* and one table for the prefill of 4 tokens: one pass, so embed once */
+	const char *pt = out ? strstr(out, "op times, cpu prefill of 4 tokens") : NULL;
+	const char *pe = pt ? strstr(pt, "  embed ") : NULL;
+	CHECK(pe && sscanf(pe, " embed %lf %lf", &ms, &calls) == 2 && calls == 1.0 &&
+	      strstr(pt, "attend"), "prefill op times: embed once (%g)", calls);
 	unsetenv("MOET_MICROBATCH");
 	free(out);
 	/* --profile-out: the routing of the timed decode steps, every MoE layer top_k per token,
