@@ -9,8 +9,8 @@
  *   e[p] = exp_c(s[p] - mx); sum = binary64 sum over p in order of e[p]
  *   out[d] = (float)((binary64 sum over p in order of e[p] * v_p[d]) / sum)
  * Where the lanes go: a score vector holds 8 positions (each lane its own dot, the terms still
- * in d order; the K values of a column gathered from the 8 cache rows), four such vectors at a
- * time so that their fma chains overlap; an output vector holds 8 dimensions (each lane its own
+ * in d order; the K values of 8 columns brought into the lanes by an 8 x 8 transpose of the
+ * 8 cache rows), four such vectors at a time so that their fma chains overlap; an output vector holds 8 dimensions (each lane its own
  * sum, the terms still in p order). The products are of two binary32 values, exact in binary64,
  * so fma(a, b, c) = c + a * b, the reference's two operations. exp_c is the exhaustively
  * checked moet_exp_c_avx512 (cpu/expc_avx512.h); the maximum and the softmax sum stay serial
@@ -28,10 +28,42 @@
 
 #define GROUPS 4 /* score vectors in flight: 32 positions */
 
-/* The scores of positions p0 .. p0 + n - 1 (n <= 8 * GROUPS) into s. */
+/* Columns d .. d+7 of rows r[0..7] transposed: c[j] holds column d + j, lane i row i. */
+static inline void transpose8(const float *const r[8], int64_t d, __m256 c[8])
+{
+	const __m256 t0 = _mm256_unpacklo_ps(_mm256_loadu_ps(r[0] + d), _mm256_loadu_ps(r[1] + d));
+	const __m256 t1 = _mm256_unpackhi_ps(_mm256_loadu_ps(r[0] + d), _mm256_loadu_ps(r[1] + d));
+	const __m256 t2 = _mm256_unpacklo_ps(_mm256_loadu_ps(r[2] + d), _mm256_loadu_ps(r[3] + d));
+	const __m256 t3 = _mm256_unpackhi_ps(_mm256_loadu_ps(r[2] + d), _mm256_loadu_ps(r[3] + d));
+	const __m256 t4 = _mm256_unpacklo_ps(_mm256_loadu_ps(r[4] + d), _mm256_loadu_ps(r[5] + d));
+	const __m256 t5 = _mm256_unpackhi_ps(_mm256_loadu_ps(r[4] + d), _mm256_loadu_ps(r[5] + d));
+	const __m256 t6 = _mm256_unpacklo_ps(_mm256_loadu_ps(r[6] + d), _mm256_loadu_ps(r[7] + d));
+	const __m256 t7 = _mm256_unpackhi_ps(_mm256_loadu_ps(r[6] + d), _mm256_loadu_ps(r[7] + d));
+	const __m256 u0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));
+	const __m256 u1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));
+	const __m256 u2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));
+	const __m256 u3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));
+	const __m256 u4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));
+	const __m256 u5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+	const __m256 u6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+	const __m256 u7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+	c[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+	c[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+	c[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+	c[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+	c[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+	c[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+	c[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+	c[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* The scores of positions p0 .. p0 + n - 1 (n <= 8 * GROUPS) into s. NOTE: the K columns
+ * reach the lanes by 8 x 8 transposes of the cache rows (a gather per column measured slower
+ * on the development VM's Zen), the last d_qk % 8 by gathers. */
 static void scores(const float *q, const float *k, int64_t k_stride, const int32_t *blocks,
 		   int block_shift, int64_t p0, int64_t n, int64_t d_qk, float scale, float *s)
 {
+	const float *rows[GROUPS][8];
 	__m512i idx[GROUPS];
 	__m512d acc[GROUPS];
 	for (int g = 0; g < GROUPS; g++) {
@@ -40,12 +72,23 @@ static void scores(const float *q, const float *k, int64_t k_stride, const int32
 			/* a lane past the end reads position p0 (valid memory); it is not stored */
 			const int64_t p = 8 * g + i < n ? p0 + 8 * g + i : p0;
 			off[i] = (long long)(moet_kv_row(blocks, block_shift, p) * k_stride);
+			rows[g][i] = k + off[i];
 		}
 		idx[g] = _mm512_loadu_si512(off);
 		acc[g] = _mm512_setzero_pd();
 	}
 	const int ng = (int)((n + 7) / 8);
-	for (int64_t d = 0; d < d_qk; d++) {
+	const int64_t d8 = d_qk & ~(int64_t)7;
+	for (int64_t d = 0; d < d8; d += 8) {
+		for (int g = 0; g < ng; g++) {
+			__m256 c[8];
+			transpose8(rows[g], d, c);
+			for (int j = 0; j < 8; j++)
+				acc[g] = _mm512_fmadd_pd(_mm512_set1_pd((double)q[d + j]),
+							 _mm512_cvtps_pd(c[j]), acc[g]);
+		}
+	}
+	for (int64_t d = d8; d < d_qk; d++) {
 		const __m512d qd = _mm512_set1_pd((double)q[d]);
 		for (int g = 0; g < ng; g++) {
 			const __m256 kf = _mm512_i64gather_ps(idx[g], k + d, 4);
