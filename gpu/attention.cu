@@ -48,6 +48,21 @@ static_assert((ATT_MAX_D + TILE * (ATT_MAX_D + 1) + TILE) * 4 + TILE * (4 + 8) +
 		      SM120_SMEM_MAX,
 	      "sm_120: 99 KB of shared memory per block");
 
+/* n_p cache rows (row[i] of base, stride floats apart) of d_n floats into dst, ts floats
+ * apart, by the block's n_threads threads: a warp per row. NOTE: with a flat loop over the
+ * tile's elements reading row[] per element, prefill of 1024 tokens (4-layer Kimi-K2, H200)
+ * took 745 ms; this loop 538 ms (the contiguous cache before paging: 528 ms) */
+static __device__ __forceinline__ void stage_rows(float *dst, int ts, const float *base,
+						  const long long *row, long long stride, int n_p,
+						  int d_n, int tid, int n_threads)
+{
+	for (int i = tid >> 5; i < n_p; i += n_threads / 32) {
+		const float *src = base + row[i] * stride;
+		for (int d = tid & 31; d < d_n; d += 32)
+			dst[i * ts + d] = src[d];
+	}
+}
+
 static __global__ void __launch_bounds__(TILE)
 attention_kernel(const float *q, long long q_stride, int d_qk, int d_v, float *const *k_base,
 		 float *const *v_base, long long k_pos_stride, long long v_pos_stride,
@@ -72,16 +87,7 @@ attention_kernel(const float *q, long long q_stride, int d_qk, int d_v, float *c
 		if (tid < np)
 			row[tid] = moet_gpu_page_row(pg, t, p0 + tid);
 		__syncthreads();
-		/* NOTE: a warp per position row (its cache row looked up once, no division per
-		 * element). With a flat loop over the tile's elements reading row[] per element,
-		 * prefill of 1024 tokens (4-layer Kimi-K2, H200) took 745 ms; this loop 538 ms
-		 * (the contiguous cache before paging: 528 ms) */
-		for (int pp = tid >> 5; pp < np; pp += TILE / 32) {
-			const float *src = kb + row[pp] * k_pos_stride;
-			float *dst = kt + pp * ks;
-			for (int d = tid & 31; d < d_qk; d += 32)
-				dst[d] = src[d];
-		}
+		stage_rows(kt, ks, kb, row, k_pos_stride, np, d_qk, tid, TILE);
 		__syncthreads();
 		if (tid >= np)
 			return 0.0f;
@@ -251,15 +257,10 @@ attention_group_kernel(const float *q, long long q_stride, int n_rows, int d_qk,
 				row[tid] = moet_gpu_page_row(pg, lead, p0 + tid);
 			if (!v)
 				__syncthreads();
-			const int d_n = v ? d_v : d_qk;
-			const long long st = v ? v_pos_stride : k_pos_stride;
-			const float *base = v ? vb : kb;
-			for (int q_ = tid >> 5; q_ < n_p; q_ += GTHREADS / 32) {
-				const float *src = base + row[q_] * st;
-				float *dst = tile + q_ * ts;
-				for (int d = tid & 31; d < d_n; d += 32)
-					dst[d] = src[d];
-			}
+			if (v)
+				stage_rows(tile, ts, vb, row, v_pos_stride, n_p, d_v, tid, GTHREADS);
+			else
+				stage_rows(tile, ts, kb, row, k_pos_stride, n_p, d_qk, tid, GTHREADS);
 			__syncthreads();
 		};
 		/* the scores of pairs k < 4 (row rq + 4k, position p0 + pp): each K element read

@@ -386,9 +386,8 @@ int moet_hybrid_stage_setup(moet_hybrid *hy, const moet_config *c, uint64_t expe
 	if (rc)
 		return rc;
 	/* NOTE: read again where the slots are made (stage.c); refused here, with the others */
-	static const char *const copies[] = { "driver", "pinned" };
-	int copy = 0;
-	if ((rc = moet_env_choice("MOET_STAGE_COPY", copies, 2, &copy)))
+	int pinned = 0;
+	if ((rc = moet_stage_copy_pinned(&pinned)))
 		return rc;
 	hy->stage_mode = v && *v ? mode_of[mode] : on_gpu ? HY_STAGE_AUTO : HY_STAGE_NEVER;
 	long long at_least = 0;

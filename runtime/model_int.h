@@ -85,6 +85,9 @@ void moet_hybrid_reset_stats(moet_hybrid *hy);
 typedef struct moet_stage moet_stage;
 #define MOET_STAGE_MAX_SLOTS 4
 int moet_stage_create(moet_backend *be, int n_slots, int64_t n_experts, moet_stage **out);
+/* MOET_STAGE_COPY: *out_pinned 1 for pinned, 0 for driver (unset, empty: the default); another
+ * value is MOET_EINVAL naming it. Read by moet_stage_create, checked at the placement. */
+int moet_stage_copy_pinned(int *out_pinned);
 /* Waits for anything in flight; accepts NULL. */
 void moet_stage_destroy(moet_stage *s, moet_backend *be);
 /* y[q] (backend, rows of H floats) = expert pairs[q].expert of host[] (host views: copied

@@ -48,7 +48,7 @@ typedef struct stage_slot {
 struct moet_stage {
 	int n_slots;
 	int cuda;                       /* 1: the backend's memory is a GPU's */
-	int driver;                     /* MOET_STAGE_COPY=driver, the default (CUDA) */
+	int pinned;                     /* MOET_STAGE_COPY=pinned (CUDA; else the driver's) */
 	void *stream;                   /* the copy stream (CUDA, driver copies) */
 	moet_uploader *up;              /* the pinned copies (CUDA), made at the first */
 	moet_ffn_w *table;              /* [E]: the staged experts' slot views */
@@ -78,6 +78,12 @@ void moet_stage_destroy(moet_stage *s, moet_backend *be)
 	free(s);
 }
 
+int moet_stage_copy_pinned(int *out_pinned)
+{
+	static const char *const copies[] = { "driver", "pinned" };
+	return moet_env_choice("MOET_STAGE_COPY", copies, 2, out_pinned);
+}
+
 int moet_stage_create(moet_backend *be, int n_slots, int64_t n_experts, moet_stage **out)
 {
 	if (n_slots < 1 || n_slots > MOET_STAGE_MAX_SLOTS || n_experts < 1)
@@ -92,11 +98,8 @@ int moet_stage_create(moet_backend *be, int n_slots, int64_t n_experts, moet_sta
 	s->n_slots = n_slots;
 	s->n_experts = n_experts;
 	s->cuda = !be->ops->host_memory;
-	static const char *const copies[] = { "driver", "pinned" };
-	int pinned = 0;
-	if ((rc = moet_env_choice("MOET_STAGE_COPY", copies, 2, &pinned)))
+	if ((rc = moet_stage_copy_pinned(&s->pinned)))
 		goto fail;
-	s->driver = !pinned;
 	if (s->cuda && (rc = moet_gpu_stream_create(&s->stream)))
 		goto fail;
 	for (int i = 0; s->cuda && i < n_slots; i++)
@@ -128,7 +131,7 @@ static int put(moet_stage *s, moet_backend *be, int i, const moet_ffn_w *src, mo
 	moet_mat *o[3] = { &view->gate, &view->up, &view->down };
 	moet_upload_item items[STAGE_PARTS];
 	int n_items = 0;
-	const int pinned = s->cuda && !s->driver;
+	const int pinned = s->cuda && s->pinned;
 	int rc = wait_mark(sl->ev_used, &sl->used);
 	/* NOTE: half the cores fill: the CPU tier's team may be at work meanwhile */
 	if (!rc && pinned && !s->up)

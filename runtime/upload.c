@@ -365,6 +365,14 @@ static int staged_opts(size_t *out_chunk, team *t, int force_read)
 	return 0;
 }
 
+/* A call's options: o's read mode checked, then staged_opts. */
+static int call_opts(const moet_upload_opts *o, size_t *out_chunk, team *t)
+{
+	if (o && (o->read < 0 || o->read > MOET_UPLOAD_READ_PREAD + 1))
+		return moet_err(MOET_EINVAL, "upload: read mode %d", o->read);
+	return staged_opts(out_chunk, t, o ? o->read : 0);
+}
+
 /* The first failed read among the team's (and the caller's) slices: its MOET_EIO, else 0. */
 static int read_failure(const team *t, const worker *wk)
 {
@@ -440,9 +448,7 @@ int moet_uploader_create(int n_threads, const moet_upload_opts *o, moet_uploader
 	u->host = o && (o->host_dst || o->fill_only);
 	u->copy_out = o ? !o->fill_only : 1;
 	u->one_block = o && o->one_block;
-	int rc = o && (o->read < 0 || o->read > MOET_UPLOAD_READ_PREAD + 1)
-			 ? moet_err(MOET_EINVAL, "upload: read mode %d", o->read)
-			 : staged_opts(&u->chunk_cap, t, o ? o->read : 0);
+	int rc = call_opts(o, &u->chunk_cap, t);
 	if (!rc && (!(u->th = calloc((size_t)want, sizeof(*u->th))) ||
 		    !(u->wk = calloc((size_t)want, sizeof(*u->wk)))))
 		rc = moet_err(MOET_ENOMEM, "upload tables");
@@ -641,16 +647,16 @@ out:
 int moet_upload_many_opts(const moet_upload_item *items, int64_t n, int n_threads,
 			  const moet_upload_opts *o, moet_upload_stats *stats)
 {
-	/* NOTE: options first, so that bad ones are refused before anything is allocated */
-	size_t chunk = 0;
-	team probe = { 0 };
-	int rc = o && (o->read < 0 || o->read > MOET_UPLOAD_READ_PREAD + 1)
-			 ? moet_err(MOET_EINVAL, "upload: read mode %d", o->read)
-			 : staged_opts(&chunk, &probe, o ? o->read : 0);
 	size_t total = 0;
-	for (int64_t i = 0; !rc && i < n; i++)
+	for (int64_t i = 0; i < n; i++)
 		total += items[i].bytes;
-	if (rc || total == 0) {
+	int rc;
+	if (total == 0) {
+		/* NOTE: nothing to copy, nothing allocated (no CUDA call); the options are still
+		 * checked, as moet_uploader_create does before it allocates */
+		size_t chunk = 0;
+		team probe = { 0 };
+		rc = call_opts(o, &chunk, &probe);
 		if (stats)
 			*stats = (moet_upload_stats){ .buffer_bytes = chunk, .cached = probe.cached };
 		return rc;
