@@ -43,6 +43,7 @@ void moet_cost_hw_defaults(moet_cost_hw *out)
 	out->pcie_gbps = 55.0;
 	out->pcie_latency_us = 10.0;
 	out->stage_copy_gbps = 5.0;
+	out->stage_pinned_gbps = 38.0;
 	out->cpu_overhead_us = 20.0;
 	out->gpu_overhead_us = 10.0;
 	out->act_bytes = 4.0;
@@ -79,6 +80,7 @@ static const hw_key hw_keys[] = {
 	{ "pcie_gbps", offsetof(moet_cost_hw, pcie_gbps), 0, true, 1e6 },
 	{ "pcie_latency_us", offsetof(moet_cost_hw, pcie_latency_us), 0, false, 1e6 },
 	{ "stage_copy_gbps", offsetof(moet_cost_hw, stage_copy_gbps), 0, true, 1e6 },
+	{ "stage_pinned_gbps", offsetof(moet_cost_hw, stage_pinned_gbps), 0, true, 1e6 },
 	{ "cpu_overhead_us", offsetof(moet_cost_hw, cpu_overhead_us), 0, false, 1e6 },
 	{ "gpu_overhead_us", offsetof(moet_cost_hw, gpu_overhead_us), 0, false, 1e6 },
 	{ "act_bytes", offsetof(moet_cost_hw, act_bytes), 1, false, 8 },
@@ -101,7 +103,7 @@ static const struct {
 #define HW_NAME_IDX (N_HW_KEYS + N_HW_CURVES)
 
 #define HW_KEY_LIST "name, cpu_read_gbps, gpu_read_gbps, pcie_gbps, pcie_latency_us, " \
-	"stage_copy_gbps, " \
+	"stage_copy_gbps, stage_pinned_gbps, " \
 	"cpu_overhead_us, gpu_overhead_us, act_bytes, cpu_fma_gflops, gpu_sgemm_gflops, " \
 	"cpu_fma_frac, gpu_sgemm_frac, gpu_dense_ms"
 

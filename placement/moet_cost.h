@@ -98,6 +98,8 @@ typedef struct moet_cost_hw {
 	double pcie_latency_us;      /* per copy */
 	double stage_copy_gbps;      /* a cold expert's bytes from the mapped checkpoint to a
 				      * device slot (pageable: the driver stages them), GB/s */
+	double stage_pinned_gbps;    /* the same through the pinned uploader's waves
+				      * (MOET_STAGE_COPY=pinned, the default on a GPU), GB/s */
 	double cpu_overhead_us;      /* per MoE layer and step when the CPU tier works */
 	double gpu_overhead_us;      /* per MoE layer and step per GPU that works */
 	double act_bytes;            /* bytes per activation element copied (4: binary32) */
@@ -294,7 +296,8 @@ int moet_cost_predict_owners(const moet_config *cf, const moet_placement_sizes *
  * Simplifications, said so: the copy of one slot overlaps the previous expert's compute in
  * the engine, which the sum ignores (pessimistic for staging by up to min(copy, GPU t)); the
  * copy is priced at stage_copy_gbps (the engine copies from the mapped checkpoint: pageable,
- * the driver stages it; about 5 GB/s measured, a tenth of the pinned link); the CPU tier's
+ * the driver stages it; about 5 GB/s measured, a tenth of the pinned link; the engine puts
+ * stage_pinned_gbps there for its pinned copies, runtime/hybrid.c); the CPU tier's
  * own overlap with the GPU's other work is not counted (the CPU's call is what staging frees).
  */
 double moet_cost_stage_ms(const moet_cost_in *in, double rows);

@@ -751,24 +751,28 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			r.st = (moet_bench_stats){ t, t, t, 1 };
 			rc = moet_bench_add_row(rec, &r);
 			fprintf(out, "%-7s %-9s %6lld %11.3f %10.1f %10.3f %10.3f %10.3f   staged %llu "
-				"experts (%llu pairs, %.1f MB, %.3f ms), rows down %.1f MB\n",
+				"experts (%llu pairs, %.1f MB, %.3f ms: copies %.3f, GPU waits %.3f), rows "
+				"down %.1f MB\n",
 				mode_name[mode], "prefill", (long long)P, 1e3 * t, (double)P / t,
 				(double)hs.ns_cpu / 1e6, (double)hs.ns_wait / 1e6,
 				(double)(hs.ns_d2h + hs.ns_h2d) / 1e6,
 				(unsigned long long)hs.staged_experts,
 				(unsigned long long)hs.staged_pairs, (double)hs.bytes_staged / 1e6,
-				(double)hs.ns_stage / 1e6, (double)hs.bytes_d2h / 1e6);
+				(double)hs.ns_stage / 1e6, (double)hs.ns_stage_copy / 1e6,
+				(double)hs.ns_stage_wait / 1e6, (double)hs.bytes_d2h / 1e6);
 			/* the staging of cold experts (MOET_PREFILL_STAGE) and the rows moved */
 			json_t *pf = json_object_get(rec, "prefills");
 			if (!pf && (pf = json_array()))
 				json_object_set_new(rec, "prefills", pf);
-			json_t *pj = json_pack("{s:s, s:I, s:f, s:I, s:I, s:I, s:I, s:f, s:I, s:I}",
+			json_t *pj = json_pack("{s:s, s:I, s:f, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:I, s:I}",
 					       "mode", mode_name[mode], "tokens", (json_int_t)P,
 					       "prefill_s", t, "cpu_pairs", (json_int_t)hs.cpu_pairs,
 					       "staged_experts", (json_int_t)hs.staged_experts,
 					       "staged_pairs", (json_int_t)hs.staged_pairs,
 					       "staged_bytes", (json_int_t)hs.bytes_staged,
 					       "stage_s", (double)hs.ns_stage / 1e9,
+					       "stage_copy_s", (double)hs.ns_stage_copy / 1e9,
+					       "stage_wait_s", (double)hs.ns_stage_wait / 1e9,
 					       "d2h_bytes", (json_int_t)hs.bytes_d2h,
 					       "d2h_copies", (json_int_t)hs.d2h_copies);
 			if (!pf)

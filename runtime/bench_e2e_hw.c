@@ -150,6 +150,8 @@ static const struct {
 	{ "pcie_latency_us", "the latency of one small copy is not timed alone" },
 	{ "stage_copy_gbps", "no staging copy is timed alone (prefills[].stage_s is the driving "
 	  "thread's whole staging time: copies, waits and launches)" },
+	{ "stage_pinned_gbps", "no pinned staging copy is timed alone (prefills[].stage_copy_s "
+	  "is the driving thread's time in the uploader's runs, the CPU tier at work beside)" },
 	{ "cpu_overhead_us", "the CPU tier's busy time (steps[].cpu_busy_s) includes its expert "
 	  "reads: the team's submit and wait are not timed alone" },
 	{ "gpu_overhead_us", "the launches of one layer's expert kernel are not timed alone" },

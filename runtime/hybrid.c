@@ -48,7 +48,9 @@
 #define HY_MAX_TOK 512   /* tokens per executor batch */
 #define HY_MAX_JOBS 256  /* jobs per executor batch */
 #define HY_MAX_PENDING 8 /* batches in flight */
-#define HY_STAGE_SLOTS 3 /* staging ring: one computing, one copying, one spare */
+#define HY_STAGE_SLOTS 3 /* driver copies' ring: one computing, one copying, one spare */
+/* pinned copies: waves of 4 experts (176 MB of Kimi-K2), one half computing, one copying */
+#define HY_STAGE_SLOTS_PINNED 8
 
 enum { HY_STAGE_AUTO, HY_STAGE_NEVER, HY_STAGE_ALWAYS };
 
@@ -80,14 +82,8 @@ struct moet_hybrid {
 	int64_t stage_min;        /* tokens from which a cold expert is staged; 0: never */
 	int64_t n_experts;
 	moet_stage *ring;         /* staging slots, made at the first staged expert */
+	int stage_pinned;         /* MOET_STAGE_COPY: 1 pinned (waves), 0 driver */
 };
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 int moet_hybrid_create(moet_backend *be, const moet_config *c, moet_hybrid **out)
 {
@@ -280,10 +276,10 @@ int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moe
 		return 0;
 	if ((rc = grow(hy, cl, be, n, cnt)))
 		return rc;
-	uint64_t t0 = now_ns();
+	uint64_t t0 = moet_now_ns();
 	if ((rc = download_rows(hy, cl, be, pairs, cnt, top_k, h, n)))
 		return rc;
-	uint64_t t1 = now_ns();
+	uint64_t t1 = moet_now_ns();
 	hy->st.ns_d2h += t1 - t0;
 	int64_t n_jobs = 0;
 	for (int64_t q = 0; q < cnt;) {
@@ -303,7 +299,7 @@ int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moe
 	}
 	cl->y_dst = y_dst;
 	cl->pending = cnt;
-	cl->t_submit = now_ns();
+	cl->t_submit = moet_now_ns();
 	hy->st.cpu_pairs += (uint64_t)cnt;
 	if (!hy->ex) {
 		for (int64_t j = 0; j < n_jobs && !rc; j++) {
@@ -318,7 +314,7 @@ int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moe
 			rc = wait_all(hy, cl);
 	}
 	if (!hy->ex || !hy->overlap)
-		cl->t_done = now_ns(); /* the tier ran alone: its time is exact */
+		cl->t_done = moet_now_ns(); /* the tier ran alone: its time is exact */
 	if (rc) {
 		int r = hy->ex ? wait_all(hy, cl) : 0;
 		(void)r;
@@ -332,9 +328,9 @@ int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be)
 	if (!hy || slot < 0 || slot >= MOET_HYBRID_SLOTS || !hy->call[slot].pending)
 		return 0;
 	hy_call *cl = &hy->call[slot];
-	uint64_t t0 = now_ns();
+	uint64_t t0 = moet_now_ns();
 	int rc = hy->ex ? wait_all(hy, cl) : 0;
-	uint64_t t1 = now_ns();
+	uint64_t t1 = moet_now_ns();
 	/* NOTE: overlapped, the tier's end is only seen here (an upper bound of its time) */
 	hy->st.ns_cpu += (cl->t_done ? cl->t_done : t1) - cl->t_submit;
 	cl->t_done = 0;
@@ -342,7 +338,7 @@ int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be)
 	const size_t bytes = (size_t)cl->pending * (size_t)hy->H * sizeof(float);
 	if (!rc)
 		rc = be->ops->upload(be, cl->y_dst, cl->y_stage, bytes);
-	uint64_t t2 = now_ns();
+	uint64_t t2 = moet_now_ns();
 	hy->st.bytes_h2d += bytes;
 	hy->st.ns_h2d += t2 - t1;
 	hy->st.calls++;
@@ -385,9 +381,7 @@ int moet_hybrid_stage_setup(moet_hybrid *hy, const moet_config *c, uint64_t expe
 	int mode = 0, rc = moet_env_choice("MOET_PREFILL_STAGE", modes, 3, &mode);
 	if (rc)
 		return rc;
-	/* NOTE: read again where the slots are made (stage.c); refused here, with the others */
-	int pinned = 0;
-	if ((rc = moet_stage_copy_pinned(&pinned)))
+	if ((rc = moet_stage_copy_pinned(on_gpu, &hy->stage_pinned)))
 		return rc;
 	hy->stage_mode = v && *v ? mode_of[mode] : on_gpu ? HY_STAGE_AUTO : HY_STAGE_NEVER;
 	long long at_least = 0;
@@ -401,6 +395,8 @@ int moet_hybrid_stage_setup(moet_hybrid *hy, const moet_config *c, uint64_t expe
 	moet_cost_hw_defaults(&in.hw);
 	if (hw_file && hw_file[0] && (rc = moet_cost_hw_load(hw_file, &in.hw)))
 		return moet_err_prefix(rc, "MOET_HARDWARE");
+	if (hy->stage_pinned) /* the crossover's copy at the pinned uploader's rate */
+		in.hw.stage_copy_gbps = in.hw.stage_pinned_gbps;
 	/* NOTE: a gap is worth copying when its bytes cross the link faster than a second
 	 * copy's latency (0 latency: only the rows used) */
 	hy->gap_bytes = (size_t)(in.hw.pcie_latency_us * in.hw.pcie_gbps * 1e3);
@@ -426,12 +422,18 @@ int moet_hybrid_stage_run(moet_hybrid *hy, moet_backend *be, const moet_ffn_w *t
 	int rc;
 	if (cnt <= 0)
 		return 0;
-	if (!hy->ring && (rc = moet_stage_create(be, HY_STAGE_SLOTS, hy->n_experts, &hy->ring)))
+	if (!hy->ring &&
+	    (rc = moet_stage_create(be, hy->stage_pinned ? HY_STAGE_SLOTS_PINNED : HY_STAGE_SLOTS,
+				    hy->stage_pinned, hy->n_experts, &hy->ring)))
 		return moet_err_prefix(rc, "prefill staging");
-	uint64_t t0 = now_ns();
-	rc = moet_stage_run(hy->ring, be, table, pairs, cnt, top_k, h, n, y, hy->H,
-			    &hy->st.bytes_staged, &hy->st.staged_experts);
-	hy->st.ns_stage += now_ns() - t0;
+	uint64_t t0 = moet_now_ns();
+	moet_stage_counts ct = { 0 };
+	rc = moet_stage_run(hy->ring, be, table, pairs, cnt, top_k, h, n, y, hy->H, &ct);
+	hy->st.ns_stage += moet_now_ns() - t0;
+	hy->st.bytes_staged += ct.bytes;
+	hy->st.staged_experts += ct.experts;
+	hy->st.ns_stage_copy += ct.ns_copy;
+	hy->st.ns_stage_wait += ct.ns_wait;
 	hy->st.staged_pairs += (uint64_t)cnt;
 	return rc ? moet_err_prefix(rc, "prefill staging") : 0;
 }

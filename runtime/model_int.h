@@ -10,6 +10,8 @@
 #ifndef MOET_MODEL_INT_H
 #define MOET_MODEL_INT_H
 
+#include <time.h>
+
 #include "moet_backend.h"
 #include "moet_mat.h"
 #include "moet_model.h"
@@ -81,22 +83,42 @@ void moet_hybrid_set_overlap(moet_hybrid *hy, int on);
 void moet_hybrid_reset_stats(moet_hybrid *hy);
 
 /* stage.c: experts computed by the backend from staging slots (copies of their host bytes
- * in backend memory), the copy of the next in flight while the current one computes. */
+ * in backend memory), the copies of the next in flight while the current ones compute. */
 typedef struct moet_stage moet_stage;
-#define MOET_STAGE_MAX_SLOTS 4
-int moet_stage_create(moet_backend *be, int n_slots, int64_t n_experts, moet_stage **out);
-/* MOET_STAGE_COPY: *out_pinned 1 for pinned, 0 for driver (unset, empty: the default); another
- * value is MOET_EINVAL naming it. Read by moet_stage_create, checked at the placement. */
-int moet_stage_copy_pinned(int *out_pinned);
+#define MOET_STAGE_MAX_SLOTS 8
+/* What moet_stage_run did, added to by each call. */
+typedef struct moet_stage_counts {
+	uint64_t bytes;      /* weights' bytes copied */
+	uint64_t experts;    /* experts computed */
+	uint64_t ns_copy;    /* the calling thread in the copies: pinned, the uploader's runs
+				(fill and link); driver, queueing them */
+	uint64_t ns_wait;    /* its waits for a slot's last kernel or its queued copies */
+} moet_stage_counts;
+/* n_slots: 1 (one expert at a time), or a ring; pinned: the copies through an uploader (the
+ * ring's halves then take waves of n_slots / 2 experts), else the driver's (stage.c). */
+int moet_stage_create(moet_backend *be, int n_slots, int pinned, int64_t n_experts,
+		      moet_stage **out);
+/* MOET_STAGE_COPY: *out_pinned 1 for pinned, 0 for driver; unset or empty: pinned where
+ * on_gpu (the backend's memory is a GPU's), else driver; another value is MOET_EINVAL naming
+ * it. Read where the placement is set (the prefill staging) or the shadow check made. */
+int moet_stage_copy_pinned(int on_gpu, int *out_pinned);
 /* Waits for anything in flight; accepts NULL. */
 void moet_stage_destroy(moet_stage *s, moet_backend *be);
 /* y[q] (backend, rows of H floats) = expert pairs[q].expert of host[] (host views: copied
  * to a slot, then the backend's experts_grouped) on h (backend, n rows), q < cnt, pairs
- * sorted by expert. Adds the bytes copied and the experts computed to the counters. On
- * return the work is queued on the backend (its stream), the slots' copies all done. */
+ * sorted by expert. Adds to *ct. On return the work is queued on the backend (its stream),
+ * the slots' copies all done. */
 int moet_stage_run(moet_stage *s, moet_backend *be, const moet_ffn_w *host,
 		   const moet_expert_pair *pairs, int64_t cnt, int64_t top_k, const float *h,
-		   int64_t n, float *y, int64_t H, uint64_t *out_bytes, uint64_t *out_experts);
+		   int64_t n, float *y, int64_t H, moet_stage_counts *ct);
+
+/* A monotonic clock in ns (the engine's counters). */
+static inline uint64_t moet_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 /* remote.c: the expert tier of a GPU beyond the backend's own (placement device g >= 1). */
 typedef struct moet_remote moet_remote;

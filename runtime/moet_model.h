@@ -171,6 +171,9 @@ typedef struct moet_hybrid_stats {
 	uint64_t staged_pairs;   /* their routing pairs */
 	uint64_t bytes_staged;   /* their weights' bytes copied host -> backend */
 	uint64_t ns_stage;       /* the driving thread's time staging (copies, waits, launches) */
+	uint64_t ns_stage_copy;  /* of which in the copies (MOET_STAGE_COPY=pinned: the
+				    uploader's runs; driver: queueing them) */
+	uint64_t ns_stage_wait;  /* of which waiting for a slot's last kernel (or its copies) */
 	uint64_t devgroup_calls; /* MoE layer calls grouped on the device (MOET_GPU_DEVGROUP=1:
 				    no id download, no host grouping; with or without placement) */
 } moet_hybrid_stats;

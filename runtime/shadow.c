@@ -28,7 +28,7 @@ struct moet_shadow {
 	double rate;
 	uint64_t draws;               /* calls considered so far (the draw's counter) */
 	moet_stage *ring;             /* one staging slot (stage.c), made at the first check */
-	uint64_t bytes, experts;      /* what the slot received (not reported) */
+	moet_stage_counts staged;     /* what the slot received (not reported) */
 	float *y_b;                   /* backend [cap][H]: the backend's rows */
 	float *y_h, *y_c;             /* host [cap][H]: both results */
 	int64_t cap;
@@ -148,12 +148,13 @@ int moet_shadow_check(moet_model *m, int slot)
 		if (!rc && !(rc = be->ops->alloc(be, bytes, (void **)&s->y_b)))
 			s->cap = cnt;
 	}
-	if (!rc && !s->ring)
-		rc = moet_stage_create(be, 1, m->cfg.n_routed_experts, &s->ring);
+	int pinned = 0;
+	if (!rc && !s->ring && !(rc = moet_stage_copy_pinned(!be->ops->host_memory, &pinned)))
+		rc = moet_stage_create(be, 1, pinned, m->cfg.n_routed_experts, &s->ring);
 	if (!rc)
 		rc = moet_stage_run(s->ring, be, m->layers[l].experts_host, s->pick[slot].pairs,
-				    cnt, k, s->pick[slot].h, s->pick[slot].n, s->y_b, H, &s->bytes,
-				    &s->experts);
+				    cnt, k, s->pick[slot].h, s->pick[slot].n, s->y_b, H,
+				    &s->staged);
 	if (!rc)
 		rc = be->ops->download(be, s->y_h, s->y_b, bytes);
 	if (!rc)

@@ -17,15 +17,22 @@
  * CPU tier's bit for bit (tests/runtime/test_hybrid_stage.c, test_gpu_hybrid).
  *
  * Slots grow to the largest expert seen and are kept (every expert of a model has one size:
- * allocated once). The copy's source is the mapped checkpoint (pageable memory). On a GPU,
- * by default (MOET_STAGE_COPY=driver, the reference path), a cudaMemcpyAsync per part on the
- * copy stream: the driver stages pageable memory through its own pinned buffer (6.6 GB/s
- * measured on the H200, docs/hybrid.md). MOET_STAGE_COPY=pinned sends it through an uploader
- * instead (runtime/upload.c: pinned buffers filled by several threads, made at the first
- * staged expert and kept) that returns once the bytes are on the device. Same bytes either
- * way. NOTE: pinned is opt-in until test_gpu_hybrid has passed with it on a GPU (at 6eaec04
- * its copies failed where two slot parts were adjacent allocations; fixed in cd7e557, not
- * yet run there).
+ * allocated once). The copy's source is the mapped checkpoint (pageable memory). Two ways to
+ * copy (MOET_STAGE_COPY):
+ *   driver  (the reference path) a cudaMemcpyAsync per part on the copy stream: the driver
+ *           stages pageable memory through its own pinned buffer (6.6 GB/s measured on the
+ *           H200, docs/hybrid.md); the ring above, one expert at a time;
+ *   pinned  (the default on a GPU) an uploader (runtime/upload.c: pinned buffers filled by
+ *           several threads, made at the first staged expert and kept), which returns once
+ *           the bytes are on the device. With a ring of 2W slots the experts go in waves of
+ *           W, one uploader run per wave into one half of the ring while the kernels of the
+ *           wave before compute from the other half:
+ *             run(wave 0 -> half 0); for w: kernels of wave w (half w % 2), marks used;
+ *             run(wave w + 1 -> half (w + 1) % 2) after the used marks of wave w - 1
+ *           (one run per expert kept the uploader's pipeline short: filled, then drained, every
+ *           44 MB). On the CPU backend the uploader copies host to host (the simulated
+ *           devices' test double of the same waves: tests/runtime/test_hybrid_stage.c).
+ * Same bytes either way.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -48,7 +55,7 @@ typedef struct stage_slot {
 struct moet_stage {
 	int n_slots;
 	int cuda;                       /* 1: the backend's memory is a GPU's */
-	int pinned;                     /* MOET_STAGE_COPY=pinned (CUDA; else the driver's) */
+	int pinned;                     /* MOET_STAGE_COPY=pinned: waves through the uploader */
 	void *stream;                   /* the copy stream (CUDA, driver copies) */
 	moet_uploader *up;              /* the pinned copies (CUDA), made at the first */
 	moet_ffn_w *table;              /* [E]: the staged experts' slot views */
@@ -78,13 +85,16 @@ void moet_stage_destroy(moet_stage *s, moet_backend *be)
 	free(s);
 }
 
-int moet_stage_copy_pinned(int *out_pinned)
+int moet_stage_copy_pinned(int on_gpu, int *out_pinned)
 {
-	static const char *const copies[] = { "driver", "pinned" };
-	return moet_env_choice("MOET_STAGE_COPY", copies, 2, out_pinned);
+	static const char *const copies[] = { NULL, "driver", "pinned" };
+	int i = 0, rc = moet_env_choice("MOET_STAGE_COPY", copies, 3, &i);
+	*out_pinned = i == 2 || (i == 0 && on_gpu);
+	return rc;
 }
 
-int moet_stage_create(moet_backend *be, int n_slots, int64_t n_experts, moet_stage **out)
+int moet_stage_create(moet_backend *be, int n_slots, int pinned, int64_t n_experts,
+		      moet_stage **out)
 {
 	if (n_slots < 1 || n_slots > MOET_STAGE_MAX_SLOTS || n_experts < 1)
 		return moet_err(MOET_EINVAL, "staging: %d slots (1 .. %d), %lld experts", n_slots,
@@ -98,9 +108,8 @@ int moet_stage_create(moet_backend *be, int n_slots, int64_t n_experts, moet_sta
 	s->n_slots = n_slots;
 	s->n_experts = n_experts;
 	s->cuda = !be->ops->host_memory;
-	if ((rc = moet_stage_copy_pinned(&s->pinned)))
-		goto fail;
-	if (s->cuda && (rc = moet_gpu_stream_create(&s->stream)))
+	s->pinned = pinned;
+	if (s->cuda && !s->pinned && (rc = moet_gpu_stream_create(&s->stream)))
 		goto fail;
 	for (int i = 0; s->cuda && i < n_slots; i++)
 		if ((rc = moet_gpu_event_create(&s->slot[i].ev_copied)) ||
@@ -113,29 +122,32 @@ fail:
 	return moet_err_prefix(rc, "staging slots");
 }
 
-/* Waits for a slot's pending mark (CUDA). */
-static int wait_mark(void *ev, int *pending)
+/* Waits for a slot's pending mark (CUDA); the time to ct->ns_wait. */
+static int wait_mark(void *ev, int *pending, moet_stage_counts *ct)
 {
 	if (!*pending)
 		return 0;
 	*pending = 0;
-	return moet_gpu_event_sync(ev);
+	const uint64_t t0 = moet_now_ns();
+	int rc = moet_gpu_event_sync(ev);
+	ct->ns_wait += moet_now_ns() - t0;
+	return rc;
 }
 
-/* Expert src's bytes into slot i (after the slot's last kernel is done); view: the copies. */
+/*
+ * Expert src's parts into slot i (after the slot's last kernel is done; its memory grown to
+ * them); view: the slot's copies. driver: the copies queued on the copy stream, then the
+ * slot's copied mark; pinned: the copies appended to items[*n_items] for the caller's
+ * uploader run (no mark: the run returns once they are done).
+ */
 static int put(moet_stage *s, moet_backend *be, int i, const moet_ffn_w *src, moet_ffn_w *view,
-	       uint64_t *bytes_out)
+	       moet_upload_item *items, int *n_items, moet_stage_counts *ct)
 {
 	stage_slot *sl = &s->slot[i];
 	const moet_mat *in[3] = { &src->gate, &src->up, &src->down };
 	moet_mat *o[3] = { &view->gate, &view->up, &view->down };
-	moet_upload_item items[STAGE_PARTS];
-	int n_items = 0;
-	const int pinned = s->cuda && s->pinned;
-	int rc = wait_mark(sl->ev_used, &sl->used);
-	/* NOTE: half the cores fill: the CPU tier's team may be at work meanwhile */
-	if (!rc && pinned && !s->up)
-		rc = moet_uploader_create((moet_upload_default_threads() + 1) / 2, NULL, &s->up);
+	int rc = wait_mark(sl->ev_used, &sl->used, ct);
+	const uint64_t t0 = moet_now_ns();
 	for (int m = 0; m < 3 && !rc; m++) {
 		size_t bytes[2] = { moet_mat_data_bytes(in[m]), moet_mat_scale_bytes(in[m]) };
 		const void *from[2] = { in[m]->data, in[m]->scale_inv };
@@ -153,63 +165,157 @@ static int put(moet_stage *s, moet_backend *be, int i, const moet_ffn_w *src, mo
 					break;
 				sl->cap[p] = bytes[j];
 			}
-			if (pinned)
-				items[n_items++] = (moet_upload_item){ from[j], sl->mem[p], bytes[j] };
+			if (s->pinned)
+				items[(*n_items)++] = (moet_upload_item){ from[j], sl->mem[p], bytes[j] };
 			else
 				rc = s->cuda ? moet_gpu_copy_h2d_async(sl->mem[p], from[j], bytes[j],
 								       s->stream)
 					     : be->ops->upload(be, sl->mem[p], from[j], bytes[j]);
-			*bytes_out += bytes[j];
+			ct->bytes += bytes[j];
 		}
 		o[m]->data = sl->mem[2 * m];
 		o[m]->scale_inv = in[m]->scale_inv ? sl->mem[2 * m + 1] : NULL;
 	}
-	/* the pinned copies are done when the run returns: no mark to wait for */
-	if (!rc && pinned)
-		rc = moet_uploader_run(s->up, items, n_items, NULL, NULL);
-	else if (!rc && s->cuda && !(rc = moet_gpu_event_record(sl->ev_copied, s->stream)))
+	if (!rc && !s->pinned && s->cuda && !(rc = moet_gpu_event_record(sl->ev_copied, s->stream)))
 		sl->copied = 1;
+	ct->ns_copy += moet_now_ns() - t0;
+	return rc;
+}
+
+/* The pinned copies of items[n]: returns once they are all done. */
+static int up_run(moet_stage *s, const moet_upload_item *items, int n, moet_stage_counts *ct)
+{
+	const uint64_t t0 = moet_now_ns();
+	int rc = 0;
+	if (!s->up) {
+		/* NOTE: half the cores fill: the CPU tier's team may be at work meanwhile */
+		const moet_upload_opts o = { .host_dst = !s->cuda };
+		rc = moet_uploader_create((moet_upload_default_threads() + 1) / 2, &o, &s->up);
+	}
+	if (!rc && n > 0)
+		rc = moet_uploader_run(s->up, items, n, NULL, NULL);
+	ct->ns_copy += moet_now_ns() - t0;
+	return rc;
+}
+
+/* The pairs of the expert at pairs[q]: how many follow in a run (pairs sorted by expert). */
+static int64_t run_of(const moet_expert_pair *pairs, int64_t q, int64_t cnt)
+{
+	int64_t k = 1;
+	while (q + k < cnt && pairs[q + k].expert == pairs[q].expert)
+		k++;
+	return k;
+}
+
+/* The kernel of the expert at pairs[q .. q + k) from slot i (copied), then the slot's used
+ * mark. */
+static int compute(moet_stage *s, moet_backend *be, int i, const moet_expert_pair *pairs,
+		   int64_t q, int64_t k, int64_t top_k, const float *h, int64_t n, float *y,
+		   int64_t H, moet_stage_counts *ct)
+{
+	stage_slot *sl = &s->slot[i];
+	int rc = wait_mark(sl->ev_copied, &sl->copied, ct);
+	if (!rc)
+		rc = be->ops->experts_grouped(be, s->table, pairs + q, k, top_k, h, n, y + q * H);
+	if (!rc && s->cuda && !(rc = moet_gpu_event_record(sl->ev_used, NULL)))
+		sl->used = 1;
+	ct->experts++;
+	return rc;
+}
+
+/* The ring, one expert at a time: the next expert's copy queued while this one computes. */
+static int run_ring(moet_stage *s, moet_backend *be, const moet_ffn_w *host,
+		    const moet_expert_pair *pairs, int64_t cnt, int64_t top_k, const float *h,
+		    int64_t n, float *y, int64_t H, moet_stage_counts *ct)
+{
+	moet_upload_item items[STAGE_PARTS];
+	int n_items = 0, next = 0;
+	int rc = put(s, be, 0, &host[pairs[0].expert], &s->table[pairs[0].expert], items,
+		     &n_items, ct);
+	if (!rc && s->pinned)
+		rc = up_run(s, items, n_items, ct);
+	for (int64_t q = 0; q < cnt && !rc;) {
+		const int cur = next;
+		const int64_t k = run_of(pairs, q, cnt);
+		rc = compute(s, be, cur, pairs, q, k, top_k, h, n, y, H, ct);
+		q += k;
+		next = (cur + 1) % s->n_slots;
+		if (!rc && q < cnt) {
+			/* NOTE: one slot (the shadow check): the view is rewritten by the put, so
+			 * this expert's kernel must be done first; put waits its used mark */
+			n_items = 0;
+			rc = put(s, be, next, &host[pairs[q].expert], &s->table[pairs[q].expert],
+				 items, &n_items, ct);
+			if (!rc && s->pinned)
+				rc = up_run(s, items, n_items, ct);
+		}
+	}
+	return rc;
+}
+
+/* The pinned copies in waves of W = n_slots / 2 experts (the top of this file). */
+static int run_waves(moet_stage *s, moet_backend *be, const moet_ffn_w *host,
+		     const moet_expert_pair *pairs, int64_t cnt, int64_t top_k, const float *h,
+		     int64_t n, float *y, int64_t H, moet_stage_counts *ct)
+{
+	enum { WMAX = MOET_STAGE_MAX_SLOTS / 2 };
+	const int W = s->n_slots / 2;
+	moet_upload_item items[WMAX * STAGE_PARTS];
+	int64_t wq[2][WMAX], wk[2][WMAX]; /* each half's wave: its experts' pair runs */
+	int wn[2] = { 0, 0 }, rc = 0;
+	int64_t q_up = 0; /* the first pair not yet uploaded */
+	for (int half = 0; !rc && (q_up < cnt || wn[half] > 0); half ^= 1) {
+		/* wave w + 1 into the other half, then the kernels of wave w (this half) */
+		if (wn[half] == 0) { /* the first wave: nothing computes yet */
+			int n_items = 0;
+			for (; !rc && wn[half] < W && q_up < cnt; wn[half]++) {
+				const int64_t k = run_of(pairs, q_up, cnt);
+				const int32_t e = pairs[q_up].expert;
+				rc = put(s, be, half * W + wn[half], &host[e], &s->table[e], items,
+					 &n_items, ct);
+				wq[half][wn[half]] = q_up, wk[half][wn[half]] = k;
+				q_up += k;
+			}
+			if (!rc)
+				rc = up_run(s, items, n_items, ct);
+		}
+		for (int i = 0; !rc && i < wn[half]; i++)
+			rc = compute(s, be, half * W + i, pairs, wq[half][i], wk[half][i], top_k, h,
+				     n, y, H, ct);
+		wn[half] = 0;
+		const int other = half ^ 1;
+		int n_items = 0;
+		for (; !rc && wn[other] < W && q_up < cnt; wn[other]++) {
+			const int64_t k = run_of(pairs, q_up, cnt);
+			const int32_t e = pairs[q_up].expert;
+			rc = put(s, be, other * W + wn[other], &host[e], &s->table[e], items,
+				 &n_items, ct);
+			wq[other][wn[other]] = q_up, wk[other][wn[other]] = k;
+			q_up += k;
+		}
+		if (!rc)
+			rc = up_run(s, items, n_items, ct);
+	}
 	return rc;
 }
 
 int moet_stage_run(moet_stage *s, moet_backend *be, const moet_ffn_w *host,
 		   const moet_expert_pair *pairs, int64_t cnt, int64_t top_k, const float *h,
-		   int64_t n, float *y, int64_t H, uint64_t *out_bytes, uint64_t *out_experts)
+		   int64_t n, float *y, int64_t H, moet_stage_counts *ct)
 {
-	int rc = 0, next = 0;
 	for (int64_t q = 0; q < cnt; q++)
 		if (pairs[q].expert < 0 || pairs[q].expert >= s->n_experts)
 			return moet_err(MOET_EINVAL, "staging: expert %d of %lld", pairs[q].expert,
 					(long long)s->n_experts);
-	if (cnt > 0)
-		rc = put(s, be, next, &host[pairs[0].expert], &s->table[pairs[0].expert],
-			 out_bytes);
-	for (int64_t q = 0; q < cnt && !rc;) {
-		const int cur = next;
-		const int32_t e = pairs[q].expert;
-		int64_t k = 1;
-		while (q + k < cnt && pairs[q + k].expert == e)
-			k++;
-		if ((rc = wait_mark(s->slot[cur].ev_copied, &s->slot[cur].copied)))
-			break;
-		rc = be->ops->experts_grouped(be, s->table, pairs + q, k, top_k, h, n, y + q * H);
-		if (!rc && s->cuda && !(rc = moet_gpu_event_record(s->slot[cur].ev_used, NULL)))
-			s->slot[cur].used = 1;
-		++*out_experts;
-		q += k;
-		/* the next expert's copy, in flight while this one computes */
-		next = (cur + 1) % s->n_slots;
-		if (!rc && q < cnt) {
-			/* NOTE: one slot (the shadow check): the view is rewritten by the put, so
-			 * this expert's kernel must be done first; put waits its used mark */
-			rc = put(s, be, next, &host[pairs[q].expert], &s->table[pairs[q].expert],
-				 out_bytes);
-		}
-	}
+	if (cnt <= 0)
+		return 0;
+	int rc = s->pinned && s->n_slots >= 2
+			 ? run_waves(s, be, host, pairs, cnt, top_k, h, n, y, H, ct)
+			 : run_ring(s, be, host, pairs, cnt, top_k, h, n, y, H, ct);
 	if (rc) { /* nothing of this call may still read the slots */
 		for (int i = 0; i < s->n_slots; i++) {
-			wait_mark(s->slot[i].ev_copied, &s->slot[i].copied);
-			wait_mark(s->slot[i].ev_used, &s->slot[i].used);
+			wait_mark(s->slot[i].ev_copied, &s->slot[i].copied, ct);
+			wait_mark(s->slot[i].ev_used, &s->slot[i].used, ct);
 		}
 	}
 	return rc;

@@ -9,8 +9,9 @@
  *   - the tier counts add up, the random placement sends >= 25% of routings to the CPU;
  *   - the CPU tier's counters agree with the tier counts (pairs, bytes copied back);
  *   - prefill staging of cold experts (MOET_PREFILL_STAGE=0, 1, auto at 4 tokens, auto on
- *     the cost model, unset: as many staged as auto, the default on a GPU; 1 with the
- *     pinned uploader's copies, MOET_STAGE_COPY=pinned, against the driver's): a 64-token
+ *     the cost model, unset: as many staged as auto, the default on a GPU; all through the
+ *     pinned uploader's waves, the default; 1 with the driver's copies, MOET_STAGE_COPY=
+ *     driver, the reference path): a 64-token
  *     prompt's logits equal the CPU reference's, experts staged and not as switched;
  *   - the upload sources plain, uring and staged with small cached-store buffers give the
  *     same logits;
@@ -239,25 +240,25 @@ int main(void)
 		CHECK(lr && lg && moet_kv_create(cpu, NP, &kv) == 0 &&
 		      moet_model_forward(cpu, kv, tk, NP, lr) == 0, "staging reference");
 		moet_kv_destroy(kv);
-		/* 0, 1, auto at 4 tokens, auto on the cost model, unset (on a GPU: that auto); 1
-		 * again with the pinned uploader's copies (MOET_STAGE_COPY=pinned; the default is
-		 * the driver's, the reference path) */
+		/* 0, 1, auto at 4 tokens, auto on the cost model, unset (on a GPU: that auto),
+		 * with the pinned uploader's copies in waves (the default on a GPU); 1 again with
+		 * the driver's copies (MOET_STAGE_COPY=driver, the reference path) */
 		const char *mode[6] = { "0", "1", "auto", "auto", NULL, "1" };
 		uint64_t staged_cost = 0;
 		for (int md = 0; lr && lg && md < 6; md++) {
 			if (mode[md])
 				setenv("MOET_PREFILL_STAGE", mode[md], 1);
 			if (md == 5)
-				setenv("MOET_STAGE_COPY", "pinned", 1);
+				setenv("MOET_STAGE_COPY", "driver", 1);
 			if (md == 2)
 				setenv("MOET_PREFILL_STAGE_MIN", "4", 1);
-			const char *mname = md == 5 ? "1 (pinned copies)" : mode[md] ? mode[md] : "unset";
+			const char *mname = md == 5 ? "1 (driver copies)" : mode[md] ? mode[md] : "unset";
 			CHECK(moet_model_set_placement(gpu, own, 1) == 0, "staging %s: %s", mname,
 			      moet_errmsg());
 			unsetenv("MOET_PREFILL_STAGE");
 			unsetenv("MOET_PREFILL_STAGE_MIN");
+			unsetenv("MOET_STAGE_COPY"); /* read at the placement */
 			moet_hybrid_stats hs;
-			/* NOTE: MOET_STAGE_COPY is read when the first staged expert makes the slots */
 			moet_model_hybrid_stats(gpu, &hs, 1);
 			memset(lg, 0xCD, (size_t)NP * (size_t)V * sizeof(float));
 			kv = NULL;
@@ -265,7 +266,6 @@ int main(void)
 			      moet_model_forward(gpu, kv, tk, NP, lg) == 0, "staging %s: %s",
 			      mname, moet_errmsg());
 			moet_kv_destroy(kv);
-			unsetenv("MOET_STAGE_COPY");
 			CHECK(memcmp(lr, lg, (size_t)NP * (size_t)V * sizeof(float)) == 0,
 			      "MOET_PREFILL_STAGE=%s: logits differ from the CPU reference", mname);
 			moet_model_hybrid_stats(gpu, &hs, 1);

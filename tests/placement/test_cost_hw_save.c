@@ -38,6 +38,7 @@ static int same_hw(const moet_cost_hw *a, const moet_cost_hw *b)
 	return a->cpu_read_gbps == b->cpu_read_gbps && a->gpu_read_gbps == b->gpu_read_gbps &&
 	       a->pcie_gbps == b->pcie_gbps && a->pcie_latency_us == b->pcie_latency_us &&
 	       a->stage_copy_gbps == b->stage_copy_gbps &&
+	       a->stage_pinned_gbps == b->stage_pinned_gbps &&
 	       a->cpu_overhead_us == b->cpu_overhead_us &&
 	       a->gpu_overhead_us == b->gpu_overhead_us && a->act_bytes == b->act_bytes &&
 	       a->cpu_fma_gflops == b->cpu_fma_gflops &&
@@ -59,6 +60,7 @@ static void test_round_trip(void)
 	hw.pcie_gbps = 0.1;
 	hw.pcie_latency_us = 0;
 	hw.stage_copy_gbps = 4.9999999999999991;
+	hw.stage_pinned_gbps = 37.999999999999993;
 	hw.cpu_overhead_us = 1e-7;
 	hw.gpu_overhead_us = 123456.75;
 	hw.act_bytes = 2;
@@ -84,7 +86,8 @@ static void test_round_trip(void)
 		{ NULL, "a comment alone: something left out" },
 		{ "pcie_gbps", longc },
 		{ "pcie_latency_us", "" },
-		{ "stage_copy_gbps", NULL }, { "cpu_overhead_us", NULL },
+		{ "stage_copy_gbps", NULL }, { "stage_pinned_gbps", NULL },
+		{ "cpu_overhead_us", NULL },
 		{ "gpu_overhead_us", NULL }, { "act_bytes", NULL }, { "cpu_fma_gflops", NULL },
 		{ "gpu_sgemm_gflops", NULL }, { "cpu_fma_frac", "empty" },
 		{ "gpu_sgemm_frac", NULL }, { "gpu_dense_ms", "dense" },

@@ -233,7 +233,8 @@ int main(void)
 	/* the rest: not measured on --device cpu, or never by bench e2e */
 	char *t = moet_test_read_file(hwp, NULL);
 	static const char *absent[] = { "pcie_gbps", "gpu_read_gbps", "pcie_latency_us",
-					 "stage_copy_gbps", "cpu_overhead_us", "gpu_overhead_us",
+					 "stage_copy_gbps", "stage_pinned_gbps", "cpu_overhead_us",
+					 "gpu_overhead_us",
 					 "act_bytes", "cpu_fma_gflops", "cpu_fma_frac",
 					 "gpu_sgemm_gflops", "gpu_sgemm_frac" };
 	for (size_t i = 0; t && i < sizeof(absent) / sizeof(absent[0]); i++) {

@@ -190,13 +190,16 @@ int main(void)
 		snprintf(min_s, sizeof(min_s), "%lld", (long long)min_t);
 		/* modes: 0, 1, auto with min_t, auto on the cost model, unset (the default on the CPU
 		 * backend: never; on a GPU auto, tests/gpu/test_gpu_hybrid.c)
-		 * with the default gap */
-		const char *mode[5] = { "0", "1", "auto", "auto", NULL };
-		for (int md = 0; md < 5; md++) {
+		 * with the default gap; then 1 and auto with min_t through the pinned copies' waves
+		 * (MOET_STAGE_COPY=pinned: on the CPU backend an uploader copying host to host) */
+		const char *mode[7] = { "0", "1", "auto", "auto", NULL, "1", "auto" };
+		for (int md = 0; md < 7; md++) {
 			if (mode[md])
 				setenv("MOET_PREFILL_STAGE", mode[md], 1);
-			if (md == 2)
+			if (md == 2 || md == 6)
 				setenv("MOET_PREFILL_STAGE_MIN", min_s, 1);
+			if (md >= 5)
+				setenv("MOET_STAGE_COPY", "pinned", 1);
 			if (md != 4)
 				setenv("MOET_HARDWARE", hw0, 1);
 			CHECK(moet_model_set_placement(m, own, n_dev) == 0, "%s mode %d: %s",
@@ -204,18 +207,20 @@ int main(void)
 			unsetenv("MOET_PREFILL_STAGE");
 			unsetenv("MOET_PREFILL_STAGE_MIN");
 			unsetenv("MOET_HARDWARE");
+			unsetenv("MOET_STAGE_COPY");
 			memset(got, 0xAB, n_out * sizeof(float));
 			run(m, got, V);
 			CHECK(memcmp(ref, got, n_out * sizeof(float)) == 0,
-			      "%s, MOET_PREFILL_STAGE=%s: logits differ from the run without placement",
-			      pl_name[pl], mode[md] ? mode[md] : "(unset)");
+			      "%s, MOET_PREFILL_STAGE=%s%s: logits differ from the run without "
+			      "placement", pl_name[pl], mode[md] ? mode[md] : "(unset)",
+			      md >= 5 ? ", MOET_STAGE_COPY=pinned" : "");
 			if (md == 3) /* the cost model's crossover: the bits only */
 				continue;
 			moet_hybrid_stats hs;
 			moet_model_hybrid_stats(m, &hs, 1);
 			prefill(m);
 			moet_model_hybrid_stats(m, &hs, 1);
-			const int64_t min = md == 0 || md == 4 ? 0 : md == 1 ? 1 : min_t;
+			const int64_t min = md == 0 || md == 4 ? 0 : md == 1 || md == 5 ? 1 : min_t;
 			/* default figures: 10 us x 55 GB/s of gap */
 			const int64_t gap = md == 4 ? (int64_t)(550000 / (H * 4)) : 0;
 			expect x = expected(rt, c, own, min, gap);
@@ -241,9 +246,12 @@ int main(void)
 				CHECK(x.rows < (uint64_t)(NP * (L - 1)) || pl == 0,
 				      "%s: fewer rows than the layers' all (%llu)", pl_name[pl],
 				      (unsigned long long)x.rows);
-			if (md == 1)
+			if (md == 1 || md == 5)
 				CHECK(hs.cpu_pairs == 0 && hs.bytes_d2h == 0 && hs.staged_experts > 0,
 				      "%s: always: nothing left to the CPU tier", pl_name[pl]);
+			if (md == 6)
+				CHECK(hs.staged_experts > 0 && hs.cpu_pairs > 0, "%s: pinned auto",
+				      pl_name[pl]);
 			if (md == 2) {
 				CHECK(hs.staged_experts > 0 && hs.cpu_pairs > 0,
 				      "%s: auto at %lld tokens: staged %llu, CPU pairs %llu",
@@ -257,8 +265,9 @@ int main(void)
 			moet_model_tier_counts(m, cnt, 3);
 			CHECK(cnt[0] >= hs.cpu_pairs + hs.staged_pairs, "cold pairs counted");
 		}
-		printf("%-8s threshold %lld: logits equal with staging 0, 1, auto@%lld, auto; "
-		       "counters as routed\n", pl_name[pl], (long long)min_t, (long long)min_t);
+		printf("%-8s threshold %lld: logits equal with staging 0, 1, auto@%lld, auto, and 1, "
+		       "auto@%lld in pinned waves; counters as routed\n", pl_name[pl],
+		       (long long)min_t, (long long)min_t, (long long)min_t);
 	}
 	printf("auto@threshold: %llu experts staged, %llu pairs left to the CPU tier\n",
 	       (unsigned long long)staged_auto, (unsigned long long)cpu_auto);
