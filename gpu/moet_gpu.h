@@ -428,6 +428,31 @@ int moet_gpu_experts_devgroup(const moet_gpu_expert_geom *geom,
 			      int32_t *err, void *stream);
 
 /*
+ * ---- The CPU tier of a device-grouped layer (gpu/tier_rows.cu; runtime/devgroup.c) ----------
+ * What lets a layer with a CPU tier run with no host decision between its kernels: the rows
+ * go to pinned host memory and back by kernels that read the tier's size on the device, and
+ * the host's work is queued in stream order (a host node when the stream is captured).
+ * host_* are pinned host memory (moet_gpu_host_alloc: with unified addressing the device reads
+ * and writes them through their host address). g is a moet_gpu_group_pairs result with n_dev
+ * devices (tier n_dev: the CPU's); max_pairs bounds its pairs (the grid: blocks past the
+ * tier's count exit, so the launch depends on max_pairs only). Queued on stream; no host wait.
+ * Return 0, MOET_EINVAL (NULL pointers, counts outside the grouping's limits), MOET_EDEVICE or
+ * MOET_EUNSUP without CUDA.
+ */
+/* *host_count = the CPU tier's count n; for i < n: host_pairs[i] = its i-th pair (tier order)
+ * and host_rows[i][0..H) = h[host_pairs[i].pair / top_k] (h device [..][H]); keep (device
+ * int32 [2]) = the tier's first position and n, for moet_gpu_tier_rows_in after g is reused. */
+int moet_gpu_tier_rows_out(const moet_gpu_group_bufs *g, int n_dev, int64_t max_pairs,
+			   int64_t top_k, const float *h, int64_t H, moet_gpu_pair *host_pairs,
+			   int32_t *host_count, float *host_rows, int32_t *keep, void *stream);
+/* y[keep[0] + i][0..H) = host_rows[i] for i < keep[1] (y device). */
+int moet_gpu_tier_rows_in(const int32_t *keep, int64_t max_pairs, const float *host_rows,
+			  int64_t H, float *y, void *stream);
+/* fn(arg) on a host thread of CUDA's once the stream's earlier work is done, before its later
+ * work starts (cudaLaunchHostFunc). fn may not call CUDA. */
+int moet_gpu_host_fn(void (*fn)(void *), void *arg, void *stream);
+
+/*
  * ---- Fast mode of the expert FFN (gpu/expert_fast.cu; docs/fast-mode.md) ---------------------
  * NOT the exact-numerics contract: tensor-core GEMMs (cuBLAS, bf16 inputs, binary32
  * accumulation) on weights dequantized to bf16 per expert. Outputs differ from

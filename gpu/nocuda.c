@@ -387,3 +387,25 @@ int moet_gpu_experts_devgroup(const moet_gpu_expert_geom *geom,
 	(void)n_x, (void)scratch, (void)scratch_bytes, (void)y, (void)err, (void)stream;
 	return no_cuda("moet_gpu_experts_devgroup");
 }
+
+int moet_gpu_tier_rows_out(const moet_gpu_group_bufs *g, int n_dev, int64_t max_pairs,
+			   int64_t top_k, const float *h, int64_t H, moet_gpu_pair *host_pairs,
+			   int32_t *host_count, float *host_rows, int32_t *keep, void *stream)
+{
+	(void)g, (void)n_dev, (void)max_pairs, (void)top_k, (void)h, (void)H, (void)host_pairs;
+	(void)host_count, (void)host_rows, (void)keep, (void)stream;
+	return no_cuda("moet_gpu_tier_rows_out");
+}
+
+int moet_gpu_tier_rows_in(const int32_t *keep, int64_t max_pairs, const float *host_rows,
+			  int64_t H, float *y, void *stream)
+{
+	(void)keep, (void)max_pairs, (void)host_rows, (void)H, (void)y, (void)stream;
+	return no_cuda("moet_gpu_tier_rows_in");
+}
+
+int moet_gpu_host_fn(void (*fn)(void *), void *arg, void *stream)
+{
+	(void)fn, (void)arg, (void)stream;
+	return no_cuda("moet_gpu_host_fn");
+}

@@ -473,26 +473,35 @@ static void graph_env_undo(int set)
 	moet_devgroup_env_reset();
 }
 
-/* --graph: the gpu mode's decode batch B again with CUDA graphs (at least 3 untimed steps: a
- * direct one, the capture, a replay), row decode-gpu-graph. */
-static int graph_row(const moet_bench_e2e_opts *o, moet_model *m, int64_t B, double *samples,
-		     json_t *rec, json_t *steps_arr, FILE *out)
+/* --graph: the gpu or hybrid mode's decode batch B again with CUDA graphs (at least 3 untimed
+ * steps: a direct one, the capture, a replay; hybrid in one pass, MOET_MICROBATCH=0: two
+ * micro-batches are never captured), row decode-<mode>-graph. */
+static int graph_row(const moet_bench_e2e_opts *o, moet_model *m, int mode, int64_t B,
+		     double *samples, json_t *rec, json_t *steps_arr, FILE *out)
 {
 	moet_graph_stats gs;
 	step_split sp = { 0 };
+	const int one_pass = mode == MOET_E2E_HYBRID && !getenv("MOET_MICROBATCH");
 	setenv("MOET_CUDA_GRAPH", "1", 1);
+	if (one_pass)
+		setenv("MOET_MICROBATCH", "0", 1);
 	moet_graph_stats_get(m, &gs, 1);
 	int rc = decode_run(m, B, o->ctx, o->warmup > 3 ? o->warmup : 3, o->steps, samples, &sp,
 			    NULL);
 	moet_graph_stats_get(m, &gs, 1);
 	unsetenv("MOET_CUDA_GRAPH");
+	if (one_pass)
+		unsetenv("MOET_MICROBATCH");
 	if (rc)
 		return rc;
-	moet_bench_row r = { .tokens = B, .ceiling = "", .name = "decode-gpu-graph" };
+	char name[32], tag[32];
+	snprintf(name, sizeof(name), "decode-%s-graph", mode_name[mode]);
+	snprintf(tag, sizeof(tag), "%s-graph", mode_name[mode]);
+	moet_bench_row r = { .tokens = B, .ceiling = "", .name = name };
 	r.mean_s = moet_bench_mean(samples, o->steps);
 	moet_bench_stats_of(samples, o->steps, &r.st);
 	sp.step_s = r.st.median_s;
-	json_t *sj = split_json("gpu-graph", B, &sp);
+	json_t *sj = split_json(tag, B, &sp);
 	json_object_set_new(sj, "graphs_captured", json_integer((json_int_t)gs.captured));
 	json_object_set_new(sj, "graphs_replayed", json_integer((json_int_t)gs.replayed));
 	json_object_set_new(sj, "graphs_failed", json_integer((json_int_t)gs.failed));
@@ -502,7 +511,8 @@ static int graph_row(const moet_bench_e2e_opts *o, moet_model *m, int64_t B, dou
 	if ((rc = moet_bench_add_row(rec, &r)))
 		return rc;
 	fprintf(out, "%-7s %-9s %6lld %11.3f %10.1f   mean step %.3f ms = %.1f tok/s; graphs: "
-		"%llu captured, %llu replayed, %llu failed%s%s\n", "gpu", "decode-g", (long long)B,
+		"%llu captured, %llu replayed, %llu failed%s%s\n", mode_name[mode], "decode-g",
+		(long long)B,
 		1e3 * sp.step_s, (double)B / sp.step_s, 1e3 * r.mean_s, (double)B / r.mean_s,
 		(unsigned long long)gs.captured, (unsigned long long)gs.replayed,
 		(unsigned long long)gs.failed, gs.failed ? ": " : "", gs.failed ? gs.last_error : "");
@@ -567,7 +577,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 		fprintf(log, "bench e2e: %s: opening %s and placing the experts\n", mode_name[mode],
 			o->model_dir);
 		graph_env_undo(gset);
-		gset = mode == MOET_E2E_GPU && o->graph ? graph_env_set() : 0;
+		gset = mode != MOET_E2E_CPU && o->graph ? graph_env_set() : 0;
 		if ((rc = open_mode(o, mode, &m, &ready_s)))
 			break;
 		double up_b = 0, up_s = 0;
@@ -683,8 +693,8 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			fprintf(out, "   mean step %.3f ms = %.1f tok/s\n", 1e3 * r.mean_s,
 				(double)B / r.mean_s);
 			fflush(out);
-			if (!rc && mode == MOET_E2E_GPU && o->graph)
-				rc = graph_row(o, m, B, samples, rec, steps_arr, out);
+			if (!rc && mode != MOET_E2E_CPU && o->graph)
+				rc = graph_row(o, m, mode, B, samples, rec, steps_arr, out);
 		}
 		/* the NVMe tier under RAM budgets (CPU-tier experts read from disk into slots) */
 		for (int ri = 0; mode != MOET_E2E_GPU && !rc && ri < o->n_ram; ri++) {

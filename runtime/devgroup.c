@@ -18,6 +18,26 @@
  * and nothing to stage, as those take only pairs of experts of owner != 0), and the call has
  * no NVMe tier, no shadow check and the exact expert mode; anything else takes today's path.
  *
+ * With a CPU tier (owners 0 and -1 only, one device; every MoE layer of the model so, so that
+ * no layer of a pass takes today's path on the same call slot; a call of at most
+ * CPU_TIER_MAX_ROWS rows or fewer than prefill staging's n0: no cold expert is staged on this
+ * path, its pairs stay on the CPU, the same bits), the grouping takes the layer's owner row
+ * (device copy) and the CPU tier runs with no host decision between kernels:
+ *
+ *   grouping (device 0's pairs, then the CPU tier's)
+ *   -> moet_gpu_tier_rows_out: the tier's pairs, count and rows into the hybrid engine's
+ *      pinned staging of the slot (a kernel writing host memory)
+ *   -> host function moet_hybrid_dev_begin: the executor's jobs started from there
+ *   -> device 0's expert call; forward.c queues the shared experts
+ *   moet_devgroup_finish (before the combine):
+ *   -> host function moet_hybrid_dev_finish: waits for the executor
+ *   -> moet_gpu_tier_rows_in: the rows into y at the tier's positions (a kernel reading host
+ *      memory)
+ *
+ * so a CUDA graph of the pass holds the CPU tier's work as host nodes (graph.c). The rows are
+ * the executor's contract results in the grouping's tier order, which is the host grouping's
+ * (expert, pair) order: the same y rows and slots as today's path, the same bits.
+ *
  * The expert tables of all layers are one backend block, built and uploaded at the first
  * device-grouped call after the experts or the placement were bound and freed when the
  * placement changes (moet_devgroup_reset) or the model closes. The grouping's outputs and
@@ -38,6 +58,10 @@
 #include "moet_gpu.h"
 
 #define N_WORDS 4 /* per slot and layer: the grouping's err[3], the expert call's err[1] */
+/* A call with a CPU tier goes device-grouped up to this many rows (decode batches: no cold
+ * expert is staged there) or below prefill staging's n0; longer ones take today's path, where
+ * staging may move cold experts to the GPU */
+#define CPU_TIER_MAX_ROWS 256
 
 struct moet_devgroup {
 	int built;                   /* tables built for the experts bound now */
@@ -53,6 +77,15 @@ struct moet_devgroup {
 	void *gscr, *hscr;
 	size_t gscr_bytes, hscr_bytes;
 	uint64_t calls;              /* device-grouped layer calls (moet_model_hybrid_stats) */
+	/* with a CPU tier */
+	uint8_t *cpu;                /* [L]: layer l qualifies with a CPU tier */
+	int16_t *owner;              /* backend [L][E]: the placement's rows, when any cpu[l] */
+	int32_t *keep;               /* backend [2][2]: each slot's CPU tier (first, count) */
+	moet_hybrid_dev *dc;         /* [2][L]: the host functions' contexts */
+	int grouped[2];              /* per slot: its last dispatch went device-grouped */
+	int64_t cpu_layer[2];        /* per slot: 1 + the layer whose CPU tier awaits its finish */
+	float *cpu_y[2], *cpu_rows[2];
+	int64_t cpu_max[2];
 };
 
 /* MOET_GPU_DEVGROUP's index + 1 once read (0: not yet). NOTE: a cache, the one mutable static
@@ -97,10 +130,15 @@ void moet_devgroup_reset(moet_model *m)
 	if (!d)
 		return;
 	release(m, (void **)&d->table);
+	release(m, (void **)&d->owner);
 	free(d->ok);
 	free(d->geom);
+	free(d->cpu);
+	free(d->dc);
 	d->ok = NULL;
 	d->geom = NULL;
+	d->cpu = NULL;
+	d->dc = NULL;
 	d->built = 0;
 }
 
@@ -111,6 +149,7 @@ void moet_devgroup_free(moet_model *m)
 		return;
 	moet_devgroup_reset(m);
 	release(m, (void **)&d->err);
+	release(m, (void **)&d->keep);
 	release(m, &d->blk);
 	free(d->err_h);
 	free(d->used);
@@ -126,24 +165,40 @@ uint64_t moet_devgroup_calls(const moet_model *m, int reset)
 	return n;
 }
 
-/* Layer l's table into tab[E] if every routed expert is on GPU 0 and bound; ok[l] says so. */
-static int build_layer(moet_model *m, int64_t l, moet_gpu_expert *v, moet_gpu_expert_ptrs *tab)
+/* Layer l's table into tab[E] if every routed expert is on GPU 0 and bound, or (one device,
+ * the hybrid engine there) on the CPU tier; ok[l] says so, cpu[l] whether some are on the CPU;
+ * *has_cpu = 1 if the layer has CPU-tier experts, qualifying or not. */
+static int build_layer(moet_model *m, int64_t l, moet_gpu_expert *v, moet_gpu_expert_ptrs *tab,
+		       int *has_cpu)
 {
 	const int64_t E = m->cfg.n_routed_experts;
 	const moet_layer_w *lw = &m->layers[l];
 	moet_devgroup *d = m->dg;
-	if (!lw->is_moe || E > MOET_GPU_GROUP_MAX_EXP)
+	const int cpu_ok = m->hy && m->n_devices == 1;
+	if (!lw->is_moe)
+		return 0;
+	int cpu = 0;
+	for (int64_t e = 0; m->owner && e < E; e++)
+		cpu |= m->owner[l * E + e] < 0;
+	*has_cpu = cpu;
+	if (E > MOET_GPU_GROUP_MAX_EXP || (cpu && !cpu_ok))
 		return 0;
 	for (int64_t e = 0; e < E; e++) {
 		const moet_ffn_w *w = &lw->experts[e];
-		if ((m->owner && m->owner[l * E + e] != 0) || !w->gate.data)
+		const int own = m->owner ? m->owner[l * E + e] : 0;
+		if (own < 0) {
+			v[e] = (moet_gpu_expert){ 0 }; /* not resident: the CPU tier's */
+			continue;
+		}
+		if (own != 0 || !w->gate.data)
 			return 0;
 		v[e] = (moet_gpu_expert){ w->gate, w->up, w->down, 0 };
 	}
 	int rc = moet_gpu_expert_table(v, E, tab, &d->geom[l]);
 	if (rc == MOET_EUNSUP || rc == MOET_EINVAL || rc == MOET_ESHAPE)
-		return 0; /* a form the device-grouped kernels lack: today's path */
+		return 0; /* a form the device-grouped kernels lack (or no expert on GPU 0) */
 	d->ok[l] = !rc;
+	d->cpu[l] = (uint8_t)(!rc && cpu);
 	return rc;
 }
 
@@ -156,13 +211,37 @@ static int build(moet_model *m)
 	moet_gpu_expert_ptrs *tab = calloc((size_t)(L * E), sizeof(*tab));
 	d->ok = calloc((size_t)L, sizeof(*d->ok));
 	d->geom = calloc((size_t)L, sizeof(*d->geom));
-	int rc = (!v || !tab || !d->ok || !d->geom) ? moet_err(MOET_ENOMEM, "device grouping "
-							       "tables") : 0;
-	for (int64_t l = 0; l < L && !rc; l++)
-		rc = build_layer(m, l, v, tab + l * E);
+	d->cpu = calloc((size_t)L, sizeof(*d->cpu));
+	int rc = (!v || !tab || !d->ok || !d->geom || !d->cpu)
+			 ? moet_err(MOET_ENOMEM, "device grouping tables") : 0;
+	int mixed = 0, any_cpu = 0; /* a layer with a CPU tier that does not qualify */
+	for (int64_t l = 0; l < L && !rc; l++) {
+		int has_cpu = 0;
+		rc = build_layer(m, l, v, tab + l * E, &has_cpu);
+		mixed |= has_cpu && !d->ok[l];
+		any_cpu |= d->cpu[l];
+	}
+	/* NOTE: a layer on today's path would use the hybrid engine's call slot from the driving
+	 * thread while a host function of another layer may still hold it: all or none */
+	for (int64_t l = 0; l < L && mixed; l++)
+		if (d->cpu[l])
+			d->ok[l] = d->cpu[l] = 0;
+	any_cpu &= !mixed;
 	const size_t bytes = (size_t)(L * E) * sizeof(*tab);
 	if (!rc && !(rc = m->be->ops->alloc(m->be, bytes, (void **)&d->table)))
 		rc = m->be->ops->upload(m->be, d->table, tab, bytes);
+	if (!rc && any_cpu) {
+		const size_t ob = (size_t)(L * E) * sizeof(*m->owner);
+		if (!(rc = m->be->ops->alloc(m->be, ob, (void **)&d->owner)))
+			rc = m->be->ops->upload(m->be, d->owner, m->owner, ob);
+		if (!rc && !d->keep)
+			rc = m->be->ops->alloc(m->be, 4 * sizeof(*d->keep), (void **)&d->keep);
+		if (!rc && !(d->dc = calloc((size_t)(2 * L), sizeof(*d->dc))))
+			rc = moet_err(MOET_ENOMEM, "device grouping: CPU tier contexts");
+		for (int64_t i = 0; !rc && i < 2 * L; i++)
+			d->dc[i] = (moet_hybrid_dev){ .hy = m->hy, .slot = (int)(i / L),
+						      .table = m->layers[i % L].experts_host };
+	}
 	free(v);
 	free(tab);
 	if (rc)
@@ -249,7 +328,16 @@ int moet_devgroup_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t
 	moet_devgroup *d = m->dg;
 	if (!d->ok[l])
 		return 0;
+	const int64_t st_min = d->cpu[l] ? moet_hybrid_stage_min(m->hy) : 0;
+	if (st_min && n >= st_min && n > CPU_TIER_MAX_ROWS)
+		return 0; /* a long call: today's path, whose staging may take cold experts */
 	if ((rc = ensure_blk(m, P)))
+		return rc;
+	const int sl = m->mb_slot;
+	moet_expert_pair *hp = NULL;
+	int32_t *hc = NULL;
+	float *hr = NULL;
+	if (d->cpu[l] && (rc = moet_hybrid_dev_prepare(m->hy, sl, m->be, P, &hp, &hc, &hr)))
 		return rc;
 	/* NOTE: tests only (as MOET_SHADOW_FAULT): a bound below the batch's experts' pairs, so
 	 * the expert call reports OVER_MAX and the pass fails with the layer named */
@@ -260,19 +348,53 @@ int moet_devgroup_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t
 	moet_gpu_group_bufs g = d->g;
 	g.slot = slot;
 	g.err = err;
-	if ((rc = moet_gpu_group_pairs(ids, P, c->n_routed_experts, NULL, 1, d->gscr,
-				       d->gscr_bytes, &g, NULL)))
+	if ((rc = moet_gpu_group_pairs(ids, P, c->n_routed_experts,
+				       d->cpu[l] ? d->owner + l * c->n_routed_experts : NULL, 1,
+				       d->gscr, d->gscr_bytes, &g, NULL)))
 		return rc;
+	/* NOTE: moet_gpu_pair has moet_expert_pair's layout (moet_gpu.h) */
+	if (d->cpu[l] &&
+	    ((rc = moet_gpu_tier_rows_out(&g, 1, P, k, h, c->hidden_size, (moet_gpu_pair *)hp,
+					  hc, hr, d->keep + 2 * sl, NULL)) ||
+	     (rc = moet_gpu_host_fn(moet_hybrid_dev_begin, &d->dc[sl * L + l], NULL))))
+		return rc;
+	/* from here on the finish must be queued, whatever fails (a failed pass calls
+	 * moet_moe_dispatch_finish) */
+	d->grouped[sl] = 1;
+	if (m->tier_pairs) /* device 0's, as run_tier counts them; the CPU tier's moved to */
+		m->tier_pairs[1] += (uint64_t)P; /* tier_pairs[0] at moet_devgroup_check */
+	if (d->cpu[l]) {
+		d->cpu_layer[sl] = l + 1;
+		d->cpu_y[sl] = y;
+		d->cpu_rows[sl] = hr;
+		d->cpu_max[sl] = P;
+	}
 	d->used[at] = max_tok;
 	if ((rc = moet_gpu_experts_devgroup(&d->geom[l], d->table + l * c->n_routed_experts, &g,
 					    P, k, max_tok, h, n, d->hscr, d->hscr_bytes, y,
 					    err + 3, NULL)))
 		return rc;
-	if (m->tier_pairs)
-		m->tier_pairs[1] += (uint64_t)P; /* device 0's, as run_tier counts them */
 	d->calls++;
 	*out_done = 1;
 	return 0;
+}
+
+int moet_devgroup_finish(moet_model *m, int *out_grouped)
+{
+	moet_devgroup *d = m->dg;
+	const int sl = m->mb_slot;
+	*out_grouped = 0;
+	if (!d || !d->grouped[sl])
+		return 0;
+	*out_grouped = 1;
+	d->grouped[sl] = 0;
+	if (!d->cpu_layer[sl])
+		return 0;
+	const int64_t l = d->cpu_layer[sl] - 1, L = m->cfg.num_hidden_layers;
+	d->cpu_layer[sl] = 0;
+	int rc = moet_gpu_host_fn(moet_hybrid_dev_finish, &d->dc[sl * L + l], NULL);
+	return rc ? rc : moet_gpu_tier_rows_in(d->keep + 2 * sl, d->cpu_max[sl], d->cpu_rows[sl],
+					       m->cfg.hidden_size, d->cpu_y[sl], NULL);
 }
 
 /* The first fault in the words of one slot and layer, as a MOET_EDEVICE message. */
@@ -306,13 +428,27 @@ int moet_devgroup_check(moet_model *m, int discard)
 		any |= d->used[i] != 0;
 	if (!any)
 		return 0;
-	if (!discard)
+	/* NOTE: the download waits for the stream, the CPU tier's host functions included, before
+	 * their contexts are read (also when discarding) */
+	if (!discard || d->dc)
 		rc = m->be->ops->download(m->be, d->err_h, d->err,
 					  (size_t)(2 * L * N_WORDS) * sizeof(*d->err_h));
 	for (int64_t i = 0; i < 2 * L; i++) {
 		const int32_t *w = d->err_h + i * N_WORDS;
+		moet_hybrid_dev *dc = d->dc ? &d->dc[i] : NULL;
 		if (!rc && !discard && d->used[i] && (w[0] || w[3]))
 			rc = report(m, i % L, w, d->used[i]);
+		if (dc && dc->rc && !rc && !discard)
+			rc = moet_err(dc->rc, "layer %lld: the CPU tier of a device-grouped layer: "
+				      "%s", (long long)(i % L), dc->msg);
+		if (dc) {
+			dc->rc = 0;
+			if (m->tier_pairs) { /* the CPU tier's pairs were counted as device 0's */
+				m->tier_pairs[0] += dc->st.cpu_pairs;
+				m->tier_pairs[1] -= dc->st.cpu_pairs;
+			}
+			moet_hybrid_dev_collect(dc);
+		}
 		d->used[i] = 0;
 	}
 	return rc;

@@ -448,13 +448,17 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 
 int moet_moe_dispatch_finish(moet_model *m)
 {
-	int rc = 0;
+	int rc = 0, grouped = 0;
 	for (int g = 1; m->remote && g < m->n_devices; g++) {
 		int r = moet_remote_finish(m->remote[g]);
 		if (!rc)
 			rc = r;
 	}
-	int r = m->hy ? moet_hybrid_cpu_finish(m->hy, m->mb_slot, m->be) : 0;
+	/* NOTE: a device-grouped layer's CPU tier ends in a host function on the stream, never
+	 * in the hybrid engine's finish on this thread */
+	int r = moet_devgroup_finish(m, &grouped);
+	if (!r && !grouped && m->hy)
+		r = moet_hybrid_cpu_finish(m->hy, m->mb_slot, m->be);
 	if (!rc && !r && m->shadow)
 		r = moet_shadow_check(m, m->mb_slot);
 	return rc ? rc : r;

@@ -11,9 +11,10 @@
  *
  * When a pass may be captured: one pass (no micro-batches), a backend that can capture (CUDA
  * with MOET_GPU_STREAM=own), no routing observer, and the direct passes of that shape had every
- * MoE layer's experts grouped on the device (MOET_GPU_DEVGROUP=1 and each layer wholly on
- * GPU 0: no CPU tier, no other GPU, no NVMe tier, no shadow check: nothing the host decides
- * inside the pass). The shape (the key) is the batch's entries' token counts and flags; a
+ * MoE layer's experts grouped on the device (MOET_GPU_DEVGROUP=1 and each layer on GPU 0, or
+ * on GPU 0 and the CPU tier, whose work is then queued as host functions: devgroup.c; no other
+ * GPU, no NVMe tier, no shadow check, no prefill staging: nothing the host decides inside the
+ * pass). The shape (the key) is the batch's entries' token counts and flags; a
  * shape is captured at its second qualifying pass with no allocation in between (the first may
  * grow buffers), and its graph replayed while no device or pinned buffer has been allocated or
  * freed since (moet_gpu_mem_epoch: a grown buffer, a new placement or expert tables end every

@@ -34,6 +34,7 @@
  * the CPU backend it stands beside the backend's own team (a test setting: the cores are
  * shared).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -61,6 +62,9 @@ typedef struct hy_call {
 	int64_t cap_rows, cap_pairs;
 	unsigned char *mark;      /* [cap_rows]: rows the pairs use */
 	moet_cpuexec_job *jobs;   /* [cap_pairs] */
+	moet_expert_pair *pairs_stage; /* [cap_pstage] host_alloc: the device-grouped form's */
+	int64_t cap_pstage;
+	int32_t *count_stage;     /* [1] host_alloc: its pair count, written by the device */
 	uint64_t tickets[HY_MAX_PENDING];
 	int n_tickets;
 	float *y_dst;             /* backend y rows of the pending call */
@@ -139,6 +143,8 @@ void moet_hybrid_destroy(moet_hybrid *hy, moet_backend *be)
 	for (int i = 0; i < MOET_HYBRID_SLOTS; i++) {
 		be->ops->host_free(be, hy->call[i].h_stage);
 		be->ops->host_free(be, hy->call[i].y_stage);
+		be->ops->host_free(be, hy->call[i].pairs_stage);
+		be->ops->host_free(be, hy->call[i].count_stage);
 		free(hy->call[i].jobs);
 		free(hy->call[i].mark);
 	}
@@ -260,47 +266,29 @@ static uint64_t ffn_bytes(const moet_ffn_w *e)
 	return b;
 }
 
-int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moet_ffn_w *table,
-			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
-			  const float *h, int64_t n, float *y_dst)
+/* The call's jobs (the pairs' rows in y_stage, in place), expert by expert, started: submitted
+ * to the team (waited for with overlap off), or computed here without one. */
+static int start(moet_hybrid *hy, hy_call *cl, moet_hybrid_stats *st, const moet_ffn_w *table,
+		 const moet_expert_pair *pairs, int64_t cnt)
 {
-	if (slot < 0 || slot >= MOET_HYBRID_SLOTS)
-		return moet_err(MOET_EINVAL, "hybrid engine: slot %d", slot);
-	hy_call *cl = &hy->call[slot];
 	const int64_t H = hy->H;
-	const size_t row_bytes = (size_t)H * sizeof(float);
-	int rc;
-	if (cl->pending)
-		return moet_err(MOET_EINVAL, "hybrid engine: begin with a call still in flight");
-	if (cnt <= 0)
-		return 0;
-	if ((rc = grow(hy, cl, be, n, cnt)))
-		return rc;
-	uint64_t t0 = moet_now_ns();
-	if ((rc = download_rows(hy, cl, be, pairs, cnt, top_k, h, n)))
-		return rc;
-	uint64_t t1 = moet_now_ns();
-	hy->st.ns_d2h += t1 - t0;
 	int64_t n_jobs = 0;
+	int rc = 0;
 	for (int64_t q = 0; q < cnt;) {
 		int64_t k = 1;
 		while (q + k < cnt && pairs[q + k].expert == pairs[q].expert && k < HY_MAX_TOK)
 			k++;
-		for (int64_t i = q; i < q + k; i++)
-			memcpy(cl->y_stage + i * H, cl->h_stage + (pairs[i].pair / top_k) * H,
-			       row_bytes);
 		const moet_ffn_w *e = &table[pairs[q].expert];
-		hy->st.cpu_calls++;
-		hy->st.cpu_weight_bytes += ffn_bytes(e);
+		st->cpu_calls++;
+		st->cpu_weight_bytes += ffn_bytes(e);
 		cl->jobs[n_jobs++] = (moet_cpuexec_job){ e->gate, e->up, e->down,
 							 cl->y_stage + q * H,
 							 cl->y_stage + q * H, k };
 		q += k;
 	}
-	cl->y_dst = y_dst;
 	cl->pending = cnt;
 	cl->t_submit = moet_now_ns();
-	hy->st.cpu_pairs += (uint64_t)cnt;
+	st->cpu_pairs += (uint64_t)cnt;
 	if (!hy->ex) {
 		for (int64_t j = 0; j < n_jobs && !rc; j++) {
 			moet_cpuexec_job *jb = &cl->jobs[j];
@@ -323,27 +311,143 @@ int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moe
 	return rc;
 }
 
+/* Waits for the call's team work; the stats of its end (the caller moves the rows). */
+static int end(moet_hybrid *hy, hy_call *cl, moet_hybrid_stats *st)
+{
+	uint64_t t0 = moet_now_ns();
+	int rc = hy->ex ? wait_all(hy, cl) : 0;
+	uint64_t t1 = moet_now_ns();
+	/* NOTE: overlapped, the tier's end is only seen here (an upper bound of its time) */
+	st->ns_cpu += (cl->t_done ? cl->t_done : t1) - cl->t_submit;
+	cl->t_done = 0;
+	st->ns_wait += t1 - t0;
+	st->bytes_h2d += (uint64_t)cl->pending * (uint64_t)hy->H * sizeof(float);
+	st->calls++;
+	return rc;
+}
+
+int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moet_ffn_w *table,
+			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
+			  const float *h, int64_t n, float *y_dst)
+{
+	if (slot < 0 || slot >= MOET_HYBRID_SLOTS)
+		return moet_err(MOET_EINVAL, "hybrid engine: slot %d", slot);
+	hy_call *cl = &hy->call[slot];
+	const int64_t H = hy->H;
+	const size_t row_bytes = (size_t)H * sizeof(float);
+	int rc;
+	if (cl->pending)
+		return moet_err(MOET_EINVAL, "hybrid engine: begin with a call still in flight");
+	if (cnt <= 0)
+		return 0;
+	if ((rc = grow(hy, cl, be, n, cnt)))
+		return rc;
+	uint64_t t0 = moet_now_ns();
+	if ((rc = download_rows(hy, cl, be, pairs, cnt, top_k, h, n)))
+		return rc;
+	uint64_t t1 = moet_now_ns();
+	hy->st.ns_d2h += t1 - t0;
+	for (int64_t i = 0; i < cnt; i++)
+		memcpy(cl->y_stage + i * H, cl->h_stage + (pairs[i].pair / top_k) * H, row_bytes);
+	cl->y_dst = y_dst;
+	return start(hy, cl, &hy->st, table, pairs, cnt);
+}
+
 int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be)
 {
 	if (!hy || slot < 0 || slot >= MOET_HYBRID_SLOTS || !hy->call[slot].pending)
 		return 0;
 	hy_call *cl = &hy->call[slot];
-	uint64_t t0 = moet_now_ns();
-	int rc = hy->ex ? wait_all(hy, cl) : 0;
+	int rc = end(hy, cl, &hy->st);
 	uint64_t t1 = moet_now_ns();
-	/* NOTE: overlapped, the tier's end is only seen here (an upper bound of its time) */
-	hy->st.ns_cpu += (cl->t_done ? cl->t_done : t1) - cl->t_submit;
-	cl->t_done = 0;
-	hy->st.ns_wait += t1 - t0;
-	const size_t bytes = (size_t)cl->pending * (size_t)hy->H * sizeof(float);
 	if (!rc)
-		rc = be->ops->upload(be, cl->y_dst, cl->y_stage, bytes);
-	uint64_t t2 = moet_now_ns();
-	hy->st.bytes_h2d += bytes;
-	hy->st.ns_h2d += t2 - t1;
-	hy->st.calls++;
+		rc = be->ops->upload(be, cl->y_dst, cl->y_stage,
+				     (size_t)cl->pending * (size_t)hy->H * sizeof(float));
+	hy->st.ns_h2d += moet_now_ns() - t1;
 	cl->pending = 0;
 	return rc;
+}
+
+/* ---- the device-grouped form (devgroup.c) ------------------------------------------------ */
+
+int moet_hybrid_dev_prepare(moet_hybrid *hy, int slot, moet_backend *be, int64_t max_pairs,
+			    moet_expert_pair **out_pairs, int32_t **out_count, float **out_rows)
+{
+	if (slot < 0 || slot >= MOET_HYBRID_SLOTS || max_pairs < 1)
+		return moet_err(MOET_EINVAL, "hybrid engine: slot %d, %lld pairs", slot,
+				(long long)max_pairs);
+	hy_call *cl = &hy->call[slot];
+	int rc = grow(hy, cl, be, 0, max_pairs);
+	/* NOTE: its own capacity: begin on today's path grows the rest, not this */
+	if (!rc && cl->cap_pstage < max_pairs) {
+		be->ops->host_free(be, cl->pairs_stage);
+		cl->pairs_stage = NULL;
+		cl->cap_pstage = 0;
+		if (!(rc = be->ops->host_alloc(be, (size_t)max_pairs * sizeof(*cl->pairs_stage),
+					       (void **)&cl->pairs_stage)))
+			cl->cap_pstage = max_pairs;
+	}
+	if (!rc && !cl->count_stage)
+		rc = be->ops->host_alloc(be, sizeof(*cl->count_stage), (void **)&cl->count_stage);
+	if (rc)
+		return moet_err_prefix(rc, "hybrid engine: device-grouped staging");
+	*out_pairs = cl->pairs_stage;
+	*out_count = cl->count_stage;
+	*out_rows = cl->y_stage;
+	return 0;
+}
+
+/* A host function's failure, kept for moet_devgroup_check (the message is thread-local). */
+static void dev_fail(moet_hybrid_dev *dc, int rc)
+{
+	if (rc && !dc->rc) {
+		dc->rc = rc;
+		snprintf(dc->msg, sizeof(dc->msg), "%s", moet_errmsg());
+	}
+}
+
+void moet_hybrid_dev_begin(void *arg)
+{
+	moet_hybrid_dev *dc = arg;
+	moet_hybrid *hy = dc->hy;
+	hy_call *cl = &hy->call[dc->slot];
+	const int64_t cnt = *(volatile int32_t *)cl->count_stage;
+	if (cl->pending)
+		dev_fail(dc, moet_err(MOET_EINVAL, "hybrid engine: begin with a call still in "
+				      "flight"));
+	else if (cnt < 0 || cnt > cl->cap_pairs)
+		dev_fail(dc, moet_err(MOET_ERANGE, "hybrid engine: %lld CPU-tier pairs from the "
+				      "device, room for %lld", (long long)cnt,
+				      (long long)cl->cap_pairs));
+	else if (cnt > 0) {
+		dc->st.bytes_d2h += (uint64_t)cnt * (uint64_t)hy->H * sizeof(float);
+		dev_fail(dc, start(hy, cl, &dc->st, dc->table, cl->pairs_stage, cnt));
+	}
+}
+
+void moet_hybrid_dev_finish(void *arg)
+{
+	moet_hybrid_dev *dc = arg;
+	moet_hybrid *hy = dc->hy;
+	hy_call *cl = &hy->call[dc->slot];
+	if (cl->pending)
+		dev_fail(dc, end(hy, cl, &dc->st));
+	cl->pending = 0;
+}
+
+void moet_hybrid_dev_collect(moet_hybrid_dev *dc)
+{
+	moet_hybrid_stats *a = &dc->hy->st;
+	const moet_hybrid_stats *b = &dc->st;
+	a->calls += b->calls;
+	a->cpu_pairs += b->cpu_pairs;
+	a->cpu_calls += b->cpu_calls;
+	a->cpu_weight_bytes += b->cpu_weight_bytes;
+	a->ns_cpu += b->ns_cpu;
+	a->ns_wait += b->ns_wait;
+	a->bytes_d2h += b->bytes_d2h;
+	a->bytes_h2d += b->bytes_h2d;
+	memset(&dc->st, 0, sizeof(dc->st));
 }
 
 void moet_hybrid_set_overlap(moet_hybrid *hy, int on)

@@ -64,6 +64,29 @@ int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moe
 			  const float *h, int64_t n, float *y_dst);
 /* Waits for the call in flight (if any) and copies its rows to the backend. */
 int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be);
+/*
+ * The device-grouped form (runtime/devgroup.c, CUDA): the device writes the CPU tier's pairs,
+ * their count and their rows (in tier order, in place for the jobs) into the slot's pinned
+ * buffers, which moet_hybrid_dev_prepare grows to max_pairs (before anything is queued) and
+ * returns; moet_hybrid_dev_begin / _finish (host functions queued on the backend's stream: no
+ * CUDA call, no return value) start the call from them and wait for it; the device then
+ * reads the rows back. A failure is kept in the moet_hybrid_dev (rc, msg) for the caller to
+ * report after the pass. Its counters go to st (moet_hybrid_dev_collect adds them to the
+ * engine's, on the driving thread after the pass: the host functions run on CUDA's thread).
+ */
+typedef struct moet_hybrid_dev {
+	moet_hybrid *hy;
+	int slot;
+	const moet_ffn_w *table;   /* the layer's host views by expert */
+	int rc;                    /* the first failure since the caller cleared it */
+	char msg[192];
+	moet_hybrid_stats st;      /* this call's counters since the last collect */
+} moet_hybrid_dev;
+int moet_hybrid_dev_prepare(moet_hybrid *hy, int slot, moet_backend *be, int64_t max_pairs,
+			    moet_expert_pair **out_pairs, int32_t **out_count, float **out_rows);
+void moet_hybrid_dev_begin(void *dc);
+void moet_hybrid_dev_finish(void *dc);
+void moet_hybrid_dev_collect(moet_hybrid_dev *dc);
 void moet_hybrid_get_stats(const moet_hybrid *hy, moet_hybrid_stats *out);
 /* Prefill staging of cold experts (MOET_PREFILL_STAGE, docs/hybrid.md): reads the switches
  * and, for auto, the crossover of the cost model (placement/moet_cost.h) for experts of
@@ -290,11 +313,17 @@ typedef struct moet_devgroup moet_devgroup;
  * Read once per process and kept (moet_devgroup_env_reset in moet_model.h reads it again). */
 int moet_devgroup_switch(int *out_on);
 /* Layer l's routed experts with no host sync when the switch is on and every expert of the
- * layer is on GPU 0 (*out_done = 1: y and slot written as moet_moe_dispatch's, nothing left
- * running); else *out_done = 0 and nothing was done. Errors on the device are reported by
- * moet_devgroup_check. */
+ * layer is on GPU 0, or on GPU 0 and the CPU tier (one device, every MoE layer so, a call of
+ * decode size, devgroup.c): *out_done = 1, y and slot written as moet_moe_dispatch's, the
+ * CPU tier's work queued behind host functions and its rows' return left to
+ * moet_devgroup_finish; else *out_done = 0 and nothing was done. Errors on the device or in
+ * the host functions are reported by moet_devgroup_check. */
 int moet_devgroup_dispatch(struct moet_model *m, int64_t l, const int32_t *ids, int64_t n,
 			   const float *h, float *y, int32_t *slot, int *out_done);
+/* Before the combine of the micro-batch slot's layer: *out_grouped = 1 if its dispatch went
+ * device-grouped (the hybrid engine's finish then has nothing of it), and its CPU tier's end
+ * and rows queued. */
+int moet_devgroup_finish(struct moet_model *m, int *out_grouped);
 /* Once per forward pass, after its last device-grouped call: the device's error words read
  * back (one download), a fault as MOET_EDEVICE naming the layer; discard: forget them. */
 int moet_devgroup_check(struct moet_model *m, int discard);

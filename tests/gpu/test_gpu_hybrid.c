@@ -17,8 +17,9 @@
  *     same logits;
  *   - MOET_GPU_DEVGROUP=1 (runtime/devgroup.c: grouping and expert call on the device, no id
  *     download) against =0 and the reference, memcmp: no placement, all-GPU, per-layer (the
- *     all-GPU layers on the device path, the others today's), random halves (a CPU tier in
- *     every layer: today's path, nothing device-grouped); batches of 1 (decode), 3-9
+ *     all-GPU layers on the device path, the all-CPU ones today's), random halves (a CPU tier
+ *     in every layer: grouped on the device, the CPU tier behind host functions, its pairs
+ *     counted as =0 counts them; prefill staging off); batches of 1 (decode), 3-9
  *     (prefills), 24 (ragged prefill), 4 (decode), one and two micro-batches; 64 sequences
  *     (a ragged prefill of 4224 rows, decode steps of 64 rows); a fault on the device (its
  *     error word) fails the pass with MOET_EDEVICE naming the layer.
@@ -55,7 +56,7 @@ static int run(moet_model *m, int batched, float *out)
 /* MOET_GPU_DEVGROUP=v for one ragged run of seqs sequences; the device-grouped layer calls it
  * made into *calls. */
 static int run_dg(moet_model *m, const char *v, int seqs, int batched, float *out,
-		  uint64_t *calls)
+		  uint64_t *calls, uint64_t *cpu_pairs)
 {
 	moet_hybrid_stats hs;
 	moet_model_hybrid_stats(m, &hs, 1);
@@ -66,6 +67,7 @@ static int run_dg(moet_model *m, const char *v, int seqs, int batched, float *ou
 	moet_devgroup_env_reset();
 	moet_model_hybrid_stats(m, &hs, 1);
 	*calls = hs.devgroup_calls;
+	*cpu_pairs = hs.cpu_pairs;
 	return rc;
 }
 
@@ -78,7 +80,7 @@ static void devgroup(moet_model *cpu, moet_model *gpu, const float *ref, int16_t
 	const size_t n_big = (size_t)(BIG_SEQS * (STEPS + 1) * V);
 	float *big = malloc(n_big * sizeof(float)), *g0 = malloc(n_big * sizeof(float));
 	float *g1 = malloc(n_big * sizeof(float));
-	uint64_t calls = 0, calls0 = 0;
+	uint64_t calls = 0, calls0 = 0, cp = 0, cp0 = 0;
 	CHECK(big && g0 && g1, "devgroup: host memory");
 	if (!big || !g0 || !g1)
 		goto out;
@@ -89,47 +91,65 @@ static void devgroup(moet_model *cpu, moet_model *gpu, const float *ref, int16_t
 		for (int64_t i = 0; i < L * E; i++)
 			own[i] = pl == 1 ? 0 : pl == 2 ? (int16_t)((i / E) % 2 ? 0 : -1)
 				: (int16_t)((next() % 2) ? -1 : 0);
+		/* NOTE: staging off: a call long enough to stage takes today's path */
+		setenv("MOET_PREFILL_STAGE", "0", 1);
 		CHECK(moet_model_set_placement(gpu, pl ? own : NULL, pl ? 1 : 0) == 0, "devgroup "
 		      "%s: %s", names[pl], moet_errmsg());
+		unsetenv("MOET_PREFILL_STAGE");
 		for (int form = 0; form < 3; form++) { /* solo, batched in 2 / 1 micro-batches */
 			setenv("MOET_MICROBATCH", form == 2 ? "0" : "1", 1);
 			memset(g0, 0xCD, n_log * sizeof(float));
 			memset(g1, 0xAB, n_log * sizeof(float));
-			CHECK(run_dg(gpu, "0", SEQS, form > 0, g0, &calls0) == 0 &&
-			      run_dg(gpu, "1", SEQS, form > 0, g1, &calls) == 0, "devgroup %s: %s",
+			CHECK(run_dg(gpu, "0", SEQS, form > 0, g0, &calls0, &cp0) == 0 &&
+			      run_dg(gpu, "1", SEQS, form > 0, g1, &calls, &cp) == 0, "devgroup %s: %s",
 			      names[pl], moet_errmsg());
 			CHECK(!memcmp(ref, g0, n_log * sizeof(float)) &&
 			      !memcmp(ref, g1, n_log * sizeof(float)), "devgroup %s (form %d): "
 			      "logits differ from the CPU reference (=0 %s, =1 %s)", names[pl], form,
 			      memcmp(ref, g0, n_log * sizeof(float)) ? "differs" : "equal",
 			      memcmp(ref, g1, n_log * sizeof(float)) ? "differs" : "equal");
-			CHECK(calls0 == 0 && (pl == 3 ? calls == 0 : calls > 0), "devgroup %s: %llu "
-			      "device-grouped calls (=0: %llu)", names[pl], (unsigned long long)calls,
+			CHECK(calls0 == 0 && calls > 0, "devgroup %s: %llu device-grouped calls (=0: "
+			      "%llu)", names[pl], (unsigned long long)calls,
 			      (unsigned long long)calls0);
+			CHECK(cp == cp0 && (pl < 2 || cp > 0), "devgroup %s (form %d): CPU tier %llu "
+			      "pairs, =0 %llu", names[pl], form, (unsigned long long)cp,
+			      (unsigned long long)cp0);
 		}
 		unsetenv("MOET_MICROBATCH");
 		memset(g0, 0xCD, n_big * sizeof(float));
 		memset(g1, 0xAB, n_big * sizeof(float));
-		CHECK(run_dg(gpu, "0", BIG_SEQS, 1, g0, &calls0) == 0 &&
-		      run_dg(gpu, "1", BIG_SEQS, 1, g1, &calls) == 0 &&
-		      !memcmp(big, g0, n_big * sizeof(float)) &&
-		      !memcmp(big, g1, n_big * sizeof(float)), "devgroup %s, %d sequences: "
-		      "logits differ from the CPU reference (%s)", names[pl], BIG_SEQS,
-		      moet_errmsg());
+		CHECK(run_dg(gpu, "0", BIG_SEQS, 1, g0, &calls0, &cp0) == 0, "devgroup %s, %d "
+		      "sequences, =0: %s", names[pl], BIG_SEQS, moet_errmsg());
+		CHECK(run_dg(gpu, "1", BIG_SEQS, 1, g1, &calls, &cp) == 0, "devgroup %s, %d "
+		      "sequences, =1: %s", names[pl], BIG_SEQS, moet_errmsg());
+		CHECK(cp == cp0, "devgroup %s, %d sequences: CPU tier %llu pairs, =0 %llu", names[pl],
+		      BIG_SEQS, (unsigned long long)cp, (unsigned long long)cp0);
+		for (int v = 0; v < 2; v++) {
+			const float *g = v ? g1 : g0;
+			size_t i = 0;
+			while (i < n_big && !memcmp(&big[i], &g[i], sizeof(float)))
+				i++;
+			CHECK(i == n_big, "devgroup %s, %d sequences, =%d: logits differ from the CPU "
+			      "reference, first at %zu (row %zu of %d x %d: %g, want %g)", names[pl],
+			      BIG_SEQS, v, i, i / (size_t)V, BIG_SEQS, STEPS + 1,
+			      i < n_big ? (double)g[i] : 0.0, i < n_big ? (double)big[i] : 0.0);
+		}
 		printf("devgroup %-12s: logits equal the CPU reference and =0 at batches 1..%d "
-		       "(%llu device-grouped layer calls in the %d-sequence run)\n", names[pl],
-		       BIG_SEQS * (BIG_SEQS + 2), (unsigned long long)calls, BIG_SEQS);
+		       "(%llu device-grouped layer calls, %llu CPU-tier pairs in the %d-sequence "
+		       "run)\n", names[pl], BIG_SEQS * (BIG_SEQS + 2), (unsigned long long)calls,
+		       (unsigned long long)cp, BIG_SEQS);
 	}
 	/* the device's error word: a bound of 1 pair per expert (tests' fault), the pass fails */
 	CHECK(moet_model_set_placement(gpu, NULL, 0) == 0, "devgroup: %s", moet_errmsg());
 	setenv("MOET_GPU_DEVGROUP_FAULT", "1", 1);
-	int rc = run_dg(gpu, "1", SEQS, 1, g1, &calls);
+	int rc = run_dg(gpu, "1", SEQS, 1, g1, &calls, &cp);
 	unsetenv("MOET_GPU_DEVGROUP_FAULT");
 	CHECK(rc == MOET_EDEVICE && strstr(moet_errmsg(), "layer") &&
 	      strstr(moet_errmsg(), "more than 1 pairs"), "devgroup fault: rc %d (%s)", rc,
 	      moet_errmsg());
 	printf("devgroup fault: %s\n", moet_errmsg());
-	CHECK(run_dg(gpu, "1", SEQS, 1, g1, &calls) == 0 && !memcmp(ref, g1, n_log * sizeof(float)),
+	CHECK(run_dg(gpu, "1", SEQS, 1, g1, &calls, &cp) == 0 &&
+	      !memcmp(ref, g1, n_log * sizeof(float)),
 	      "devgroup after the fault: %s", moet_errmsg());
 out:
 	free(big);
