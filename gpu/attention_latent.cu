@@ -333,17 +333,13 @@ latent_fast_kernel(const float *q, long long q_stride, int nope, int rope, int v
 	}
 }
 
-/* MOET_GPU_LATENT: 1 for the fast kernel (default), 0 for the first one. */
+/* MOET_GPU_LATENT: 1 for the fast kernel (default), 0 for the first one (ref). */
 static int latent_fast(int *out_fast)
 {
-	const char *v = getenv("MOET_GPU_LATENT");
-	if (!v || !*v || !strcmp(v, "fast"))
-		*out_fast = 1;
-	else if (!strcmp(v, "ref"))
-		*out_fast = 0;
-	else
-		return moet_err(MOET_EINVAL, "MOET_GPU_LATENT=%.40s (want ref or fast)", v);
-	return 0;
+	static const char *const names[] = { "fast", "ref" };
+	int ref = 0, rc = moet_env_choice("MOET_GPU_LATENT", names, 2, &ref);
+	*out_fast = !ref;
+	return rc;
 }
 
 extern "C" int moet_gpu_attention_latent(const float *q, long long q_stride, long long n_rows,

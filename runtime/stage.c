@@ -253,6 +253,24 @@ static int run_ring(moet_stage *s, moet_backend *be, const moet_ffn_w *host,
 	return rc;
 }
 
+/* The next wave, up to W experts from pairs[*q_up], into slots s0 .. s0 + W - 1: one uploader
+ * run; its experts' pair runs (start, count) into wq, wk, their number into *wn. */
+static int upload_wave(moet_stage *s, moet_backend *be, const moet_ffn_w *host,
+		       const moet_expert_pair *pairs, int64_t cnt, int64_t *q_up, int s0, int W,
+		       int64_t *wq, int64_t *wk, int *wn, moet_stage_counts *ct)
+{
+	moet_upload_item items[MOET_STAGE_MAX_SLOTS / 2 * STAGE_PARTS];
+	int n_items = 0, rc = 0;
+	for (*wn = 0; !rc && *wn < W && *q_up < cnt; ++*wn) {
+		const int64_t k = run_of(pairs, *q_up, cnt);
+		const int32_t e = pairs[*q_up].expert;
+		rc = put(s, be, s0 + *wn, &host[e], &s->table[e], items, &n_items, ct);
+		wq[*wn] = *q_up, wk[*wn] = k;
+		*q_up += k;
+	}
+	return rc ? rc : up_run(s, items, n_items, ct);
+}
+
 /* The pinned copies in waves of W = n_slots / 2 experts (the top of this file). */
 static int run_waves(moet_stage *s, moet_backend *be, const moet_ffn_w *host,
 		     const moet_expert_pair *pairs, int64_t cnt, int64_t top_k, const float *h,
@@ -260,41 +278,20 @@ static int run_waves(moet_stage *s, moet_backend *be, const moet_ffn_w *host,
 {
 	enum { WMAX = MOET_STAGE_MAX_SLOTS / 2 };
 	const int W = s->n_slots / 2;
-	moet_upload_item items[WMAX * STAGE_PARTS];
 	int64_t wq[2][WMAX], wk[2][WMAX]; /* each half's wave: its experts' pair runs */
-	int wn[2] = { 0, 0 }, rc = 0;
+	int wn[2] = { 0, 0 };
 	int64_t q_up = 0; /* the first pair not yet uploaded */
-	for (int half = 0; !rc && (q_up < cnt || wn[half] > 0); half ^= 1) {
-		/* wave w + 1 into the other half, then the kernels of wave w (this half) */
-		if (wn[half] == 0) { /* the first wave: nothing computes yet */
-			int n_items = 0;
-			for (; !rc && wn[half] < W && q_up < cnt; wn[half]++) {
-				const int64_t k = run_of(pairs, q_up, cnt);
-				const int32_t e = pairs[q_up].expert;
-				rc = put(s, be, half * W + wn[half], &host[e], &s->table[e], items,
-					 &n_items, ct);
-				wq[half][wn[half]] = q_up, wk[half][wn[half]] = k;
-				q_up += k;
-			}
-			if (!rc)
-				rc = up_run(s, items, n_items, ct);
-		}
+	int rc = upload_wave(s, be, host, pairs, cnt, &q_up, 0, W, wq[0], wk[0], &wn[0], ct);
+	for (int half = 0; !rc && wn[half] > 0; half ^= 1) {
+		/* the kernels of this half's wave, then the next wave into the other half */
 		for (int i = 0; !rc && i < wn[half]; i++)
 			rc = compute(s, be, half * W + i, pairs, wq[half][i], wk[half][i], top_k, h,
 				     n, y, H, ct);
 		wn[half] = 0;
 		const int other = half ^ 1;
-		int n_items = 0;
-		for (; !rc && wn[other] < W && q_up < cnt; wn[other]++) {
-			const int64_t k = run_of(pairs, q_up, cnt);
-			const int32_t e = pairs[q_up].expert;
-			rc = put(s, be, other * W + wn[other], &host[e], &s->table[e], items,
-				 &n_items, ct);
-			wq[other][wn[other]] = q_up, wk[other][wn[other]] = k;
-			q_up += k;
-		}
 		if (!rc)
-			rc = up_run(s, items, n_items, ct);
+			rc = upload_wave(s, be, host, pairs, cnt, &q_up, other * W, W, wq[other],
+					 wk[other], &wn[other], ct);
 	}
 	return rc;
 }
