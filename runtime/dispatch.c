@@ -126,7 +126,8 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 		m->hy = NULL;
 	}
 	for (int g = 1; m->remote && g < m->n_devices; g++) {
-		moet_remote_finish(m->remote[g]);
+		for (int i = 0; i < MOET_HYBRID_SLOTS; i++)
+			moet_remote_finish(m->remote[g], i);
 		moet_remote_destroy(m->remote[g]);
 	}
 	free(m->remote);
@@ -312,8 +313,8 @@ static int run_tier(moet_model *m, int64_t l, int tier, const moet_ffn_w *table,
 		return 0;
 	int rc = 0;
 	if (m->remote && tier >= 1) {
-		rc = moet_remote_begin(m->remote[tier], l, E, m->tier_list, cnt, top_k, h, n,
-				       y + *row * H);
+		rc = moet_remote_begin(m->remote[tier], m->mb_slot, l, E, m->tier_list, cnt,
+				       top_k, h, n, y + *row * H);
 	} else if (m->xtier && !m->owner) {
 		/* the CPU tier through the NVMe expert tier: runs of whole experts made resident
 		 * in its slots, each computed from the slots' views (moet_xtier.h) */
@@ -450,7 +451,7 @@ int moet_moe_dispatch_finish(moet_model *m)
 {
 	int rc = 0, grouped = 0;
 	for (int g = 1; m->remote && g < m->n_devices; g++) {
-		int r = moet_remote_finish(m->remote[g]);
+		int r = moet_remote_finish(m->remote[g], m->mb_slot);
 		if (!rc)
 			rc = r;
 	}

@@ -455,12 +455,13 @@ static int pass_run(moet_model *m, mb_pass *p, int n_mb, const moet_seq_step *st
 }
 
 /* Where a batch would split into two micro-batches (by entries, at half the rows), or n_steps
- * when it cannot: no placement, GPUs beyond the first, or one entry; or when it would gain
- * nothing: no routed expert on the CPU tier, unless forced (MOET_MICROBATCH=1). */
+ * when it cannot: no placement or one entry; or when it would gain nothing: no routed expert on
+ * the CPU tier, unless forced (MOET_MICROBATCH=1). GPUs beyond the first take one call per
+ * micro-batch slot (remote.c). */
 static int split_point(const moet_model *m, const moet_seq_step *steps, int n_steps, int64_t n,
 		       int forced)
 {
-	if (!m->hy || m->remote || n_steps < 2 || (!m->cpu_tier && !forced))
+	if (!m->hy || n_steps < 2 || (!m->cpu_tier && !forced))
 		return n_steps;
 	int64_t rows = 0;
 	int k = 0;

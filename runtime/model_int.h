@@ -149,10 +149,12 @@ int moet_remote_create(const struct moet_model *m, int g, const int16_t *owner,
 		       moet_remote **out);
 void moet_remote_destroy(moet_remote *r);
 /* Starts layer l's pairs of this GPU on h (home GPU, n rows): results to y_dst (home GPU,
- * cnt rows) at finish. */
-int moet_remote_begin(moet_remote *r, int64_t l, int64_t E, const moet_expert_pair *pairs,
-		      int64_t cnt, int64_t top_k, const float *h, int64_t n, float *y_dst);
-int moet_remote_finish(moet_remote *r);
+ * cnt rows) at finish. One call in flight per micro-batch slot (0 .. MOET_HYBRID_SLOTS - 1). */
+int moet_remote_begin(moet_remote *r, int slot, int64_t l, int64_t E,
+		      const moet_expert_pair *pairs, int64_t cnt, int64_t top_k, const float *h,
+		      int64_t n, float *y_dst);
+/* Waits for the slot's call (if any) and copies its rows to the home GPU. */
+int moet_remote_finish(moet_remote *r, int slot);
 /* Adds this tier's upload bytes and seconds. */
 void moet_remote_upload_stats(const moet_remote *r, double *bytes, double *seconds);
 

@@ -5,10 +5,13 @@
  *
  *   begin   h (home GPU, n rows) -> this GPU (a peer copy: direct over NVLink/PCIe P2P where
  *           the devices have it, else staged through the host by the driver, as on GeForce
- *           cards); the grouped expert kernel queued there; returns at once
- *   finish  waits for this GPU; its y rows -> the home GPU's y (peer copy)
+ *           cards); the grouped expert kernel queued there, then the call's event; returns at
+ *           once
+ *   finish  waits for the call's event; its y rows -> the home GPU's y (peer copy)
  *
- * The dense part and the combine stay on the home GPU (device 0).
+ * One call in flight per micro-batch slot (forward.c's two micro-batches), each with its own
+ * rows, outputs and event, so slot 1's call can be queued before slot 0's is collected. The
+ * dense part and the combine stay on the home GPU (device 0).
  *
  * NOTE: the CUDA runtime's current device is per thread; every entry here selects this
  * tier's device and gives the home device back before returning.
@@ -22,16 +25,22 @@
 #include "moet_gpu.h"
 #include "moet_gpu_host.h"
 
+typedef struct rcall {
+	float *h, *y;         /* be memory: [cap_rows][H], [cap_pairs][H] */
+	int64_t cap_rows, cap_pairs;
+	float *y_dst;         /* home y rows of the call in flight */
+	int64_t pending;
+	void *ev;             /* after its kernel, on this device */
+} rcall;
+
 struct moet_remote {
 	int device;
 	moet_backend *be;     /* the CUDA backend of this device */
 	moet_ffn_w *table;    /* [layers x E]: bound on be for the experts owned here */
-	float *h, *y;         /* be memory: [cap_rows][H], [cap_pairs][H] */
+	rcall call[MOET_HYBRID_SLOTS];
 	void **blocks;        /* be memory of the owned experts (moet_bind_staged) */
 	int n_blocks;
-	int64_t cap_rows, cap_pairs, H;
-	float *y_dst;         /* home y rows of the call in flight */
-	int64_t pending;
+	int64_t H;
 	double upload_bytes, upload_s;
 };
 
@@ -41,8 +50,11 @@ void moet_remote_destroy(moet_remote *r)
 		return;
 	if (r->be) {
 		moet_gpu_set_device(r->device);
-		r->be->ops->free(r->be, r->h);
-		r->be->ops->free(r->be, r->y);
+		for (int s = 0; s < MOET_HYBRID_SLOTS; s++) {
+			r->be->ops->free(r->be, r->call[s].h);
+			r->be->ops->free(r->be, r->call[s].y);
+			moet_gpu_event_destroy(r->call[s].ev);
+		}
 		for (int i = 0; i < r->n_blocks; i++)
 			r->be->ops->free(r->be, r->blocks[i]);
 		moet_backend_destroy(r->be);
@@ -109,6 +121,9 @@ int moet_remote_create(const moet_model *m, int g, const int16_t *owner, moet_re
 	}
 	if ((rc = moet_gpu_set_device(g)) || (rc = moet_backend_cuda_create(g, &r->be)))
 		goto fail;
+	for (int s = 0; s < MOET_HYBRID_SLOTS; s++)
+		if ((rc = moet_gpu_event_create(&r->call[s].ev)))
+			goto fail;
 	if ((rc = bind_owned(r, m, g, owner)))
 		goto fail;
 	moet_gpu_set_device(0);
@@ -126,66 +141,68 @@ const moet_ffn_w *moet_remote_table(const moet_remote *r)
 	return r->table;
 }
 
-static int grow(moet_remote *r, int64_t rows, int64_t pairs)
+/* The call's buffers grown to rows and pairs (be memory, kept). */
+static int grow(moet_remote *r, rcall *c, int64_t rows, int64_t pairs)
 {
 	const size_t row = (size_t)r->H * sizeof(float);
 	int rc;
-	if (rows > r->cap_rows) {
-		r->be->ops->free(r->be, r->h);
-		r->h = NULL;
-		r->cap_rows = 0;
-		if ((rc = r->be->ops->alloc(r->be, (size_t)rows * row, (void **)&r->h)))
+	if (rows > c->cap_rows) {
+		r->be->ops->free(r->be, c->h);
+		c->h = NULL;
+		c->cap_rows = 0;
+		if ((rc = r->be->ops->alloc(r->be, (size_t)rows * row, (void **)&c->h)))
 			return rc;
-		r->cap_rows = rows;
+		c->cap_rows = rows;
 	}
-	if (pairs > r->cap_pairs) {
-		r->be->ops->free(r->be, r->y);
-		r->y = NULL;
-		r->cap_pairs = 0;
-		if ((rc = r->be->ops->alloc(r->be, (size_t)pairs * row, (void **)&r->y)))
+	if (pairs > c->cap_pairs) {
+		r->be->ops->free(r->be, c->y);
+		c->y = NULL;
+		c->cap_pairs = 0;
+		if ((rc = r->be->ops->alloc(r->be, (size_t)pairs * row, (void **)&c->y)))
 			return rc;
-		r->cap_pairs = pairs;
+		c->cap_pairs = pairs;
 	}
 	return 0;
 }
 
-int moet_remote_begin(moet_remote *r, int64_t l, int64_t E, const moet_expert_pair *pairs,
-		      int64_t cnt, int64_t top_k, const float *h, int64_t n, float *y_dst)
+int moet_remote_begin(moet_remote *r, int slot, int64_t l, int64_t E,
+		      const moet_expert_pair *pairs, int64_t cnt, int64_t top_k, const float *h,
+		      int64_t n, float *y_dst)
 {
 	const size_t row = (size_t)r->H * sizeof(float);
 	int rc;
-	if (r->pending)
+	if (slot < 0 || slot >= MOET_HYBRID_SLOTS)
+		return moet_err(MOET_EINVAL, "GPU %d tier: slot %d", r->device, slot);
+	rcall *c = &r->call[slot];
+	if (c->pending)
 		return moet_err(MOET_EINVAL, "GPU %d tier: begin with a call in flight", r->device);
 	if (cnt <= 0)
 		return 0;
 	if ((rc = moet_gpu_set_device(r->device)))
 		return rc;
-	if (!(rc = grow(r, n, cnt)) &&
-	    !(rc = moet_gpu_copy_peer_async(r->h, r->device, h, 0, (size_t)n * row, NULL)))
-		rc = r->be->ops->experts_grouped(r->be, r->table + l * E, pairs, cnt, top_k, r->h,
-						 n, r->y);
+	if (!(rc = grow(r, c, n, cnt)) &&
+	    !(rc = moet_gpu_copy_peer_async(c->h, r->device, h, 0, (size_t)n * row, NULL)) &&
+	    !(rc = r->be->ops->experts_grouped(r->be, r->table + l * E, pairs, cnt, top_k, c->h,
+					       n, c->y)))
+		rc = moet_gpu_event_record(c->ev, NULL);
 	int r0 = moet_gpu_set_device(0);
 	if (rc || (rc = r0))
 		return moet_err_prefix(rc, "GPU %d tier", r->device);
-	r->y_dst = y_dst;
-	r->pending = cnt;
+	c->y_dst = y_dst;
+	c->pending = cnt;
 	return 0;
 }
 
-int moet_remote_finish(moet_remote *r)
+int moet_remote_finish(moet_remote *r, int slot)
 {
-	if (!r || !r->pending)
+	if (!r || slot < 0 || slot >= MOET_HYBRID_SLOTS || !r->call[slot].pending)
 		return 0;
-	const size_t bytes = (size_t)r->pending * (size_t)r->H * sizeof(float);
-	int rc = moet_gpu_set_device(r->device);
+	rcall *c = &r->call[slot];
+	const size_t bytes = (size_t)c->pending * (size_t)r->H * sizeof(float);
+	int rc = moet_gpu_event_sync(c->ev);
 	if (!rc)
-		rc = moet_gpu_sync(NULL);
-	int r0 = moet_gpu_set_device(0);
-	if (!rc)
-		rc = r0;
-	if (!rc)
-		rc = moet_gpu_copy_peer_async(r->y_dst, 0, r->y, r->device, bytes, NULL);
-	r->pending = 0;
+		rc = moet_gpu_copy_peer_async(c->y_dst, 0, c->y, r->device, bytes, NULL);
+	c->pending = 0;
 	return rc ? moet_err_prefix(rc, "GPU %d tier", r->device) : 0;
 }
 

@@ -3,7 +3,9 @@
  * cap. A generated checkpoint (tiny preset, 4 layers) on the CPU backend without a placement
  * is the reference; on CUDA with placements over {CPU, GPU 0, GPU 1} (random thirds, all on
  * GPU 1, GPU 1 and the CPU only), ragged batches and one-sequence calls give logits equal to
- * the reference bit for bit, and every tier serves routings. MOET_GPU_MEM_CAP: a cap below
+ * the reference bit for bit, batches also in two micro-batches (MOET_MICROBATCH=1: each GPU
+ * beyond the first with a call per micro-batch slot in flight) and in one pass (=0), and every
+ * tier serves routings. MOET_GPU_MEM_CAP: a cap below
  * what the model needs fails the open with a one-line error naming the cap (a child process:
  * the cap is read once per process); a malformed cap is refused.
  * Skips (77) with fewer than two CUDA devices (the cap part needs one).
@@ -94,12 +96,25 @@ int main(void)
 				: (int16_t)((next() % 2) ? 1 : -1);
 		CHECK(moet_model_set_placement(gpu, own, 2) == 0, "%s: %s", names[pl],
 		      moet_errmsg());
-		for (int batched = 0; batched < 2; batched++) {
+		/* solo calls, then batches in the engine's choice, two micro-batches, one pass */
+		static const char *const mb[4] = { NULL, NULL, "1", "0" };
+		for (int form = 0; form < 4; form++) {
+			moet_hybrid_stats hs;
+			moet_model_hybrid_stats(gpu, &hs, 1);
+			if (mb[form])
+				setenv("MOET_MICROBATCH", mb[form], 1);
 			memset(got, 0xCD, n_log * sizeof(float));
-			CHECK(run(gpu, batched, got) == 0, "%s: %s", names[pl], moet_errmsg());
+			CHECK(run(gpu, form > 0, got) == 0, "%s: %s", names[pl], moet_errmsg());
+			unsetenv("MOET_MICROBATCH");
+			moet_model_hybrid_stats(gpu, &hs, 1);
 			CHECK(memcmp(ref, got, n_log * sizeof(float)) == 0,
 			      "%s (%s): logits differ from the CPU reference", names[pl],
-			      batched ? "batched" : "solo");
+			      form == 0 ? "solo" : form == 1 ? "batched" : form == 2 ?
+			      "two micro-batches" : "one pass");
+			CHECK(form != 2 || hs.split_passes > 0, "%s: MOET_MICROBATCH=1 split no pass",
+			      names[pl]);
+			CHECK(form != 3 || hs.split_passes == 0, "%s: MOET_MICROBATCH=0 split %llu "
+			      "passes", names[pl], (unsigned long long)hs.split_passes);
 		}
 		uint64_t cnt[3];
 		moet_model_tier_counts(gpu, cnt, 3);
