@@ -262,18 +262,19 @@ static int ff_finish(moet_model *m, int64_t l, int64_t n)
 				   lw->has_shared ? b->shared : NULL, n, H, b->out);
 }
 
-/* The final norm of the rows of x (the micro-batch's steps) that want logits into h, in
- * batch order, from row *n_sel of h on (advanced): one call per run of consecutive wanted rows
- * (a decode batch is one run). */
-static int final_norm(moet_model *m, const float *x, const moet_seq_step *steps, int n_steps,
-		      float *h, int64_t *n_sel)
+/* Final norm and lm_head for the rows that want logits (logits_deliver downloads them into
+ * each step and draws the sampled ones). */
+static int logits_compute(moet_model *m, const moet_seq_step *steps, int n_steps)
 {
 	const moet_config *c = &m->cfg;
 	const moet_backend_ops *op = m->be->ops;
 	moet_backend *be = m->be;
-	const int64_t H = c->hidden_size;
-	int64_t run_from = -1, run_len = 0;
+	moet_fwd_bufs *b = m->cur;
+	const int64_t H = c->hidden_size, V = c->vocab_size;
+	int64_t n_sel = 0, run_from = -1, run_len = 0;
 	int rc;
+	/* the final norm of the wanted rows of x into h, in batch order: one call per run of
+	 * consecutive wanted rows (a decode batch is one run) */
 	for (int s = 0, t = 0; s <= n_steps; s++)
 		for (int64_t i = 0; i < (s < n_steps ? steps[s].n_tok : 1); i++, t++) {
 			const moet_seq_step *st = &steps[s < n_steps ? s : 0];
@@ -286,14 +287,14 @@ static int final_norm(moet_model *m, const float *x, const moet_seq_step *steps,
 				continue;
 			}
 			if (run_len) {
-				TRY(op->rmsnorm(be, x + run_from * H, H, m->final_norm, run_len, H,
-						c->rms_norm_eps, h + *n_sel * H, H));
-				*n_sel += run_len;
+				TRY(op->rmsnorm(be, b->x + run_from * H, H, m->final_norm, run_len, H,
+						c->rms_norm_eps, b->h + n_sel * H, H));
+				n_sel += run_len;
 			}
 			run_from = t;
 			run_len = want;
 		}
-	return 0;
+	return n_sel ? op->linear(be, &m->lm_head, b->h, H, n_sel, b->logits, V) : 0;
 }
 
 static int logits_deliver(moet_model *m, const moet_seq_step *steps, int n_steps)
@@ -301,7 +302,6 @@ static int logits_deliver(moet_model *m, const moet_seq_step *steps, int n_steps
 	const int64_t V = m->cfg.vocab_size;
 	moet_backend *be = m->be;
 	moet_fwd_bufs *b = m->cur;
-	const float *logits = b->lg->logits + b->lg_at * V; /* logits_compute's rows */
 	int64_t sel = 0, n_draw = 0;
 	int rc;
 	const int hi = (int)(m->cur - m->bufs); /* this micro-batch's host tables */
@@ -313,7 +313,7 @@ static int logits_deliver(moet_model *m, const moet_seq_step *steps, int n_steps
 			continue;
 		int64_t rows = st->last_only || !st->out_logits ? (st->n_tok > 0) : st->n_tok;
 		if (st->out_logits)
-			rc = be->ops->download(be, st->out_logits, logits + sel * V,
+			rc = be->ops->download(be, st->out_logits, b->logits + sel * V,
 					  (size_t)(rows * V) * sizeof(float));
 		sel += rows;
 		if (!rc && st->out_token && rows > 0) /* the next token from the last row */
@@ -323,7 +323,7 @@ static int logits_deliver(moet_model *m, const moet_seq_step *steps, int n_steps
 			rc = moet_err(MOET_EINVAL, "batch entry %d: out_token without sample", s);
 	}
 	if (!rc)
-		rc = moet_backend_draw(be, logits, V, draw, n_draw);
+		rc = moet_backend_draw(be, b->logits, V, draw, n_draw);
 	return rc;
 }
 
@@ -395,33 +395,6 @@ static int mb_stage2(moet_model *m, const mb_pass *p, int64_t l)
 	return 0;
 }
 
-/*
- * Final norm and lm_head for the rows that want logits (logits_deliver downloads them into
- * each step and draws the sampled ones). Two micro-batches take one lm_head call over both
- * (the second's normed rows after the first's in the first's buffers, which mb_rows sized for
- * both; MOET_MICROBATCH_LOGITS=joint, the default): the lm_head's weights are read once per
- * step, not twice; each row's logits are its own contract dots either way, so the bits are
- * the same. MOET_MICROBATCH_LOGITS=apart is the reference path: one call per micro-batch.
- */
-static int logits_compute(moet_model *m, const mb_pass *p, int n_mb, int joint)
-{
-	const moet_config *c = &m->cfg;
-	const int64_t H = c->hidden_size, V = c->vocab_size;
-	int64_t n_sel = 0;
-	int rc = 0;
-	for (int i = 0; i < n_mb && !rc; i++) {
-		moet_fwd_bufs *b = p[joint ? 0 : i].b; /* where the normed rows and logits go */
-		if (!joint)
-			n_sel = 0;
-		p[i].b->lg = b;
-		p[i].b->lg_at = n_sel;
-		rc = final_norm(m, p[i].b->x, p[i].steps, p[i].n_steps, b->h, &n_sel);
-		if (!rc && (!joint || i == n_mb - 1) && n_sel)
-			rc = m->be->ops->linear(m->be, &m->lm_head, b->h, H, n_sel, b->logits, V);
-	}
-	return rc;
-}
-
 /* The pass's work from the embedding to the lm_head, for one or two micro-batches (what a
  * CUDA graph captures: graph.c). */
 static int pass_body(moet_model *m, mb_pass *p, int n_mb)
@@ -449,7 +422,11 @@ static int pass_body(moet_model *m, mb_pass *p, int n_mb)
 		use(m, &p[i]);
 		moet_moe_dispatch_finish(m);
 	}
-	return rc ? rc : logits_compute(m, p, n_mb, m->mb_joint_logits);
+	for (int i = 0; i < n_mb && !rc; i++) {
+		use(m, &p[i]);
+		rc = logits_compute(m, p[i].steps, p[i].n_steps);
+	}
+	return rc;
 }
 
 /* The body as the graph cache says (graph.c): directly, captured then launched, or replayed. */
@@ -584,14 +561,7 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 	for (int i = 0; i < n_mb; i++)
 		for (int s = 0; s < p[i].n_steps; s++)
 			p[i].n += p[i].steps[s].n_tok;
-	static const char *const lg_modes[] = { "joint", "apart" };
-	int apart = 0;
-	TRY(moet_env_choice("MOET_MICROBATCH_LOGITS", lg_modes, 2, &apart));
-	m->mb_joint_logits = !apart;
 	const int grown = !(rc = moet_kv_grow_batch(steps, n_steps));
-	/* joint logits: the first micro-batch's buffers take both's rows (logits_compute) */
-	if (!rc && n_mb == 2 && m->mb_joint_logits)
-		rc = ensure_bufs(m, p[0].b, n);
 	for (int i = 0; i < n_mb && !rc; i++)
 		rc = mb_rows(m, &p[i]);
 	if (!rc)

@@ -181,8 +181,6 @@ int moet_shadow_check(struct moet_model *m, int slot);
 typedef struct moet_fwd_bufs {
 	int64_t cap_rows;         /* rows the buffers hold */
 	float *x, *h, *q, *qa, *kva, *kvb, *attn, *out, *rlogits, *rw, *y, *shared, *logits;
-	struct moet_fwd_bufs *lg; /* the last pass's logits of these rows: lg->logits from row */
-	int64_t lg_at;            /* lg_at on (forward.c's logits_compute) */
 	int32_t *ids, *slot;
 } moet_fwd_bufs;
 
@@ -210,7 +208,6 @@ struct moet_model {
 	moet_hybrid *hy;          /* the CPU tier's engine (with a placement) */
 	moet_remote **remote;     /* [n_devices]: GPUs 1.. of a GPU backend ([0] unused) */
 	int mb_slot;              /* the micro-batch being dispatched (forward.c) */
-	int mb_joint_logits;      /* this pass: MOET_MICROBATCH_LOGITS=joint (forward.c) */
 	moet_shadow *shadow;      /* online check of the CPU tier (moet_model_set_shadow) */
 	uint64_t split_passes;    /* passes run as two micro-batches (moet_hybrid_stats) */
 	moet_mb_tune mb_tune[32]; /* per batch size, rows in powers of two (forward.c) */

@@ -8,10 +8,7 @@
  *   - over simulated devices (the CPU backend's test double): a placement whose every routed
  *     expert is on a device (a dense layer's owner -1 does not count) never splits a batch
  *     under auto, and =1 still forces two micro-batches; a placement with CPU-tier experts
- *     under auto tries both forms (some passes split); the bits equal the reference in each;
- *   - MOET_MICROBATCH_LOGITS: the two micro-batches' lm_head in one call (joint, the default)
- *     or one each (apart, the reference path) give the reference's bits; another value is
- *     refused naming it.
+ *     under auto tries both forms (some passes split); the bits equal the reference in each.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -147,18 +144,6 @@ int main(void)
 	CHECK(sp == STEPS + 1, "all on devices, =1: %llu of %d passes split (forced)", sp,
 	      STEPS + 1);
 	printf("all on devices: auto splits nothing, =1 forces %llu splits; bits equal\n", sp);
-	moet_test_env("MOET_MICROBATCH_LOGITS", "apart");
-	sp = ragged(m, "1", ref, got, n_log, "all on devices, logits apart");
-	moet_test_env("MOET_MICROBATCH_LOGITS", NULL);
-	CHECK(sp == STEPS + 1, "logits apart, =1: %llu of %d passes split", sp, STEPS + 1);
-	moet_test_env("MOET_MICROBATCH_LOGITS", "together");
-	memset(got, 0xCD, n_log * sizeof(float));
-	int lrc = moet_test_ragged_run(m, SEQS, STEPS, 1, got);
-	moet_test_env("MOET_MICROBATCH_LOGITS", NULL);
-	CHECK(lrc == MOET_EINVAL && strstr(moet_errmsg(), "MOET_MICROBATCH_LOGITS='together'"),
-	      "MOET_MICROBATCH_LOGITS=together: rc %d (%s)", lrc, moet_errmsg());
-	printf("MOET_MICROBATCH_LOGITS: joint (default) and apart give the reference's bits; a "
-	       "bad value is refused\n");
 
 	/* one MoE expert on the CPU tier: auto tries both forms (fresh timings per placement) */
 	own[(L - 1) * E + 1] = -1;
