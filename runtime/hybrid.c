@@ -49,9 +49,10 @@
 #define HY_MAX_TOK 512   /* tokens per executor batch */
 #define HY_MAX_JOBS 256  /* jobs per executor batch */
 #define HY_MAX_PENDING 8 /* batches in flight */
-#define HY_STAGE_SLOTS 3 /* driver copies' ring: one computing, one copying, one spare */
-/* pinned copies: waves of 4 experts (176 MB of Kimi-K2), one half computing, one copying */
-#define HY_STAGE_SLOTS_PINNED 8
+/* driver copies' ring: one computing, one copying, one spare; pinned copies: waves of 4
+ * experts (176 MB of Kimi-K2), one half computing, one copying */
+#define HY_STAGE_SLOTS MOET_STAGE_SLOTS_DRIVER
+#define HY_STAGE_SLOTS_PINNED MOET_STAGE_SLOTS_PINNED
 
 enum { HY_STAGE_AUTO, HY_STAGE_NEVER, HY_STAGE_ALWAYS };
 

@@ -40,6 +40,7 @@
 #include "moet_config.h"
 #include "moet_err.h"
 #include "moet_gen.h"
+#include "moet_model.h"
 #include "moet_placement.h"
 
 #define P_COUNT MOET_PART_COUNT
@@ -448,6 +449,13 @@ static int print_plan(const moet_placement *pl, const moet_placement_sizes *sz,
 		json_object_set_new(o, "placement", json_string(moet_placement_label(pl)));
 		json_object_set_new(o, "sizes_from", json_string(source));
 		json_object_set_new(o, "moe_layers", json_integer(n_moe));
+		/* prefill staging's slots on the first GPU (runtime/stage.c), from its reserve */
+		if (n_gpus)
+			json_object_set_new(o, "stage_slot_bytes",
+					    json_pack("{s:I, s:I}", "pinned",
+						      (json_int_t)(MOET_STAGE_SLOTS_PINNED * emax),
+						      "driver",
+						      (json_int_t)(MOET_STAGE_SLOTS_DRIVER * emax)));
 		json_object_set_new(o, "n_routed_experts", json_integer(sz->n_experts));
 		json_object_set_new(o, "expert_bytes_min", json_integer((json_int_t)emin));
 		json_object_set_new(o, "expert_bytes_max", json_integer((json_int_t)emax));
@@ -498,6 +506,13 @@ static int print_plan(const moet_placement *pl, const moet_placement_sizes *sz,
 		return rc;
 	print_usage_row("cpu", &u, false);
 	printf("cpu_expert_bytes: %" PRIu64 " (%.3f GiB)\n", u.expert_bytes, gib(u.expert_bytes));
+	if (n_gpus)
+		printf("prefill staging: %s also holds %d slots of one expert (%.3f GiB, "
+		       "MOET_STAGE_COPY=pinned, the default) or %d (%.3f GiB, driver) once a long "
+		       "prefill stages a cold expert; none with MOET_PREFILL_STAGE=0: keep them in "
+		       "its reserve\n", moet_placement_gpu_at(pl, 0)->name, MOET_STAGE_SLOTS_PINNED,
+		       gib(MOET_STAGE_SLOTS_PINNED * emax), MOET_STAGE_SLOTS_DRIVER,
+		       gib(MOET_STAGE_SLOTS_DRIVER * emax));
 	return 0;
 }
 

@@ -21,6 +21,7 @@
 #include "moet_config.h"
 #include "moet_err.h"
 #include "moet_gen.h"
+#include "moet_model.h"
 #include "moet_placement.h"
 #include "moet_test.h"
 
@@ -574,6 +575,10 @@ static void test_cli(const char *dir)
 		CHECK(I(c, "experts") == 4 * (NE - 13) &&
 		      I(c, "expert_bytes") == (json_int_t)(4 * (NE - 13) * TINY_EXPERT),
 		      "cpu: %s", out);
+		json_t *stg = json_object_get(js, "stage_slot_bytes");
+		CHECK(I(stg, "pinned") == (json_int_t)(MOET_STAGE_SLOTS_PINNED * TINY_EXPERT) &&
+		      I(stg, "driver") == (json_int_t)(MOET_STAGE_SLOTS_DRIVER * TINY_EXPERT),
+		      "stage_slot_bytes: %s", out);
 		const char *from = json_string_value(json_object_get(js, "sizes_from"));
 		CHECK(from && !strncmp(from, "the checkpoint ", 15), "sizes_from %s", from);
 #undef I
@@ -590,6 +595,11 @@ static void test_cli(const char *dir)
 	CHECK(st == 0 && row && sscanf(row, " a %ld %ld-%ld", &n_exp, &lo, &hi) == 3 &&
 	      n_exp == 40 && lo == 10 && hi == 10 && strstr(out, "cpu_expert_bytes:"),
 	      "inspect text: exit %d\n%s", st, out ? out : "");
+	char stage_line[96];
+	snprintf(stage_line, sizeof(stage_line), "prefill staging: a also holds %d slots of one "
+		 "expert", MOET_STAGE_SLOTS_PINNED);
+	CHECK(out && strstr(out, stage_line), "inspect text: no '%s'\n%s", stage_line,
+	      out ? out : "");
 	free(out);
 	out = NULL;
 	/* invalid file: exit 1, one line naming the file and line */
