@@ -49,10 +49,6 @@
 #define HY_MAX_TOK 512   /* tokens per executor batch */
 #define HY_MAX_JOBS 256  /* jobs per executor batch */
 #define HY_MAX_PENDING 8 /* batches in flight */
-/* driver copies' ring: one computing, one copying, one spare; pinned copies: waves of 4
- * experts (176 MB of Kimi-K2), one half computing, one copying */
-#define HY_STAGE_SLOTS MOET_STAGE_SLOTS_DRIVER
-#define HY_STAGE_SLOTS_PINNED MOET_STAGE_SLOTS_PINNED
 
 enum { HY_STAGE_AUTO, HY_STAGE_NEVER, HY_STAGE_ALWAYS };
 
@@ -416,10 +412,11 @@ void moet_hybrid_dev_begin(void *arg)
 	if (cl->pending)
 		dev_fail(dc, moet_err(MOET_EINVAL, "hybrid engine: begin with a call still in "
 				      "flight"));
-	else if (cnt < 0 || cnt > cl->cap_pairs)
+	else if (cnt < 0 || cnt > cl->cap_pairs || cnt > cl->cap_pstage)
 		dev_fail(dc, moet_err(MOET_ERANGE, "hybrid engine: %lld CPU-tier pairs from the "
 				      "device, room for %lld", (long long)cnt,
-				      (long long)cl->cap_pairs));
+				      (long long)(cl->cap_pairs < cl->cap_pstage ? cl->cap_pairs
+									 : cl->cap_pstage)));
 	else if (cnt > 0) {
 		dc->st.bytes_d2h += (uint64_t)cnt * (uint64_t)hy->H * sizeof(float);
 		dev_fail(dc, start(hy, cl, &dc->st, dc->table, cl->pairs_stage, cnt));
@@ -528,7 +525,8 @@ int moet_hybrid_stage_run(moet_hybrid *hy, moet_backend *be, const moet_ffn_w *t
 	if (cnt <= 0)
 		return 0;
 	if (!hy->ring &&
-	    (rc = moet_stage_create(be, hy->stage_pinned ? HY_STAGE_SLOTS_PINNED : HY_STAGE_SLOTS,
+	    (rc = moet_stage_create(be, hy->stage_pinned ? MOET_STAGE_SLOTS_PINNED
+							  : MOET_STAGE_SLOTS_DRIVER,
 				    hy->stage_pinned, hy->n_experts, &hy->ring)))
 		return moet_err_prefix(rc, "prefill staging");
 	uint64_t t0 = moet_now_ns();

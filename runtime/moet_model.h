@@ -149,8 +149,9 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices);
 
 /* Prefill staging's slots (runtime/stage.c) on the first GPU, one expert's bytes each, made at
- * the first staged expert: with MOET_STAGE_COPY=pinned (the default on a GPU: waves of 4) and
- * with driver (one at a time). */
+ * the first staged expert: with MOET_STAGE_COPY=pinned (the default on a GPU: waves of 4
+ * experts, one half of the ring computing, the other filling) and with driver (one expert at
+ * a time: one computing, one copying, one spare). */
 #define MOET_STAGE_SLOTS_PINNED 8
 #define MOET_STAGE_SLOTS_DRIVER 3
 

@@ -177,7 +177,7 @@ static void on_read(void *ctx, const moet_uring_done *d)
 	if (!sl->failed)
 		x->io_bytes += got_bytes;
 	if (--x->n_loading == 0)
-		x->io_busy_ns += moet_xtier_now_ns() - x->io_busy_t0;
+		x->io_busy_ns += moet_now_ns() - x->io_busy_t0;
 	if (sl->failed) {
 		/* nothing of a failed read is handed out: the slot is free again */
 		x->where[l * x->E + e] = -1;
@@ -220,7 +220,7 @@ int xt_load(moet_xtier *x, int64_t s, int64_t l, int64_t e, int demand)
 	if (sl->state == XT_READY)
 		x->where[sl->layer * x->E + sl->expert] = -1;
 	if (x->n_loading++ == 0)
-		x->io_busy_t0 = moet_xtier_now_ns();
+		x->io_busy_t0 = moet_now_ns();
 	x->loading_bytes += in->bytes;
 	*sl = (xt_slot){ .layer = l, .expert = e, .state = XT_LOADING, .demand = demand,
 			 .prefetched = !demand, .segs_left = (unsigned)in->n_seg,
@@ -268,7 +268,7 @@ static int warm_fill(moet_xtier *x)
 		n = x->n_slots;
 	for (int64_t i = 0; i < n; i++)
 		total += x->info[w[i].l * x->E + w[i].e].bytes;
-	uint64_t t0 = moet_xtier_now_ns();
+	uint64_t t0 = moet_now_ns();
 	int rc = 0;
 	for (int64_t i = 0; i < n && !rc; i++) {
 		/* NOTE: the reads queued so far go to the kernel before the next group is pinned */
@@ -295,7 +295,7 @@ static int warm_fill(moet_xtier *x)
 	for (int64_t i = 0; i < n; i++)
 		x->slots[i].prefetched = 0;
 	x->st.warm_reads = (uint64_t)n;
-	x->st.warm_ns = moet_xtier_now_ns() - t0;
+	x->st.warm_ns = moet_now_ns() - t0;
 	free(w);
 	return rc;
 }
@@ -572,10 +572,10 @@ int moet_model_set_xtier(moet_model *m, const moet_xtier_opts *o)
 		x->n_slots = x->n_moe * x->E;
 	x->st.slot_bytes = x->slot_bytes;
 	x->st.n_slots = x->n_slots;
-	uint64_t t0 = moet_xtier_now_ns();
+	uint64_t t0 = moet_now_ns();
 	if ((rc = alloc_slots(x)))
 		goto fail;
-	x->st.alloc_ns = moet_xtier_now_ns() - t0;
+	x->st.alloc_ns = moet_now_ns() - t0;
 	x->tr_cap = o->trace_cap ? o->trace_cap : MOET_XTIER_TRACE_CAP;
 	x->tr_init = malloc((size_t)x->n_slots * sizeof(*x->tr_init));
 	if (!x->tr_init) {
@@ -615,7 +615,7 @@ double xt_io_rate(const moet_xtier *x)
 {
 	uint64_t busy = x->io_busy_ns;
 	if (x->n_loading > 0)
-		busy += moet_xtier_now_ns() - x->io_busy_t0;
+		busy += moet_now_ns() - x->io_busy_t0;
 	return x->io_bytes && busy ? (double)x->io_bytes / (double)busy : 0;
 }
 

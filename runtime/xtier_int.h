@@ -121,13 +121,6 @@ static inline int xt_is_cpu(const moet_xtier *x, int64_t l, int64_t e)
 	return !x->m->owner || x->m->owner[l * x->E + e] < 0;
 }
 
-static inline uint64_t moet_xtier_now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* xtier.c: starts the reads of expert (l, e) into slot s (state LOADING). */
 int xt_load(moet_xtier *x, int64_t s, int64_t l, int64_t e, int demand);
 

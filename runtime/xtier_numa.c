@@ -270,7 +270,7 @@ int moet_xtier_numa_verify(moet_xtier *x, size_t stride_pages)
 		rc = moet_err(MOET_ENOMEM, "NVMe tier: NUMA verify of %zu pages", n_pages);
 		goto done;
 	}
-	uint64_t t0 = moet_xtier_now_ns();
+	uint64_t t0 = moet_now_ns();
 	st->numa_pages = st->numa_absent = st->numa_off_policy = 0;
 	memset(st->numa_node_pages, 0, sizeof(st->numa_node_pages));
 	memset(st->numa_node_slots, 0, sizeof(st->numa_node_slots));
@@ -321,7 +321,7 @@ int moet_xtier_numa_verify(moet_xtier *x, size_t stride_pages)
 		else
 			st->numa_node_slots[__builtin_ctzll(seen[s])]++;
 	}
-	st->numa_verify_ns = moet_xtier_now_ns() - t0;
+	st->numa_verify_ns = moet_now_ns() - t0;
 done:
 	free(seen);
 	free(pg);

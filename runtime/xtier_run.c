@@ -90,7 +90,7 @@ void moet_xtier_release(moet_xtier *x, int64_t layer)
  * a demand read. Returns 0 or the error of a failed read. */
 static int wait_pinned(moet_xtier *x, int64_t l, const int64_t *pinned_e)
 {
-	uint64_t t0 = moet_xtier_now_ns();
+	uint64_t t0 = moet_now_ns();
 	int rc = 0;
 	for (;;) {
 		int loading = 0;
@@ -108,7 +108,7 @@ static int wait_pinned(moet_xtier *x, int64_t l, const int64_t *pinned_e)
 		if (got < 0)
 			rc = got;
 	}
-	x->st.wait_ns += moet_xtier_now_ns() - t0;
+	x->st.wait_ns += moet_now_ns() - t0;
 	for (int64_t i = 0; !rc && i < x->n_pinned; i++)
 		if (x->slots[x->pinned[i]].state != XT_READY)
 			rc = moet_err(MOET_EIO, "NVMe expert tier, layer %lld expert %lld: %s",
@@ -130,7 +130,7 @@ int moet_xtier_acquire(moet_xtier *x, int64_t layer, const moet_expert_pair *pai
 	const uint64_t misses0 = x->st.misses;
 	if (counted && x->pf_t0) {
 		/* prediction to use: the time the budget's reads have (moving average) */
-		const double w = (double)(moet_xtier_now_ns() - x->pf_t0);
+		const double w = (double)(moet_now_ns() - x->pf_t0);
 		x->pf_window_ns = x->pf_window_ns > 0 ? 0.75 * x->pf_window_ns + 0.25 * w : w;
 	}
 	for (int64_t e = 0; counted && e < E; e++)
@@ -299,7 +299,7 @@ void moet_xtier_prefetch(moet_xtier *x, int64_t layer, const float *x_rows, int6
 		return;
 	cand *cs = (cand *)(void *)(x->scr + c_at);
 	x->pred_layer = l2;
-	x->pf_t0 = moet_xtier_now_ns();
+	x->pf_t0 = moet_now_ns();
 	x->pred_cpu = 0;
 	x->round++;
 	int64_t nc = 0;
