@@ -69,6 +69,18 @@ extern "C" int moet_gpu_copy_peer_async(void *dst, int dst_device, const void *s
 	return 0;
 }
 
+extern "C" int moet_gpu_copy2d_async(void *dst, size_t dst_pitch, const void *src,
+				     size_t src_pitch, size_t width, size_t rows, void *stream)
+{
+	if (width == 0 || rows == 0)
+		return 0;
+	if (!dst || !src)
+		return moet_err(MOET_EINVAL, "moet_gpu_copy2d_async: NULL pointer");
+	MOET_CUDA_TRY(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows,
+					cudaMemcpyDeviceToDevice, moet_stream(stream)));
+	return 0;
+}
+
 extern "C" int moet_gpu_stream_create(void **out)
 {
 	cudaStream_t st;

@@ -34,6 +34,11 @@ int moet_gpu_copy_d2h_async(void *dst, const void *src, size_t bytes, void *stre
 int moet_gpu_copy_peer_async(void *dst, int dst_device, const void *src, int src_device,
 			     size_t bytes, void *stream);
 
+/* rows x width bytes from src (rows src_pitch bytes apart) to dst (dst_pitch apart), device
+ * memory of the current device, queued on `stream` (cudaMemcpy2DAsync). */
+int moet_gpu_copy2d_async(void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+			  size_t width, size_t rows, void *stream);
+
 /* A stream of the current device (cudaStream_t as void *, non-blocking with respect to the
  * legacy default stream); destroy accepts NULL. */
 int moet_gpu_stream_create(void **out);
@@ -54,6 +59,23 @@ int moet_gpu_event_elapsed_ms(void *start, void *end, float *out_ms);
 
 /* Bytes of free and total memory of the current device. */
 int moet_gpu_mem_info(size_t *out_free, size_t *out_total);
+
+/*
+ * NCCL among CUDA devices 0..n-1 of this process (gpu/nccl.cu; the library is loaded at run
+ * time: MOET_EUNSUP naming it when it cannot be). Buffers are float32, one per rank, and each
+ * rank's work is queued on stream[r] (NULL: that device's legacy default stream).
+ *   bcast   buf[0] (rank 0) -> buf[r] of every rank, count floats
+ *   gather  send[r] (count[r] floats, rank r >= 1) -> recv[r] (rank 0); send[0], recv[0] unused
+ * Each returns with device 0 current. Errors: MOET_EDEVICE naming the NCCL call and error.
+ */
+#define MOET_NCCL_MAX 8
+typedef struct moet_nccl moet_nccl;
+int moet_nccl_create(int n, moet_nccl **out);
+void moet_nccl_destroy(moet_nccl *nc);
+int moet_nccl_version(const moet_nccl *nc);
+int moet_nccl_bcast(moet_nccl *nc, void *const buf[], size_t count, void *const stream[]);
+int moet_nccl_gather(moet_nccl *nc, void *const send[], void *const recv[], const size_t count[],
+		     void *const stream[]);
 
 #ifdef __cplusplus
 }

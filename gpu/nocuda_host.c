@@ -107,3 +107,42 @@ int moet_gpu_mem_info(size_t *out_free, size_t *out_total)
 		*out_total = 0;
 	return no_cuda("moet_gpu_mem_info");
 }
+
+int moet_gpu_copy2d_async(void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+			  size_t width, size_t rows, void *stream)
+{
+	(void)dst, (void)dst_pitch, (void)src, (void)src_pitch, (void)width, (void)rows,
+		(void)stream;
+	return no_cuda("moet_gpu_copy2d_async");
+}
+
+int moet_nccl_create(int n, moet_nccl **out)
+{
+	(void)n;
+	*out = NULL;
+	return no_cuda("NCCL (tensor-parallel dense layers)");
+}
+
+void moet_nccl_destroy(moet_nccl *nc)
+{
+	(void)nc;
+}
+
+int moet_nccl_version(const moet_nccl *nc)
+{
+	(void)nc;
+	return 0;
+}
+
+int moet_nccl_bcast(moet_nccl *nc, void *const buf[], size_t count, void *const stream[])
+{
+	(void)nc, (void)buf, (void)count, (void)stream;
+	return no_cuda("moet_nccl_bcast");
+}
+
+int moet_nccl_gather(moet_nccl *nc, void *const send[], void *const recv[], const size_t count[],
+		     void *const stream[])
+{
+	(void)nc, (void)send, (void)recv, (void)count, (void)stream;
+	return no_cuda("moet_nccl_gather");
+}

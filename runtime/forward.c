@@ -111,7 +111,7 @@ static int ensure_bufs(moet_model *m, moet_fwd_bufs *b, int64_t n)
 		}
 	}
 	b->cap_rows = n;
-	return 0;
+	return moet_tp_reserve(m->tp, n);
 }
 
 /* Validates a batch and counts its rows. */
@@ -146,6 +146,16 @@ static int check_batch(const moet_model *m, const moet_seq_step *steps, int n_st
 	return 0;
 }
 
+/* Layer l's split matrix `which` (MOET_TP) or w on the backend: y = W x (the contract dot). */
+static int linear_tp(moet_model *m, int64_t l, int which, const moet_mat *w, const float *x,
+		     int64_t x_stride, int64_t n, float *y, int64_t y_stride)
+{
+	if (m->tp)
+		return moet_tp_linear(m->tp, moet_tp_layer_mat(m->tp, l, which), x, x_stride, n, y,
+				      y_stride);
+	return m->be->ops->linear(m->be, w, x, x_stride, n, y, y_stride);
+}
+
 #define TRY(call)                                                                          \
 	do {                                                                               \
 		if ((rc = (call)))                                                         \
@@ -169,9 +179,10 @@ static int attention(moet_model *m, int64_t l, int64_t n, const moet_rows *rows)
 		TRY(op->linear(be, &lw->q_a, b->h, H, n, b->qa, c->q_lora_rank));
 		TRY(op->rmsnorm(be, b->qa, c->q_lora_rank, lw->q_a_norm, n, c->q_lora_rank,
 				c->rms_norm_eps, b->qa, c->q_lora_rank));
-		TRY(op->linear(be, &lw->q_b, b->qa, c->q_lora_rank, n, b->q, nh * qk));
+		TRY(linear_tp(m, l, MOET_TP_Q, &lw->q_b, b->qa, c->q_lora_rank, n, b->q,
+			      nh * qk));
 	} else {
-		TRY(op->linear(be, &lw->q_proj, b->h, H, n, b->q, nh * qk));
+		TRY(linear_tp(m, l, MOET_TP_Q, &lw->q_proj, b->h, H, n, b->q, nh * qk));
 	}
 	TRY(op->rope(be, b->q + nope, nh * qk, qk, nh, n, rows, m->inv_freq_b, rope / 2,
 		     m->rope_attn_factor, c->rope_interleave));
@@ -185,15 +196,17 @@ static int attention(moet_model *m, int64_t l, int64_t n, const moet_rows *rows)
 		TRY(op->kv_store_latent(be, l, b->kva, kva_w, kva_w, n, rows));
 		TRY(op->attend_latent(be, &d, &lw->kv_b, l, b->q, nh * qk, n, rows, b->attn,
 				      nh * c->v_head_dim));
-		return op->linear(be, &lw->o, b->attn, nh * c->v_head_dim, n, b->out, H);
+		return linear_tp(m, l, MOET_TP_O, &lw->o, b->attn, nh * c->v_head_dim, n, b->out,
+				 H);
 	}
-	TRY(op->linear(be, &lw->kv_b, b->kva, kva_w, n, b->kvb, nh * (nope + c->v_head_dim)));
+	TRY(linear_tp(m, l, MOET_TP_KVB, &lw->kv_b, b->kva, kva_w, n, b->kvb,
+		      nh * (nope + c->v_head_dim)));
 	/* NOTE: every row's K/V enters its cache before any row attends; a row then sees
 	 * positions 0 .. its own only, exactly as if each token came in a call of its own. */
 	TRY(op->kv_store(be, &d, l, b->kvb, nh * (nope + c->v_head_dim), b->kva + c->kv_lora_rank,
 			 kva_w, n, rows));
 	TRY(op->attend(be, &d, l, b->q, nh * qk, n, rows, b->attn, nh * c->v_head_dim));
-	return op->linear(be, &lw->o, b->attn, nh * c->v_head_dim, n, b->out, H);
+	return linear_tp(m, l, MOET_TP_O, &lw->o, b->attn, nh * c->v_head_dim, n, b->out, H);
 }
 
 /* Routing decisions to the observer (host copies of the ids and weights). */
@@ -294,6 +307,8 @@ static int logits_compute(moet_model *m, const moet_seq_step *steps, int n_steps
 			run_from = t;
 			run_len = want;
 		}
+	if (n_sel && m->tp)
+		return moet_tp_linear(m->tp, moet_tp_lm_head(m->tp), b->h, H, n_sel, b->logits, V);
 	return n_sel ? op->linear(be, &m->lm_head, b->h, H, n_sel, b->logits, V) : 0;
 }
 

@@ -173,7 +173,8 @@ int moet_graph_plan(moet_model *m, const moet_seq_step *steps, int n_steps, int 
 	const moet_backend_ops *op = m->be->ops;
 	int on = 0, rc = moet_graph_switch(&on);
 	*out = MOET_GRAPH_OFF;
-	if (rc || !on || n_mb != 1 || m->route_fn || !op->capture_begin)
+	/* NOTE: a pass over MOET_TP ranks is not captured (its work spans several devices) */
+	if (rc || !on || n_mb != 1 || m->route_fn || !op->capture_begin || m->tp)
 		return rc;
 	if (!m->graphs && !(m->graphs = calloc(1, sizeof(*m->graphs))))
 		return moet_err(MOET_ENOMEM, "CUDA graph cache");

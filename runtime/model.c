@@ -117,6 +117,20 @@ static int bind_linear(moet_model *m, const char *prefix, int64_t rows, int64_t 
 	return rc ? rc : bind_dense(m, &host, out);
 }
 
+/* A dense matrix the tensor-parallel ranks split (MOET_TP, tp.c): rank 0's part bound like any
+ * dense matrix, the others' at moet_tp_flush; *unsplit stays empty (forward.c takes tm). */
+static int bind_split(moet_model *m, const char *prefix, int64_t rows, int64_t cols,
+		      moet_tp_mat *tm, moet_mat *unsplit)
+{
+	if (!m->tp)
+		return bind_linear(m, prefix, rows, cols, unsplit);
+	moet_mat host, part0;
+	int rc = host_linear(m, prefix, rows, cols, &host);
+	if (!rc)
+		rc = moet_tp_split(m->tp, &host, tm, &part0);
+	return rc ? rc : bind_dense(m, &part0, &tm->part[0]);
+}
+
 /* Keeps a decoded host vector for the model's lifetime and binds it on the backend. */
 static int keep_vector(moet_model *m, float *v, int64_t n, const float **out)
 {
@@ -451,6 +465,9 @@ static int bind_attention(moet_model *m, int64_t l, moet_layer_w *lw)
 	char p[PREFIX_BYTES], name[NAME_BYTES];
 	int rc;
 	snprintf(p, sizeof(p), "model.layers.%lld.self_attn", (long long)l);
+	moet_tp_mat *tq = m->tp ? moet_tp_layer_mat(m->tp, l, MOET_TP_Q) : NULL;
+	moet_tp_mat *tkvb = m->tp ? moet_tp_layer_mat(m->tp, l, MOET_TP_KVB) : NULL;
+	moet_tp_mat *to = m->tp ? moet_tp_layer_mat(m->tp, l, MOET_TP_O) : NULL;
 	if (c->q_lora_rank > 0) {
 		snprintf(name, sizeof(name), "%s.q_a_proj", p);
 		if ((rc = bind_linear(m, name, c->q_lora_rank, H, &lw->q_a)))
@@ -459,12 +476,13 @@ static int bind_attention(moet_model *m, int64_t l, moet_layer_w *lw)
 		if ((rc = load_vector(m, name, c->q_lora_rank, &lw->q_a_norm)))
 			return rc;
 		snprintf(name, sizeof(name), "%s.q_b_proj", p);
-		if ((rc = bind_linear(m, name, nh * moet_config_qk_head_dim(c), c->q_lora_rank,
-				      &lw->q_b)))
+		if ((rc = bind_split(m, name, nh * moet_config_qk_head_dim(c), c->q_lora_rank,
+				     tq, &lw->q_b)))
 			return rc;
 	} else {
 		snprintf(name, sizeof(name), "%s.q_proj", p);
-		if ((rc = bind_linear(m, name, nh * moet_config_qk_head_dim(c), H, &lw->q_proj)))
+		if ((rc = bind_split(m, name, nh * moet_config_qk_head_dim(c), H, tq,
+				     &lw->q_proj)))
 			return rc;
 	}
 	snprintf(name, sizeof(name), "%s.kv_a_proj_with_mqa", p);
@@ -474,11 +492,15 @@ static int bind_attention(moet_model *m, int64_t l, moet_layer_w *lw)
 	if ((rc = load_vector(m, name, c->kv_lora_rank, &lw->kv_a_norm)))
 		return rc;
 	snprintf(name, sizeof(name), "%s.kv_b_proj", p);
-	if ((rc = bind_linear(m, name, nh * (c->qk_nope_head_dim + c->v_head_dim),
-			      c->kv_lora_rank, &lw->kv_b)))
+	/* NOTE: the absorbed form's attention reads kv_b whole (on rank 0) */
+	if ((rc = m->mla_absorbed
+			  ? bind_linear(m, name, nh * (c->qk_nope_head_dim + c->v_head_dim),
+					c->kv_lora_rank, &lw->kv_b)
+			  : bind_split(m, name, nh * (c->qk_nope_head_dim + c->v_head_dim),
+				       c->kv_lora_rank, tkvb, &lw->kv_b)))
 		return rc;
 	snprintf(name, sizeof(name), "%s.o_proj", p);
-	return bind_linear(m, name, H, nh * c->v_head_dim, &lw->o);
+	return bind_split(m, name, H, nh * c->v_head_dim, to, &lw->o);
 }
 
 static int bind_moe(moet_model *m, int64_t l, moet_layer_w *lw)
@@ -611,6 +633,15 @@ int moet_model_open_on(const char *dir, const char *device, moet_model **out)
 		goto fail;
 	}
 	const moet_config *c = &m->cfg;
+	/* MOET_TP: the inputs of the split matrices are rows of h, attn, qa or kva */
+	int tp_n = 1;
+	int64_t wide = c->hidden_size;
+	const int64_t widths[] = { c->num_attention_heads * c->v_head_dim, c->q_lora_rank,
+				   c->kv_lora_rank + c->qk_rope_head_dim };
+	for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++)
+		wide = widths[i] > wide ? widths[i] : wide;
+	if ((rc = moet_tp_switch(&tp_n)) || (rc = moet_tp_create(m, tp_n, wide, &m->tp)))
+		goto fail;
 	int64_t eshape[2] = { c->vocab_size, c->hidden_size };
 	if ((rc = moet_ckpt_find(m->ck, "model.embed_tokens.weight", MOET_DT_INVALID, 2, eshape,
 				 &emb)))
@@ -628,8 +659,9 @@ int moet_model_open_on(const char *dir, const char *device, moet_model **out)
 	m->defer_dense = !m->be->ops->host_memory;
 	if ((rc = bind_dense(m, &emb_host, &m->embed)))
 		goto fail;
-	if ((rc = bind_linear(m, c->tie_word_embeddings ? "model.embed_tokens" : "lm_head",
-			      c->vocab_size, c->hidden_size, &m->lm_head)))
+	if ((rc = bind_split(m, c->tie_word_embeddings ? "model.embed_tokens" : "lm_head",
+			     c->vocab_size, c->hidden_size, m->tp ? moet_tp_lm_head(m->tp) : NULL,
+			     &m->lm_head)))
 		goto fail;
 	if ((rc = load_vector(m, "model.norm.weight", c->hidden_size, &m->final_norm)))
 		goto fail;
@@ -641,7 +673,7 @@ int moet_model_open_on(const char *dir, const char *device, moet_model **out)
 	for (int64_t l = 0; l < c->num_hidden_layers; l++)
 		if ((rc = bind_layer(m, l, &m->layers[l])))
 			goto fail;
-	if ((rc = bind_dense_flush(m)))
+	if ((rc = bind_dense_flush(m)) || (m->tp && (rc = moet_tp_flush(m->tp, m->ck))))
 		goto fail;
 	if ((rc = moet_rope_init(m)))
 		goto fail;
@@ -676,6 +708,7 @@ void moet_model_close(moet_model *m)
 	moet_model_set_placement(m, NULL, 0);
 	moet_model_set_shadow(m, 0);
 	moet_model_free_dispatch(m);
+	moet_tp_destroy(m->tp);
 	for (int i = 0; i < m->n_dev_blocks; i++)
 		m->be->ops->free(m->be, m->dev_blocks[i]);
 	free(m->dev_blocks);

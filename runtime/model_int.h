@@ -158,6 +158,40 @@ int moet_remote_finish(moet_remote *r, int slot);
 /* Adds this tier's upload bytes and seconds. */
 void moet_remote_upload_stats(const moet_remote *r, double *bytes, double *seconds);
 
+/* tp.c: the dense part's large matrices split by output rows over MOET_TP ranks (devices).
+ * Rank r holds rows [r0[r], r0[r+1]) of a split matrix, bound on its backend. */
+#define MOET_TP_MAX 8
+#define MOET_TP_PER_LAYER 3 /* the split matrices of a layer: */
+#define MOET_TP_Q 0         /* q_b (or q_proj) */
+#define MOET_TP_KVB 1       /* kv_b (expanded MLA only) */
+#define MOET_TP_O 2         /* o_proj */
+typedef struct moet_tp moet_tp;
+typedef struct moet_tp_mat {
+	moet_mat part[MOET_TP_MAX];
+	int64_t r0[MOET_TP_MAX + 1];
+} moet_tp_mat;
+/* MOET_TP: *out_n ranks (unset, empty or 1: 1, no split); MOET_EINVAL naming a bad value. */
+int moet_tp_switch(int *out_n);
+/* The ranks of m's backend (CUDA devices 0..n-1, or n-1 more CPU backends), NULL for n < 2.
+ * wide: the widest row (floats) an input of a split matrix has in its buffer. */
+int moet_tp_create(struct moet_model *m, int n, int64_t wide, moet_tp **out);
+void moet_tp_destroy(moet_tp *tp);
+int moet_tp_ranks(const moet_tp *tp);
+moet_tp_mat *moet_tp_layer_mat(moet_tp *tp, int64_t l, int which);
+moet_tp_mat *moet_tp_lm_head(moet_tp *tp);
+/* Split bytes of the weights rank r holds. */
+uint64_t moet_tp_rank_bytes(const moet_tp *tp, int r);
+/* Splits host (a checkpoint view) into out's parts: *rank0_host is rank 0's part (for the
+ * caller to bind into out->part[0]); the other ranks' are bound by moet_tp_flush. */
+int moet_tp_split(moet_tp *tp, const moet_mat *host, moet_tp_mat *out, moet_mat *rank0_host);
+int moet_tp_flush(moet_tp *tp, const moet_ckpt *ck);
+/* The exchange buffers grown to `rows` rows (grow-only; accepts NULL). */
+int moet_tp_reserve(moet_tp *tp, int64_t rows);
+/* y[t][r] = D(W, r, x[t]) for the rows of every rank (the backend's linear, split): x and y
+ * rank 0's (the model backend's) memory, x rows x_stride floats apart. */
+int moet_tp_linear(moet_tp *tp, const moet_tp_mat *w, const float *x, int64_t x_stride,
+		   int64_t n, float *y, int64_t y_stride);
+
 /* forward.c: measured step times of the two forms of a pass (one pass, two micro-batches)
  * for one batch-size bucket. */
 typedef struct moet_mb_tune {
@@ -249,6 +283,7 @@ struct moet_model {
 	struct moet_xtier *xtier; /* NVMe expert tier of the CPU tier (moet_xtier.h), or NULL */
 	struct moet_devgroup *dg; /* MOET_GPU_DEVGROUP=1's tables and scratch (devgroup.c) */
 	struct moet_graphs *graphs; /* MOET_CUDA_GRAPH=1's captured passes (graph.c) */
+	moet_tp *tp;              /* MOET_TP >= 2: the split dense matrices (tp.c), or NULL */
 };
 
 /* kv_pool.c: a pool of KV blocks in one backend allocation (moet_model.h).

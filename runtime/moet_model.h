@@ -148,6 +148,11 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
  */
 int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices);
 
+/* MOET_TP (runtime/tp.c, read at open): the ranks the dense part's large matrices (q_b or
+ * q_proj, kv_b in the expanded MLA form, o_proj, lm_head) are split over by output rows, 1
+ * without a split; bytes (optional, [ranks]): each rank's bytes of those matrices. */
+int moet_model_tp_ranks(const moet_model *m, uint64_t *bytes);
+
 /* Prefill staging's slots (runtime/stage.c) on the first GPU, one expert's bytes each, made at
  * the first staged expert: with MOET_STAGE_COPY=pinned (the default on a GPU: waves of 4
  * experts, one half of the ring computing, the other filling) and with driver (one expert at

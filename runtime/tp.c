@@ -1,0 +1,402 @@
+/*
+ * tp.c: the dense part's large matrices split over several devices (MOET_TP=N; issue 5 item 3).
+ *
+ * Exactness decides the split (docs/hybrid.md): a matrix is split by its output rows, so that
+ * each output element is one device's whole contract dot, and the devices exchange finished
+ * values only (copies, no reductions): the logits equal the single-device ones bit for bit.
+ * Split (when MOET_TP is 2 or more): q_b (or q_proj), kv_b (expanded MLA; the absorbed form
+ * keeps it whole on rank 0, where its attention runs), o_proj and lm_head. Everything else
+ * (norms, q_a, kv_a, router, attention, MoE, dense MLP and shared experts, combine) stays on
+ * rank 0, the model's own backend, as without the split.
+ *
+ *   per split matrix W (rows [r0[r], r0[r+1]) on rank r; rank 0's slice through the model's
+ *   bind, so its part is in the same bulk upload as the other dense matrices):
+ *     x (rank 0, [n][K])  -- broadcast -->  xin[r]                    (every rank r >= 1)
+ *     rank 0:  y[:, r0[0] .. r0[1])  = W_0 x      (written in place, y's stride)
+ *     rank r:  yout[r] = W_r xin[r]               ([n][rows_r], contiguous)
+ *     yout[r]  -- gather -->  rbuf[r] (rank 0)  -- strided copy -->  y[:, r0[r] .. r0[r+1])
+ *
+ * Slices start on multiples of 128 rows where the matrix has block scales (an F8 slice is
+ * then a plain view of its data and scale rows), else on any row; rank r takes the next
+ * ceil(blocks / N) blocks, so a small matrix may leave the last ranks without rows.
+ *
+ * Ranks: with --device cuda, CUDA devices 0..N-1 (rank 0 the model's backend), the exchanges
+ * through NCCL (gpu/nccl.cu), each rank's work on its device's stream: the host never waits.
+ * With the CPU backend, N-1 more CPU backends and memcpy exchanges: a test double that runs
+ * the same slicing, placing and exchange order in CI (bits equal by construction there; the
+ * plumbing is what it tests).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_int.h"
+#include "moet_err.h"
+#include "moet_gpu.h"
+#include "moet_gpu_host.h"
+
+typedef struct pend {
+	moet_mat host;
+	moet_mat *out;
+} pend;
+
+struct moet_tp {
+	int n;
+	int cuda;                      /* ranks are CUDA devices 0..n-1, else CPU backends */
+	moet_backend *be[MOET_TP_MAX]; /* [0]: the model's (borrowed) */
+	moet_nccl *nccl;
+	void *st[MOET_TP_MAX];         /* CUDA ranks >= 1: the stream of their work */
+	void *st0;                     /* rank 0's (the thread's stream) while in a rank */
+	pend *pend[MOET_TP_MAX];       /* ranks >= 1: slices to bind at moet_tp_flush */
+	int64_t n_pend[MOET_TP_MAX], cap_pend[MOET_TP_MAX];
+	void **blocks[MOET_TP_MAX];    /* ranks >= 1: their bulk binds (CUDA) */
+	int n_blocks[MOET_TP_MAX];
+	moet_tp_mat *mats;             /* [layers][MOET_TP_PER_LAYER] */
+	moet_tp_mat lm_head;
+	int64_t max_k;                 /* the widest input of a split matrix */
+	int64_t max_rows[MOET_TP_MAX]; /* the most rows of a rank's slice */
+	int64_t cap_rows;              /* rows the scratch holds */
+	float *xin[MOET_TP_MAX];       /* ranks >= 1: [cap][max_k] */
+	float *yout[MOET_TP_MAX];      /* ranks >= 1: [cap][max_rows[r]] */
+	float *rbuf[MOET_TP_MAX];      /* on rank 0: [cap][max_rows[r]] of rank r */
+	uint64_t bytes[MOET_TP_MAX];   /* split weights' bytes per rank */
+};
+
+int moet_tp_switch(int *out_n)
+{
+	const char *v = getenv("MOET_TP");
+	*out_n = 1;
+	if (!v || !*v)
+		return 0;
+	char *end = NULL;
+	long n = strtol(v, &end, 10);
+	if (*end || n < 1 || n > MOET_TP_MAX)
+		return moet_err(MOET_EINVAL, "MOET_TP='%s': expected a rank count from 1 to %d", v,
+				MOET_TP_MAX);
+	*out_n = (int)n;
+	return 0;
+}
+
+/* Rank r's device current with its stream as the thread's (CUDA ranks), and back to rank 0
+ * with its stream. */
+static int enter(moet_tp *tp, int r)
+{
+	if (!tp->cuda || !r)
+		return 0;
+	tp->st0 = moet_gpu_thread_stream();
+	int rc = moet_gpu_set_device(r);
+	if (!rc)
+		moet_gpu_set_thread_stream(tp->st[r]);
+	return rc;
+}
+
+static int leave(moet_tp *tp, int r, int rc)
+{
+	if (!tp->cuda || !r)
+		return rc;
+	int r0 = moet_gpu_set_device(0);
+	moet_gpu_set_thread_stream(tp->st0);
+	return rc ? rc : r0;
+}
+
+static void free_scratch(moet_tp *tp)
+{
+	for (int r = 1; r < tp->n; r++) {
+		if (!tp->be[r])
+			continue;
+		(void)enter(tp, r);
+		tp->be[r]->ops->free(tp->be[r], tp->xin[r]);
+		tp->be[r]->ops->free(tp->be[r], tp->yout[r]);
+		(void)leave(tp, r, 0);
+		tp->be[0]->ops->free(tp->be[0], tp->rbuf[r]);
+		tp->xin[r] = tp->yout[r] = tp->rbuf[r] = NULL;
+	}
+	tp->cap_rows = 0;
+}
+
+void moet_tp_destroy(moet_tp *tp)
+{
+	if (!tp)
+		return;
+	free_scratch(tp);
+	for (int r = 1; r < tp->n; r++) {
+		if (!tp->be[r])
+			continue;
+		(void)enter(tp, r);
+		for (int i = 0; i < tp->n_blocks[r]; i++)
+			tp->be[r]->ops->free(tp->be[r], tp->blocks[r][i]);
+		moet_backend_destroy(tp->be[r]);
+		moet_gpu_set_thread_stream(NULL);
+		moet_gpu_stream_destroy(tp->st[r]);
+		(void)leave(tp, r, 0);
+		free(tp->blocks[r]);
+		free(tp->pend[r]);
+	}
+	moet_nccl_destroy(tp->nccl);
+	free(tp->mats);
+	free(tp);
+}
+
+int moet_tp_create(moet_model *m, int n, int64_t wide, moet_tp **out)
+{
+	const moet_config *c = &m->cfg;
+	*out = NULL;
+	if (n < 2)
+		return 0;
+	const char *name = m->be->ops->name;
+	const int cuda = !strcmp(name, "cuda");
+	if (!cuda && !m->be->ops->host_memory)
+		return moet_err(MOET_EUNSUP, "MOET_TP=%d: the %s backend cannot split the dense "
+				"part (cpu or cuda only)", n, name);
+	moet_tp *tp = calloc(1, sizeof(*tp));
+	if (!tp)
+		return moet_err(MOET_ENOMEM, "tensor-parallel state");
+	tp->n = n;
+	tp->cuda = cuda;
+	tp->be[0] = m->be;
+	tp->max_k = wide;
+	int rc = 0;
+	const char *why = NULL;
+	const int n_gpu = cuda ? moet_gpu_count(&why) : 0;
+	if (cuda && n_gpu < n)
+		rc = moet_err(MOET_EDEVICE, "no CUDA device %d (%d devices%s%s)", n_gpu, n_gpu,
+			      why ? ": " : "", why ? why : "");
+	if (!rc && !(tp->mats = calloc((size_t)c->num_hidden_layers * MOET_TP_PER_LAYER,
+				sizeof(*tp->mats))))
+		rc = moet_err(MOET_ENOMEM, "tensor-parallel matrices");
+	for (int r = 1; r < n && !rc; r++) {
+		if (cuda) {
+			if (!(rc = enter(tp, r)) && !(rc = moet_backend_cuda_create(r, &tp->be[r])))
+				rc = moet_gpu_stream_create_blocking(&tp->st[r]);
+			rc = leave(tp, r, rc);
+		} else {
+			/* NOTE: one thread per simulated rank: the test double needs no executor */
+			rc = moet_backend_cpu_create(1, 1, &tp->be[r]);
+		}
+	}
+	if (!rc && cuda)
+		rc = moet_nccl_create(n, &tp->nccl);
+	if (rc) {
+		moet_tp_destroy(tp);
+		return moet_err_prefix(rc, "MOET_TP=%d", n);
+	}
+	*out = tp;
+	return 0;
+}
+
+int moet_tp_ranks(const moet_tp *tp)
+{
+	return tp ? tp->n : 1;
+}
+
+moet_tp_mat *moet_tp_layer_mat(moet_tp *tp, int64_t l, int which)
+{
+	return &tp->mats[l * MOET_TP_PER_LAYER + which];
+}
+
+moet_tp_mat *moet_tp_lm_head(moet_tp *tp)
+{
+	return &tp->lm_head;
+}
+
+uint64_t moet_tp_rank_bytes(const moet_tp *tp, int r)
+{
+	return tp && r < tp->n ? tp->bytes[r] : 0;
+}
+
+int moet_model_tp_ranks(const moet_model *m, uint64_t *bytes)
+{
+	const int n = moet_tp_ranks(m->tp);
+	for (int r = 0; bytes && r < n; r++)
+		bytes[r] = moet_tp_rank_bytes(m->tp, r);
+	return n;
+}
+
+static int push_pend(moet_tp *tp, int r, const moet_mat *host, moet_mat *out)
+{
+	if (tp->n_pend[r] == tp->cap_pend[r]) {
+		int64_t cap = tp->cap_pend[r] ? 2 * tp->cap_pend[r] : 64;
+		pend *p = realloc(tp->pend[r], (size_t)cap * sizeof(*p));
+		if (!p)
+			return moet_err(MOET_ENOMEM, "rank %d's matrix list", r);
+		tp->pend[r] = p;
+		tp->cap_pend[r] = cap;
+	}
+	tp->pend[r][tp->n_pend[r]++] = (pend){ *host, out };
+	return 0;
+}
+
+int moet_tp_split(moet_tp *tp, const moet_mat *host, moet_tp_mat *out, moet_mat *rank0_host)
+{
+	const int64_t R = host->rows, K = host->cols;
+	const int64_t g = host->scale_inv ? MOET_BLOCK : 1;
+	const int64_t per = (R + g - 1) / g, take = (per + tp->n - 1) / tp->n * g;
+	const int64_t sblocks = (K + MOET_BLOCK - 1) / MOET_BLOCK;
+	const size_t esz = moet_dtype_size(host->dtype);
+	memset(out, 0, sizeof(*out));
+	for (int r = 0; r <= tp->n; r++)
+		out->r0[r] = take * r < R ? take * r : R;
+	for (int r = 0; r < tp->n; r++) {
+		moet_mat p = *host;
+		p.rows = out->r0[r + 1] - out->r0[r];
+		p.data = (const uint8_t *)host->data + (size_t)out->r0[r] * (size_t)K * esz;
+		if (host->scale_inv)
+			p.scale_inv = host->scale_inv + out->r0[r] / MOET_BLOCK * sblocks;
+		tp->bytes[r] += moet_mat_data_bytes(&p) + moet_mat_scale_bytes(&p);
+		if (p.rows > tp->max_rows[r])
+			tp->max_rows[r] = p.rows;
+		out->part[r] = p;
+		if (r == 0) {
+			*rank0_host = p;
+		} else if (p.rows > 0) {
+			int rc = push_pend(tp, r, &p, &out->part[r]);
+			if (rc)
+				return rc;
+		}
+	}
+	if (K > tp->max_k)
+		tp->max_k = K;
+	return 0;
+}
+
+int moet_tp_flush(moet_tp *tp, const moet_ckpt *ck)
+{
+	int rc = 0;
+	for (int r = 1; r < tp->n && !rc; r++) {
+		const int64_t n = tp->n_pend[r];
+		moet_backend *be = tp->be[r];
+		moet_mat *host = malloc((size_t)(n + 1) * sizeof(*host));
+		moet_mat *dev = malloc((size_t)(n + 1) * sizeof(*dev));
+		if (!host || !dev)
+			rc = moet_err(MOET_ENOMEM, "rank %d's upload list", r);
+		for (int64_t i = 0; !rc && i < n; i++)
+			host[i] = tp->pend[r][i].host;
+		if (!rc && (rc = enter(tp, r)) == 0) {
+			if (tp->cuda && n)
+				rc = moet_bind_staged(be, ck, host, n, dev, &tp->blocks[r],
+						      &tp->n_blocks[r], NULL);
+			for (int64_t i = 0; !tp->cuda && !rc && i < n; i++)
+				rc = be->ops->bind_mat(be, &host[i], &dev[i]);
+			rc = leave(tp, r, rc);
+		}
+		for (int64_t i = 0; !rc && i < n; i++)
+			*tp->pend[r][i].out = dev[i];
+		free(host);
+		free(dev);
+		free(tp->pend[r]);
+		tp->pend[r] = NULL;
+		tp->n_pend[r] = tp->cap_pend[r] = 0;
+		if (rc)
+			rc = moet_err_prefix(rc, "rank %d's slices of the dense matrices", r);
+	}
+	return rc;
+}
+
+int moet_tp_reserve(moet_tp *tp, int64_t rows)
+{
+	if (!tp || rows <= tp->cap_rows)
+		return 0;
+	free_scratch(tp);
+	int rc = 0;
+	for (int r = 1; r < tp->n && !rc; r++) {
+		const size_t in = (size_t)(rows * tp->max_k) * sizeof(float);
+		const size_t o = (size_t)(rows * tp->max_rows[r]) * sizeof(float);
+		moet_backend *be = tp->be[r];
+		if (!(rc = enter(tp, r)) && !(rc = be->ops->alloc(be, in, (void **)&tp->xin[r])))
+			rc = be->ops->alloc(be, o ? o : sizeof(float), (void **)&tp->yout[r]);
+		rc = leave(tp, r, rc);
+		if (!rc)
+			rc = tp->be[0]->ops->alloc(tp->be[0], o ? o : sizeof(float),
+						   (void **)&tp->rbuf[r]);
+	}
+	if (rc) {
+		free_scratch(tp);
+		return moet_err_prefix(rc, "tensor-parallel buffers for %lld rows", (long long)rows);
+	}
+	tp->cap_rows = rows;
+	return 0;
+}
+
+/* x (rank 0, count floats) to xin[r] of every rank r >= 1. */
+static int bcast(moet_tp *tp, const float *x, size_t count)
+{
+	if (!tp->cuda) {
+		for (int r = 1; r < tp->n; r++)
+			memcpy(tp->xin[r], x, count * sizeof(float));
+		return 0;
+	}
+	void *buf[MOET_TP_MAX] = { (void *)x }, *st[MOET_TP_MAX] = { moet_gpu_thread_stream() };
+	for (int r = 1; r < tp->n; r++) {
+		buf[r] = tp->xin[r];
+		st[r] = tp->st[r];
+	}
+	return moet_nccl_bcast(tp->nccl, buf, count, st);
+}
+
+/* yout[r] (count[r] floats) to rbuf[r] on rank 0, for every rank r >= 1. */
+static int gather(moet_tp *tp, const size_t count[])
+{
+	if (!tp->cuda) {
+		for (int r = 1; r < tp->n; r++)
+			memcpy(tp->rbuf[r], tp->yout[r], count[r] * sizeof(float));
+		return 0;
+	}
+	void *snd[MOET_TP_MAX] = { 0 }, *rcv[MOET_TP_MAX] = { 0 };
+	void *st[MOET_TP_MAX] = { moet_gpu_thread_stream() };
+	for (int r = 1; r < tp->n; r++) {
+		snd[r] = tp->yout[r];
+		rcv[r] = tp->rbuf[r];
+		st[r] = tp->st[r];
+	}
+	return moet_nccl_gather(tp->nccl, snd, rcv, count, st);
+}
+
+/* rows x width floats of src (contiguous) into dst (rows dst_stride apart), on rank 0. */
+static int place(moet_tp *tp, float *dst, int64_t dst_stride, const float *src, int64_t width,
+		 int64_t rows)
+{
+	if (!tp->cuda) {
+		for (int64_t t = 0; t < rows; t++)
+			memcpy(dst + t * dst_stride, src + t * width, (size_t)width * sizeof(float));
+		return 0;
+	}
+	return moet_gpu_copy2d_async(dst, (size_t)dst_stride * sizeof(float), src,
+				     (size_t)width * sizeof(float), (size_t)width * sizeof(float),
+				     (size_t)rows, NULL);
+}
+
+int moet_tp_linear(moet_tp *tp, const moet_tp_mat *w, const float *x, int64_t x_stride,
+		   int64_t n, float *y, int64_t y_stride)
+{
+	const int64_t K = w->part[0].cols;
+	size_t count[MOET_TP_MAX] = { 0 };
+	int rc;
+	if (n <= 0)
+		return 0;
+	if (n > tp->cap_rows || x_stride < K || x_stride > tp->max_k)
+		return moet_err(MOET_EINVAL, "tensor-parallel linear of %lld rows of %lld floats: "
+				"buffers hold %lld of %lld", (long long)n, (long long)x_stride,
+				(long long)tp->cap_rows, (long long)tp->max_k);
+	/* NOTE: the rows are sent whole (x_stride apart), the last one up to K */
+	if ((rc = bcast(tp, x, (size_t)((n - 1) * x_stride + K))))
+		return moet_err_prefix(rc, "tensor-parallel broadcast");
+	if (w->part[0].rows > 0 &&
+	    (rc = tp->be[0]->ops->linear(tp->be[0], &w->part[0], x, x_stride, n, y, y_stride)))
+		return rc;
+	for (int r = 1; r < tp->n; r++) {
+		const int64_t rows = w->part[r].rows;
+		if (rows == 0)
+			continue;
+		if ((rc = enter(tp, r)) == 0)
+			rc = tp->be[r]->ops->linear(tp->be[r], &w->part[r], tp->xin[r],
+						    x_stride, n, tp->yout[r], rows);
+		if ((rc = leave(tp, r, rc)))
+			return moet_err_prefix(rc, "tensor-parallel rank %d", r);
+		count[r] = (size_t)(n * rows);
+	}
+	if ((rc = gather(tp, count)))
+		return moet_err_prefix(rc, "tensor-parallel gather");
+	for (int r = 1; r < tp->n && !rc; r++)
+		if (w->part[r].rows > 0)
+			rc = place(tp, y + w->r0[r], y_stride, tp->rbuf[r], w->part[r].rows, n);
+	return rc;
+}
