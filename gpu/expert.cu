@@ -50,6 +50,27 @@ static void get_down(const void *ctx, int64_t i, moet_rows_group *g)
 	*g = moet_rows_group{ { x->down.data, NULL }, { x->down.scale_inv, NULL }, x->n_tok };
 }
 
+/* The gate_up pass (nmat 2) of I rows over x's n_x rows (tok: pair -> row) into out. */
+static moet_rows_job gate_up_job(int idt, int64_t I, int64_t H, const float *x, int64_t x_stride,
+				 const int32_t *tok, int64_t n_x, float *out, int64_t out_stride,
+				 bool vec, int wide)
+{
+	moet_rows_job g = {};
+	g.dt = idt;
+	g.nmat = 2;
+	g.rows = (int)I;
+	g.K = (int)H;
+	g.x = x;
+	g.x_stride = x_stride;
+	g.tok = tok;
+	g.n_x = (int)n_x;
+	g.out = out;
+	g.out_stride = out_stride;
+	g.vec = vec;
+	g.wide = wide;
+	return g;
+}
+
 extern "C" size_t moet_gpu_expert_scratch_bytes(int64_t n_pairs, int64_t inter)
 {
 	if (n_pairs <= 0 || inter <= 0)
@@ -146,19 +167,8 @@ extern "C" int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, c
 		return rc;
 	const int idt = dt == MOET_DT_F8_E4M3 ? MOET_ROWS_F8 : MOET_ROWS_BF16;
 	const int64_t hs = (I + 3) / 4 * 4; /* h row stride: 16-byte rows for the down pass */
-	moet_rows_job g = {};
-	g.dt = idt;
-	g.nmat = 2;
-	g.rows = (int)I;
-	g.K = (int)H;
-	g.x = x;
-	g.x_stride = H;
-	g.tok = tok;
-	g.n_x = (int)n_x;
-	g.out = (float *)scratch;
-	g.out_stride = hs;
-	g.vec = vec_up && H % 4 == 0 && aligned16(x);
-	g.wide = wide;
+	moet_rows_job g = gate_up_job(idt, I, H, x, H, tok, n_x, (float *)scratch, hs,
+				      vec_up && H % 4 == 0 && aligned16(x), wide);
 	g.pdl = pdl ? MOET_ROWS_PDL_TRIGGER : 0;
 	rc = moet_rows_run(&g, get_gate_up, exps, n_exp, moet_stream(stream));
 	if (rc)
@@ -179,6 +189,49 @@ extern "C" int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, c
 	d.wide = wide;
 	d.pdl = pdl ? MOET_ROWS_PDL_WAIT : 0;
 	return moet_rows_run(&d, get_down, exps, n_exp, moet_stream(stream));
+}
+
+extern "C" int moet_gpu_gate_up(const moet_mat *gate, const moet_mat *up, const float *x,
+				int64_t x_stride, int64_t n, const int32_t *tok, float *h,
+				int64_t h_stride, void *stream)
+{
+	if (n <= 0 || gate->rows == 0)
+		return 0;
+	const moet_dtype dt = gate->dtype;
+	const int64_t I = gate->rows, H = gate->cols;
+	int rc = check_geom(dt, I, H);
+	if (rc)
+		return rc;
+	if (!same_shape(up, dt, I, H))
+		return moet_err(MOET_ESHAPE, "gate_up: gate %lldx%lld, up %lldx%lld (dtypes %d %d)",
+				(long long)I, (long long)H, (long long)up->rows,
+				(long long)up->cols, (int)dt, (int)up->dtype);
+	const size_t esz = dt == MOET_DT_F8_E4M3 ? 1 : 2;
+	const moet_mat *ms[2] = { gate, up };
+	bool vec = (H * (int64_t)esz) % 16 == 0 && H % 4 == 0 && x_stride % 4 == 0 && aligned16(x);
+	for (int m = 0; m < 2; m++) {
+		if (!ms[m]->data || ((uintptr_t)ms[m]->data & (esz - 1)) ||
+		    ((uintptr_t)ms[m]->scale_inv & 3u))
+			return moet_err(MOET_EINVAL, "gate_up: matrix %d: data %p, scale_inv %p (NULL "
+					"or misaligned)", m, ms[m]->data,
+					(const void *)ms[m]->scale_inv);
+		vec = vec && aligned16(ms[m]->data);
+	}
+	if (!x || !tok || !h || n > INT_MAX || x_stride < H || h_stride < I ||
+	    ((uintptr_t)x & 3u) || ((uintptr_t)h & 3u))
+		return moet_err(MOET_EINVAL, "gate_up: x %p (stride %lld), tok %p, h %p (stride "
+				"%lld), %lld rows", (const void *)x, (long long)x_stride,
+				(const void *)tok, (void *)h, (long long)h_stride, (long long)n);
+	int wide = 0;
+	if ((rc = moet_rows_variant(&wide)))
+		return rc;
+	moet_gpu_expert e = {};
+	e.gate = *gate;
+	e.up = *up;
+	e.n_tok = n;
+	moet_rows_job g = gate_up_job(dt == MOET_DT_F8_E4M3 ? MOET_ROWS_F8 : MOET_ROWS_BF16, I, H, x,
+				      x_stride, tok, n, h, h_stride, vec, wide);
+	return moet_rows_run(&g, get_gate_up, &e, 1, moet_stream(stream));
 }
 
 extern "C" int moet_gpu_expert_table(const moet_gpu_expert *exps, int64_t n_exp,

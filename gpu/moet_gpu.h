@@ -116,6 +116,16 @@ int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, const float 
 			void *stream);
 
 /*
+ * The first pass of moet_gpu_expert_ffn for one FFN whose gate and up may be row slices (the
+ * tensor-parallel split, runtime/tp.c): h[t * h_stride + i] = silu_c(D(gate, i, x[tok[t]])) *
+ * D(up, i, x[tok[t]]) for t < n, i < gate.rows, with x rows x_stride floats apart; the same
+ * kernels, so the same bits as the h inside moet_gpu_expert_ffn. Device memory; queued on
+ * `stream`. Returns 0, MOET_EINVAL, MOET_ESHAPE, MOET_EUNSUP or MOET_EDEVICE.
+ */
+int moet_gpu_gate_up(const moet_mat *gate, const moet_mat *up, const float *x, int64_t x_stride,
+		     int64_t n, const int32_t *tok, float *h, int64_t h_stride, void *stream);
+
+/*
  * ---- The dense path (gpu/linear.cu, rmsnorm.cu, rope.cu, attention.cu, kv_write.cu,
  * router.cu, embed.cu, add.cu, combine.cu) ----------------------------------------------------
  * Every op works on DEVICE pointers (borrowed), is queued on `stream` (cudaStream_t, NULL = the

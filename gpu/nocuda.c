@@ -132,6 +132,14 @@ int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, const float 
 	return no_cuda("moet_gpu_expert_ffn");
 }
 
+int moet_gpu_gate_up(const moet_mat *gate, const moet_mat *up, const float *x, int64_t x_stride,
+		     int64_t n, const int32_t *tok, float *h, int64_t h_stride, void *stream)
+{
+	(void)gate, (void)up, (void)x, (void)x_stride, (void)n, (void)tok, (void)h, (void)h_stride,
+		(void)stream;
+	return no_cuda("moet_gpu_gate_up");
+}
+
 /* ---- The dense path: every op answers MOET_EUNSUP. ---- */
 
 int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,

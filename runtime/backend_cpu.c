@@ -182,12 +182,19 @@ typedef struct linear_task {
 	int64_t y_stride;
 } linear_task;
 
-/* Worker i of n takes a contiguous slice of W's rows (multiples of 16). */
+/* Worker i of n takes a contiguous slice [*r0, *r1) of R rows (multiples of 16). */
+static void row_slice(int64_t R, int worker, int n_workers, int64_t *r0, int64_t *r1)
+{
+	const int64_t chunk = ((R + n_workers - 1) / n_workers + 15) / 16 * 16;
+	*r0 = chunk * worker;
+	*r1 = *r0 + chunk < R ? *r0 + chunk : R;
+}
+
 static void linear_slice(void *arg, int worker, int n_workers)
 {
 	const linear_task *t = arg;
-	const int64_t R = t->w->rows, chunk = ((R + n_workers - 1) / n_workers + 15) / 16 * 16;
-	const int64_t r0 = chunk * worker, r1 = r0 + chunk < R ? r0 + chunk : R;
+	int64_t r0, r1;
+	row_slice(t->w->rows, worker, n_workers, &r0, &r1);
 	if (r0 < r1)
 		t->kern->rows(t->w, r0, r1, t->x, t->x_stride, t->n, t->y + r0, t->y_stride);
 }
@@ -203,6 +210,38 @@ static int cpu_linear(moet_backend *be, const moet_mat *w, const float *x, int64
 		return 0;
 	}
 	return moet_cpuexec_run(c->ex, linear_slice, &t);
+}
+
+typedef struct gate_up_task {
+	const moet_cpu_kernels *kern;
+	const moet_mat *gate, *up;
+	const float *x;
+	int64_t x_stride, n;
+	float *h;
+	int64_t h_stride;
+} gate_up_task;
+
+/* As linear_slice, for the gate and up rows of h. */
+static void gate_up_slice(void *arg, int worker, int n_workers)
+{
+	const gate_up_task *t = arg;
+	int64_t r0, r1;
+	row_slice(t->gate->rows, worker, n_workers, &r0, &r1);
+	if (r0 < r1)
+		t->kern->gate_up(t->gate, t->up, r0, r1, t->x, t->x_stride, t->n, t->h + r0,
+				 t->h_stride);
+}
+
+static int cpu_gate_up(moet_backend *be, const moet_mat *gate, const moet_mat *up,
+		       const float *x, int64_t x_stride, int64_t n, float *h, int64_t h_stride)
+{
+	cpu_be *c = impl(be);
+	gate_up_task t = { c->kern, gate, up, x, x_stride, n, h, h_stride };
+	if (!c->ex || 2 * gate->rows * gate->cols * n < (1 << 18)) {
+		gate_up_slice(&t, 0, 1);
+		return 0;
+	}
+	return moet_cpuexec_run(c->ex, gate_up_slice, &t);
 }
 
 static int cpu_add(moet_backend *be, float *x, const float *y, int64_t n_elems)
@@ -503,6 +542,7 @@ static const moet_backend_ops cpu_ops = {
 	.route = cpu_route,
 	.experts_grouped = cpu_experts_grouped,
 	.ffn = cpu_ffn,
+	.gate_up = cpu_gate_up,
 	.combine = cpu_combine,
 };
 

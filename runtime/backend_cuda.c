@@ -570,6 +570,14 @@ static int cu_ffn(moet_backend *be, const moet_ffn_w *w, const float *h, int64_t
 	return moet_gpu_expert_ffn(&e, 1, h, n, c->iota, c->scratch, c->scratch_bytes, out, NULL);
 }
 
+static int cu_gate_up(moet_backend *be, const moet_mat *gate, const moet_mat *up,
+		      const float *x, int64_t x_stride, int64_t n, float *h, int64_t h_stride)
+{
+	cuda_be *c = impl(be);
+	int rc = ensure_pairs(c, n, 1);
+	return rc ? rc : moet_gpu_gate_up(gate, up, x, x_stride, n, c->iota, h, h_stride, NULL);
+}
+
 static int cu_combine(moet_backend *be, const float *y, const int32_t *slot,
 		      const float *weights, int64_t top_k, const float *shared, int64_t n,
 		      int64_t dim, float *out)
@@ -635,6 +643,7 @@ static const moet_backend_ops cuda_ops = {
 	.route = cu_route,
 	.experts_grouped = cu_experts_grouped,
 	.ffn = cu_ffn,
+	.gate_up = cu_gate_up,
 	.combine = cu_combine,
 	.sample = cu_sample, /* issue 4 */
 	.capture_begin = cu_capture_begin,

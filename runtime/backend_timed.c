@@ -204,6 +204,15 @@ static int td_ffn(moet_backend *be, const moet_ffn_w *w, const float *h, int64_t
 	FWD(key, ffn(t_->in, w, h, n, out));
 }
 
+static int td_gate_up(moet_backend *be, const moet_mat *gate, const moet_mat *up,
+		      const float *x, int64_t xs, int64_t n, float *h, int64_t hs)
+{
+	char key[48];
+	snprintf(key, sizeof(key), "gate_up %lldx%lld", (long long)gate->rows,
+		 (long long)gate->cols);
+	FWD(key, gate_up(t_->in, gate, up, x, xs, n, h, hs));
+}
+
 static int td_combine(moet_backend *be, const float *y, const int32_t *slot, const float *w,
 		      int64_t k, const float *shared, int64_t n, int64_t dim, float *out)
 {
@@ -246,6 +255,7 @@ int moet_backend_timed_create(moet_backend *inner, moet_backend **out)
 	t->ops.route = td_route;
 	t->ops.experts_grouped = td_experts_grouped;
 	t->ops.ffn = td_ffn;
+	t->ops.gate_up = in->gate_up ? td_gate_up : NULL;
 	t->ops.combine = td_combine;
 	t->ops.sample = in->sample ? td_sample : NULL;
 	t->be = (moet_backend){ .ops = &t->ops, .impl = t };

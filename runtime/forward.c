@@ -156,6 +156,17 @@ static int linear_tp(moet_model *m, int64_t l, int which, const moet_mat *w, con
 	return m->be->ops->linear(m->be, w, x, x_stride, n, y, y_stride);
 }
 
+/* Layer l's dense MLP or shared experts: split over the MOET_TP ranks, or the backend's ffn. */
+static int ffn_tp(moet_model *m, int64_t l, const moet_ffn_w *w, const float *x, int64_t n,
+		  float *out)
+{
+	if (moet_tp_splits_ffn(m->tp))
+		return moet_tp_ffn(m->tp, moet_tp_layer_mat(m->tp, l, MOET_TP_GATE),
+				   moet_tp_layer_mat(m->tp, l, MOET_TP_UP),
+				   moet_tp_layer_mat(m->tp, l, MOET_TP_DOWN), x, n, out);
+	return m->be->ops->ffn(m->be, w, x, n, out);
+}
+
 #define TRY(call)                                                                          \
 	do {                                                                               \
 		if ((rc = (call)))                                                         \
@@ -248,14 +259,14 @@ static int ff_start(moet_model *m, int64_t l, int64_t n, const moet_seq_step *st
 	const int64_t H = c->hidden_size;
 	int rc;
 	if (!lw->is_moe)
-		return op->ffn(be, &lw->mlp, b->h, n, b->out);
+		return ffn_tp(m, l, &lw->mlp, b->h, n, b->out);
 	TRY(op->linear(be, &lw->router, b->h, H, n, b->rlogits, c->n_routed_experts));
 	TRY(op->route(be, c, b->rlogits, lw->router_bias, n, b->ids, b->rw));
 	if (m->route_fn)
 		TRY(observe_routes(m, l, n, steps, n_steps));
 	TRY(moet_moe_dispatch(m, l, b->ids, n, b->h, b->y, b->slot));
 	/* the CPU tier may still run: the shared experts go on the backend meanwhile */
-	rc = lw->has_shared ? op->ffn(be, &lw->mlp, b->h, n, b->shared) : 0;
+	rc = lw->has_shared ? ffn_tp(m, l, &lw->mlp, b->h, n, b->shared) : 0;
 	if (rc)
 		moet_moe_dispatch_finish(m);
 	return rc;

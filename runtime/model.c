@@ -205,6 +205,26 @@ static int bind_ffn(moet_model *m, const char *prefix, int64_t inter, int64_t hi
 	return rc;
 }
 
+/* The dense MLP or shared experts of layer l: split over the MOET_TP ranks where they split
+ * FFNs (tp.c), else bind_ffn. */
+static int bind_ffn_split(moet_model *m, int64_t l, const char *prefix, int64_t inter,
+			  int64_t hidden, moet_ffn_w *out)
+{
+	if (!moet_tp_splits_ffn(m->tp))
+		return bind_ffn(m, prefix, inter, hidden, out, NULL);
+	moet_ffn_w h;
+	moet_mat part0;
+	int rc = host_ffn(m, prefix, inter, hidden, &h);
+	const moet_mat *src[3] = { &h.gate, &h.up, &h.down };
+	static const int which[3] = { MOET_TP_GATE, MOET_TP_UP, MOET_TP_DOWN };
+	for (int i = 0; i < 3 && !rc; i++) {
+		moet_tp_mat *tm = moet_tp_layer_mat(m->tp, l, which[i]);
+		if (!(rc = moet_tp_split(m->tp, src[i], tm, &part0)))
+			rc = bind_dense(m, &part0, &tm->part[0]);
+	}
+	return rc;
+}
+
 /* Bytes of a matrix with its block scales. */
 static size_t mat_bytes(const moet_mat *w)
 {
@@ -546,8 +566,8 @@ static int bind_moe(moet_model *m, int64_t l, moet_layer_w *lw)
 	if (c->n_shared_experts > 0) {
 		lw->has_shared = 1;
 		snprintf(name, sizeof(name), "%s.shared_experts", p);
-		return bind_ffn(m, name, c->n_shared_experts * c->moe_intermediate_size, H,
-				&lw->mlp, NULL);
+		return bind_ffn_split(m, l, name, c->n_shared_experts * c->moe_intermediate_size,
+				      H, &lw->mlp);
 	}
 	return 0;
 }
@@ -570,7 +590,7 @@ static int bind_layer(moet_model *m, int64_t l, moet_layer_w *lw)
 	if (lw->is_moe)
 		return bind_moe(m, l, lw);
 	snprintf(name, sizeof(name), "model.layers.%lld.mlp", (long long)l);
-	return bind_ffn(m, name, c->intermediate_size, c->hidden_size, &lw->mlp, NULL);
+	return bind_ffn_split(m, l, name, c->intermediate_size, c->hidden_size, &lw->mlp);
 }
 
 static int check_config(const moet_config *c, const char *dir)

@@ -161,10 +161,13 @@ void moet_remote_upload_stats(const moet_remote *r, double *bytes, double *secon
 /* tp.c: the dense part's large matrices split by output rows over MOET_TP ranks (devices).
  * Rank r holds rows [r0[r], r0[r+1]) of a split matrix, bound on its backend. */
 #define MOET_TP_MAX 8
-#define MOET_TP_PER_LAYER 3 /* the split matrices of a layer: */
+#define MOET_TP_PER_LAYER 6 /* the split matrices of a layer: */
 #define MOET_TP_Q 0         /* q_b (or q_proj) */
 #define MOET_TP_KVB 1       /* kv_b (expanded MLA only) */
 #define MOET_TP_O 2         /* o_proj */
+#define MOET_TP_GATE 3      /* the dense MLP's or the shared experts' gate, up, down (where */
+#define MOET_TP_UP 4        /* every backend has gate_up) */
+#define MOET_TP_DOWN 5
 typedef struct moet_tp moet_tp;
 typedef struct moet_tp_mat {
 	moet_mat part[MOET_TP_MAX];
@@ -191,6 +194,14 @@ int moet_tp_reserve(moet_tp *tp, int64_t rows);
  * rank 0's (the model backend's) memory, x rows x_stride floats apart. */
 int moet_tp_linear(moet_tp *tp, const moet_tp_mat *w, const float *x, int64_t x_stride,
 		   int64_t n, float *y, int64_t y_stride);
+/* 1 when the ranks split FFNs too (every rank's backend has gate_up). */
+int moet_tp_splits_ffn(const moet_tp *tp);
+/* out[t] = FFN(x[t]) (x rows H floats apart, out [n][H]) with gate, up and down split: h's
+ * rows by the ranks of gate and up (gate_up), gathered on rank 0, then down split as
+ * moet_tp_linear. The same bits as the backend's ffn but for the NaN canonicalization of
+ * its output (a NaN's payload may differ). */
+int moet_tp_ffn(moet_tp *tp, const moet_tp_mat *gate, const moet_tp_mat *up,
+		const moet_tp_mat *down, const float *x, int64_t n, float *out);
 
 /* forward.c: measured step times of the two forms of a pass (one pass, two micro-batches)
  * for one batch-size bucket. */

@@ -155,6 +155,11 @@ typedef struct moet_backend_ops {
 			       const float *h, int64_t n, float *y);
 	/* out[t] = FFN(w, h[t]) (dense MLP or shared experts). */
 	int (*ffn)(moet_backend *be, const moet_ffn_w *w, const float *h, int64_t n, float *out);
+	/* Optional (NULL: MOET_TP keeps the dense MLP and shared experts whole on rank 0): the
+	 * first half of ffn, h[t][i] = silu_c(D(gate, i, x[t])) * D(up, i, x[t]) for every row i
+	 * of gate and up (the same rows), bit for bit the h that ffn computes inside. */
+	int (*gate_up)(moet_backend *be, const moet_mat *gate, const moet_mat *up, const float *x,
+		       int64_t x_stride, int64_t n, float *h, int64_t h_stride);
 	/* out[t][j] = canon(sum_i fma(weights[t][i], y[slot[t][i]][j], .) + (shared ?
 	 * shared[t][j] : 0)), i in canonical order: the contract's combine. out may alias shared. */
 	int (*combine)(moet_backend *be, const float *y, const int32_t *slot, const float *weights,

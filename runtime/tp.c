@@ -53,11 +53,14 @@ struct moet_tp {
 	moet_tp_mat *mats;             /* [layers][MOET_TP_PER_LAYER] */
 	moet_tp_mat lm_head;
 	int64_t max_k;                 /* the widest input of a split matrix */
+	int64_t chunk;                 /* MOET_TP_ROWS: the most rows of one exchange, or 0 */
 	int64_t max_rows[MOET_TP_MAX]; /* the most rows of a rank's slice */
-	int64_t cap_rows;              /* rows the scratch holds */
+	int64_t cap_rows;              /* rows the scratch holds: a product of more rows runs in
+					  chunks of these (moet_tp_reserve) */
 	float *xin[MOET_TP_MAX];       /* ranks >= 1: [cap][max_k] */
 	float *yout[MOET_TP_MAX];      /* ranks >= 1: [cap][max_rows[r]] */
 	float *rbuf[MOET_TP_MAX];      /* on rank 0: [cap][max_rows[r]] of rank r */
+	float *act;                    /* on rank 0: [cap][max_k], a split FFN's h */
 	uint64_t bytes[MOET_TP_MAX];   /* split weights' bytes per rank */
 };
 
@@ -110,6 +113,8 @@ static void free_scratch(moet_tp *tp)
 		tp->be[0]->ops->free(tp->be[0], tp->rbuf[r]);
 		tp->xin[r] = tp->yout[r] = tp->rbuf[r] = NULL;
 	}
+	tp->be[0]->ops->free(tp->be[0], tp->act);
+	tp->act = NULL;
 	tp->cap_rows = 0;
 }
 
@@ -155,9 +160,18 @@ int moet_tp_create(moet_model *m, int n, int64_t wide, moet_tp **out)
 	tp->be[0] = m->be;
 	tp->max_k = wide;
 	int rc = 0;
+	const char *ch = getenv("MOET_TP_ROWS");
+	if (ch && *ch) {
+		char *end = NULL;
+		long v = strtol(ch, &end, 10);
+		if (*end || v < 1 || v > (1L << 30))
+			rc = moet_err(MOET_EINVAL, "MOET_TP_ROWS='%s': expected rows from 1 to 2^30",
+				      ch);
+		tp->chunk = v;
+	}
 	const char *why = NULL;
 	const int n_gpu = cuda ? moet_gpu_count(&why) : 0;
-	if (cuda && n_gpu < n)
+	if (!rc && cuda && n_gpu < n)
 		rc = moet_err(MOET_EDEVICE, "no CUDA device %d (%d devices%s%s)", n_gpu, n_gpu,
 			      why ? ": " : "", why ? why : "");
 	if (!rc && !(tp->mats = calloc((size_t)c->num_hidden_layers * MOET_TP_PER_LAYER,
@@ -291,9 +305,24 @@ int moet_tp_flush(moet_tp *tp, const moet_ckpt *ck)
 	return rc;
 }
 
+/* The most floats one exchange buffer holds (256 MiB): a long prefill's products run in row
+ * chunks instead of buffers of the whole call (lm_head's slice of a rank is 81920 floats a row
+ * at Kimi-K2 size over two ranks: 8192 rows would take 2.7 GB on each side). */
+#define TP_BUF_FLOATS ((int64_t)64 << 20)
+
 int moet_tp_reserve(moet_tp *tp, int64_t rows)
 {
-	if (!tp || rows <= tp->cap_rows)
+	if (!tp)
+		return 0;
+	int64_t widest = tp->max_k;
+	for (int r = 1; r < tp->n; r++)
+		widest = tp->max_rows[r] > widest ? tp->max_rows[r] : widest;
+	const int64_t most = TP_BUF_FLOATS / (widest > 0 ? widest : 1);
+	if (rows > most)
+		rows = most > 16 ? most : 16;
+	if (tp->chunk && rows > tp->chunk)
+		rows = tp->chunk;
+	if (rows <= tp->cap_rows)
 		return 0;
 	free_scratch(tp);
 	int rc = 0;
@@ -308,6 +337,9 @@ int moet_tp_reserve(moet_tp *tp, int64_t rows)
 			rc = tp->be[0]->ops->alloc(tp->be[0], o ? o : sizeof(float),
 						   (void **)&tp->rbuf[r]);
 	}
+	if (!rc && moet_tp_splits_ffn(tp))
+		rc = tp->be[0]->ops->alloc(tp->be[0], (size_t)(rows * tp->max_k) * sizeof(float),
+					   (void **)&tp->act);
 	if (rc) {
 		free_scratch(tp);
 		return moet_err_prefix(rc, "tensor-parallel buffers for %lld rows", (long long)rows);
@@ -364,31 +396,55 @@ static int place(moet_tp *tp, float *dst, int64_t dst_stride, const float *src, 
 				     (size_t)rows, NULL);
 }
 
-int moet_tp_linear(moet_tp *tp, const moet_tp_mat *w, const float *x, int64_t x_stride,
-		   int64_t n, float *y, int64_t y_stride)
+int moet_tp_splits_ffn(const moet_tp *tp)
+{
+	for (int r = 0; tp && r < tp->n; r++)
+		if (!tp->be[r]->ops->gate_up)
+			return 0;
+	return tp != NULL;
+}
+
+/*
+ * The split product of w (with up: gate_up of w and up, which share their rows): x (rank 0,
+ * rows x_stride apart) to every rank, each rank's rows, gathered and placed into y's columns
+ * on rank 0.
+ */
+static int split_run(moet_tp *tp, const moet_tp_mat *w, const moet_tp_mat *up, const float *x,
+		     int64_t x_stride, int64_t n, float *y, int64_t y_stride)
 {
 	const int64_t K = w->part[0].cols;
 	size_t count[MOET_TP_MAX] = { 0 };
 	int rc;
 	if (n <= 0)
 		return 0;
-	if (n > tp->cap_rows || x_stride < K || x_stride > tp->max_k)
-		return moet_err(MOET_EINVAL, "tensor-parallel linear of %lld rows of %lld floats: "
-				"buffers hold %lld of %lld", (long long)n, (long long)x_stride,
+	if (tp->cap_rows < 1 || x_stride < K || x_stride > tp->max_k)
+		return moet_err(MOET_EINVAL, "tensor-parallel product of rows of %lld floats: "
+				"buffers of %lld rows of %lld", (long long)x_stride,
 				(long long)tp->cap_rows, (long long)tp->max_k);
+	if (n > tp->cap_rows) { /* in chunks of rows, in order */
+		for (int64_t t0 = 0; t0 < n; t0 += tp->cap_rows) {
+			const int64_t nn = n - t0 < tp->cap_rows ? n - t0 : tp->cap_rows;
+			if ((rc = split_run(tp, w, up, x + t0 * x_stride, x_stride, nn,
+					    y + t0 * y_stride, y_stride)))
+				return rc;
+		}
+		return 0;
+	}
 	/* NOTE: the rows are sent whole (x_stride apart), the last one up to K */
 	if ((rc = bcast(tp, x, (size_t)((n - 1) * x_stride + K))))
 		return moet_err_prefix(rc, "tensor-parallel broadcast");
-	if (w->part[0].rows > 0 &&
-	    (rc = tp->be[0]->ops->linear(tp->be[0], &w->part[0], x, x_stride, n, y, y_stride)))
-		return rc;
-	for (int r = 1; r < tp->n; r++) {
+	for (int r = 0; r < tp->n; r++) {
 		const int64_t rows = w->part[r].rows;
+		moet_backend *be = tp->be[r];
 		if (rows == 0)
 			continue;
+		const float *xr = r ? tp->xin[r] : x;
+		float *yr = r ? tp->yout[r] : y;
+		const int64_t ys = r ? rows : y_stride;
 		if ((rc = enter(tp, r)) == 0)
-			rc = tp->be[r]->ops->linear(tp->be[r], &w->part[r], tp->xin[r],
-						    x_stride, n, tp->yout[r], rows);
+			rc = up ? be->ops->gate_up(be, &w->part[r], &up->part[r], xr, x_stride, n, yr,
+						   ys)
+				: be->ops->linear(be, &w->part[r], xr, x_stride, n, yr, ys);
 		if ((rc = leave(tp, r, rc)))
 			return moet_err_prefix(rc, "tensor-parallel rank %d", r);
 		count[r] = (size_t)(n * rows);
@@ -398,5 +454,27 @@ int moet_tp_linear(moet_tp *tp, const moet_tp_mat *w, const float *x, int64_t x_
 	for (int r = 1; r < tp->n && !rc; r++)
 		if (w->part[r].rows > 0)
 			rc = place(tp, y + w->r0[r], y_stride, tp->rbuf[r], w->part[r].rows, n);
+	return rc;
+}
+
+int moet_tp_linear(moet_tp *tp, const moet_tp_mat *w, const float *x, int64_t x_stride,
+		   int64_t n, float *y, int64_t y_stride)
+{
+	return split_run(tp, w, NULL, x, x_stride, n, y, y_stride);
+}
+
+int moet_tp_ffn(moet_tp *tp, const moet_tp_mat *gate, const moet_tp_mat *up,
+		const moet_tp_mat *down, const float *x, int64_t n, float *out)
+{
+	const int64_t H = gate->part[0].cols, I = down->part[0].cols;
+	int rc = 0;
+	if (tp->cap_rows < 1)
+		return moet_err(MOET_EINVAL, "tensor-parallel FFN: no buffers reserved");
+	/* NOTE: act holds cap_rows rows of h: a longer call in chunks of rows */
+	for (int64_t t0 = 0; t0 < n && !rc; t0 += tp->cap_rows) {
+		const int64_t nn = n - t0 < tp->cap_rows ? n - t0 : tp->cap_rows;
+		if (!(rc = split_run(tp, gate, up, x + t0 * H, H, nn, tp->act, I)))
+			rc = split_run(tp, down, NULL, tp->act, I, nn, out + t0 * H, H);
+	}
 	return rc;
 }

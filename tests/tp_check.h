@@ -8,7 +8,8 @@
  *   - with a placement (owner, n_dev devices: simulated on the CPU backend, GPUs on CUDA) and
  *     two micro-batches forced (MOET_MICROBATCH=1);
  * and the ranks' bytes of the split matrices add up to the checkpoint's tensors (q_b or
- * q_proj, kv_b in the expanded form, o_proj, lm_head), every rank holding some.
+ * q_proj, kv_b in the expanded form, o_proj, the dense MLP, the shared experts, lm_head),
+ * every rank holding some.
  */
 #ifndef TP_CHECK_H
 #define TP_CHECK_H
@@ -31,17 +32,21 @@ static uint64_t tp_split_bytes(const moet_model *m, int absorbed)
 {
 	const moet_config *c = moet_model_config(m);
 	const moet_ckpt *ck = moet_model_ckpt(m);
-	static const char *const attn[] = { "q_b_proj", "q_proj", "kv_b_proj", "o_proj" };
+	static const char *const mats[] = {
+		"self_attn.q_b_proj", "self_attn.q_proj", "self_attn.kv_b_proj", "self_attn.o_proj",
+		"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "mlp.shared_experts.gate_proj",
+		"mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj",
+	};
 	static const char *const part[] = { "weight", "weight_scale_inv" };
 	char name[160];
 	uint64_t sum = 0;
 	for (int64_t l = 0; l < c->num_hidden_layers; l++)
-		for (int i = 0; i < 4; i++)
+		for (size_t i = 0; i < sizeof(mats) / sizeof(mats[0]); i++)
 			for (int j = 0; j < 2; j++) {
 				if (absorbed && i == 2)
 					continue;
-				snprintf(name, sizeof(name), "model.layers.%lld.self_attn.%s.%s",
-					 (long long)l, attn[i], part[j]);
+				snprintf(name, sizeof(name), "model.layers.%lld.%s.%s", (long long)l,
+					 mats[i], part[j]);
 				const moet_tensor *t = moet_ckpt_get(ck, name);
 				sum += t ? t->n_bytes : 0;
 			}

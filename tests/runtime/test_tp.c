@@ -4,7 +4,8 @@
  * tp_check.h): 2, 3 and 4 ranks in the expanded MLA form (with 3 and 4 some F8 matrices of
  * the tiny checkpoint leave the last ranks without rows: slices start on 128-row blocks),
  * 2 and 3 in the absorbed form (kv_b stays whole), each also with a placement over the CPU
- * tier and two simulated devices in two micro-batches. Bad values of MOET_TP fail the open
+ * tier and two simulated devices in two micro-batches; 3 ranks with MOET_TP_ROWS=2 (every
+ * product of more rows in chunks). Bad values of MOET_TP and MOET_TP_ROWS fail the open
  * naming the value.
  */
 #include "../tp_check.h"
@@ -22,6 +23,11 @@ int main(void)
 			tp_case(x.dir, "cpu", ranks, absorbed, x.own, 2, x.ref, x.got, x.n_log,
 				"test_tp");
 	}
+	/* exchanges in chunks of 2 rows (the prefills' 3 to 7 rows run in several) */
+	moet_test_env("MOET_TP_ROWS", "2");
+	if (!tp_reference(x.dir, 0, x.ref, x.n_log))
+		tp_case(x.dir, "cpu", 3, 0, x.own, 2, x.ref, x.got, x.n_log, "MOET_TP_ROWS=2");
+	moet_test_env("MOET_TP_ROWS", NULL);
 	/* bad values: refused at open, naming the value */
 	static const char *const bad[] = { "0", "9", "two", "2x", "-2" };
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -35,6 +41,15 @@ int main(void)
 		      bad[i], rc, moet_errmsg());
 		moet_model_close(m);
 	}
+	moet_test_env("MOET_TP", "2");
+	moet_test_env("MOET_TP_ROWS", "0");
+	moet_model *m = NULL;
+	int rc = moet_model_open(x.dir, &m);
+	moet_test_env("MOET_TP_ROWS", NULL);
+	moet_test_env("MOET_TP", NULL);
+	CHECK(rc == MOET_EINVAL && strstr(moet_errmsg(), "MOET_TP_ROWS='0'"), "MOET_TP_ROWS=0: rc %d "
+	      "(%s)", rc, moet_errmsg());
+	moet_model_close(m);
 	tp_ctx_free(&x);
 	return moet_test_done("test_tp");
 }
