@@ -619,6 +619,13 @@ static int check_config(const moet_config *c, const char *dir)
 
 int moet_model_open_on(const char *dir, const char *device, moet_model **out)
 {
+	return moet_model_open_tp(dir, device, 0, out);
+}
+
+int moet_model_open_tp(const char *dir, const char *device, int tp, moet_model **out)
+{
+	if (tp < 0 || tp > MOET_TP_MAX)
+		return moet_err(MOET_EINVAL, "tensor-parallel ranks %d: 1 to %d", tp, MOET_TP_MAX);
 	moet_model *m = calloc(1, sizeof(*m));
 	char path[4096];
 	const moet_tensor *emb;
@@ -654,13 +661,13 @@ int moet_model_open_on(const char *dir, const char *device, moet_model **out)
 	}
 	const moet_config *c = &m->cfg;
 	/* MOET_TP: the inputs of the split matrices are rows of h, attn, qa or kva */
-	int tp_n = 1;
+	int tp_n = tp;
 	int64_t wide = c->hidden_size;
 	const int64_t widths[] = { c->num_attention_heads * c->v_head_dim, c->q_lora_rank,
 				   c->kv_lora_rank + c->qk_rope_head_dim };
 	for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++)
 		wide = widths[i] > wide ? widths[i] : wide;
-	if ((rc = moet_tp_switch(&tp_n)) || (rc = moet_tp_create(m, tp_n, wide, &m->tp)))
+	if ((!tp && (rc = moet_tp_switch(&tp_n))) || (rc = moet_tp_create(m, tp_n, wide, &m->tp)))
 		goto fail;
 	int64_t eshape[2] = { c->vocab_size, c->hidden_size };
 	if ((rc = moet_ckpt_find(m->ck, "model.embed_tokens.weight", MOET_DT_INVALID, 2, eshape,

@@ -34,6 +34,11 @@ int moet_model_open(const char *dir, moet_model **out);
 /* The same on a named backend: "cpu" (the reference backend) or "cuda". */
 int moet_model_open_on(const char *dir, const char *device, moet_model **out);
 
+/* moet_model_open_on with the dense part split over tp ranks (runtime/tp.c: CUDA devices
+ * 0..tp-1, or CPU backends); tp 0 reads MOET_TP (what moet_model_open_on does), 1 no split.
+ * MOET_EINVAL for tp outside 0..8. */
+int moet_model_open_tp(const char *dir, const char *device, int tp, moet_model **out);
+
 /* Accepts NULL. */
 void moet_model_close(moet_model *m);
 

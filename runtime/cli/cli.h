@@ -50,6 +50,13 @@ int moet_cli_parse_list(const char *opt, const char *s, int64_t lo, int64_t hi, 
 
 typedef struct moet_model moet_model;
 
+/* Opens the model in dir on device for a command given placement FILE (NULL: none): with
+ * MOET_TP unset or empty, a placement whose dense part is `split` over two or more GPUs
+ * opens it split over them (moet_model_open_tp: the placement's GPUs 0..n-1 are the ranks);
+ * otherwise as moet_model_open_on. The placement is read here only for that (checked again
+ * when it is applied). */
+int moet_cli_open(const char *dir, const char *device, const char *place, moet_model **out);
+
 /* Loads placement FILE against the model (sizes from its checkpoint) and sets it, with the
  * file's GPUs as devices (simulated on the CPU backend); sim_devices >= 0 asks for that many
  * (at least the file's count), -1 takes the file's. Returns 0 or the error code. */

@@ -99,7 +99,7 @@ int moet_cli_generate(int argc, char **argv)
 	moet_model *m = NULL;
 	int rc = moet_cli_parse_tokens(tokens, &prompt, &n_prompt);
 	if (!rc)
-		rc = moet_model_open_on(model_dir, device, &m);
+		rc = moet_cli_open(model_dir, device, place, &m);
 	if (!rc && place)
 		rc = moet_cli_apply_placement(m, place, sim, NULL);
 	if (!rc && ram)

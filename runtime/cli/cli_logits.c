@@ -70,7 +70,7 @@ int moet_cli_logits(int argc, char **argv)
 	float *logits = NULL;
 	int rc = moet_cli_parse_tokens(tokens, &ids, &n);
 	if (!rc)
-		rc = moet_model_open_on(model_dir, device, &m);
+		rc = moet_cli_open(model_dir, device, place, &m);
 	if (!rc && place)
 		rc = moet_cli_apply_placement(m, place, sim, NULL);
 	if (!rc && ram)

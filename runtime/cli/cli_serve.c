@@ -190,7 +190,7 @@ int moet_cli_serve(int argc, char **argv)
 	moet_tokenizer *tok = NULL;
 	moet_serve *sv = NULL;
 	int n_dev = 0;
-	if ((rc = moet_model_open_on(model_dir, device, &m)))
+	if ((rc = moet_cli_open(model_dir, device, place, &m)))
 		goto out;
 	if (place && (rc = moet_cli_apply_placement(m, place, (int)sim, &n_dev)))
 		goto out;

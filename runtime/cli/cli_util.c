@@ -42,6 +42,37 @@ int moet_cli_parse_tokens(const char *s, int64_t **out, int64_t *out_n)
 	return 0;
 }
 
+int moet_cli_open(const char *dir, const char *device, const char *place, moet_model **out)
+{
+	const char *env = getenv("MOET_TP");
+	*out = NULL;
+	if (!place || (env && *env))
+		return moet_model_open_on(dir, device, out);
+	char path[4096];
+	moet_config cf;
+	moet_ckpt *ck = NULL;
+	moet_placement_sizes *sz = NULL;
+	moet_placement *pl = NULL;
+	snprintf(path, sizeof(path), "%s/config.json", dir);
+	int rc = moet_config_load(path, &cf);
+	if (!rc)
+		rc = moet_ckpt_open(dir, &ck);
+	if (!rc)
+		rc = moet_placement_sizes_from_ckpt(&cf, ck, &sz);
+	if (!rc)
+		rc = moet_placement_load(place, &cf, sz, &pl);
+	const int n = rc ? 0 : moet_placement_n_gpus(pl);
+	const int split = !rc && n >= 2 && moet_placement_dense_gpu(pl) == MOET_PLACEMENT_DENSE_SPLIT;
+	moet_placement_free(pl);
+	moet_placement_sizes_free(sz);
+	moet_ckpt_close(ck);
+	if (split && n > 8)
+		return moet_err(MOET_EUNSUP, "%s: dense: split over %d GPUs: at most 8 (or name one "
+				"GPU for the dense part)", place, n);
+	/* NOTE: a placement that does not load opens unsplit; applying it reports the error */
+	return moet_model_open_tp(dir, device, split ? n : 1, out);
+}
+
 int moet_cli_apply_placement(moet_model *m, const char *path, int sim_devices,
 			     int *out_n_devices)
 {

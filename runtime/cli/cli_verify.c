@@ -108,7 +108,7 @@ static int shadow_verify(const char *dir, const char *place, const char *device,
 	moet_model *m = NULL;
 	float *got = NULL;
 	int n_dev = 0;
-	int rc = place ? moet_model_open_on(dir, device, &m)
+	int rc = place ? moet_cli_open(dir, device, place, &m)
 		       : moet_err(MOET_EINVAL, "--shadow needs --placement FILE");
 	if (!rc)
 		rc = moet_cli_apply_placement(m, place, sim, &n_dev);
@@ -222,7 +222,7 @@ int moet_cli_verify(int argc, char **argv)
 	moet_placement_sizes *sz = NULL;
 	moet_placement *pl = NULL;
 	float *ref = NULL, *got = NULL;
-	int rc = moet_model_open_on(model_dir, device, &m), differ = 0;
+	int rc = moet_cli_open(model_dir, device, place, &m), differ = 0;
 	if (!rc)
 		rc = moet_placement_sizes_from_ckpt(moet_model_config(m), moet_model_ckpt(m), &sz);
 	if (!rc && place)
@@ -237,6 +237,10 @@ int moet_cli_verify(int argc, char **argv)
 	const size_t n_log = (size_t)(o.prompts * (o.steps + 1)) * (size_t)V;
 	if (!rc && (!(ref = malloc(n_log * sizeof(float))) || !(got = malloc(n_log * sizeof(float)))))
 		rc = moet_err(MOET_ENOMEM, "logits");
+	const int tp = rc ? 1 : moet_model_tp_ranks(m, NULL);
+	if (tp > 1) /* the placement's `dense: split` (or MOET_TP): both runs split */
+		printf("dense part split over %d %s (tensor-parallel) in both runs\n", tp,
+		       strcmp(device, "cuda") ? "simulated ranks" : "GPUs");
 	for (int bi = 0; !rc && bi < o.n_batches; bi++) {
 		const int batch = o.batches[bi];
 		if ((rc = moet_model_set_ram_budget(m, 0, NULL)) ||

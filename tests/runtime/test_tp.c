@@ -6,7 +6,8 @@
  * 2 and 3 in the absorbed form (kv_b stays whole), each also with a placement over the CPU
  * tier and two simulated devices in two micro-batches; 3 ranks with MOET_TP_ROWS=2 (every
  * product of more rows in chunks). Bad values of MOET_TP and MOET_TP_ROWS fail the open
- * naming the value.
+ * naming the value. The CLI opens split where a placement's dense part is `split` over two
+ * or more GPUs (verify says so), not with `dense: gpu0`, nor under MOET_TP=1.
  */
 #include "../tp_check.h"
 
@@ -40,6 +41,27 @@ int main(void)
 		CHECK(rc == MOET_EINVAL && strstr(moet_errmsg(), want), "MOET_TP=%s: rc %d (%s)",
 		      bad[i], rc, moet_errmsg());
 		moet_model_close(m);
+	}
+	/* the CLI: a placement's `dense: split` over its 2 GPUs splits (verify says so, and its
+	 * runs are bit-identical), `dense: gpu0` does not, MOET_TP=1 overrides the file */
+	static const char *const dense[] = { "", "dense: gpu0\n", "" };
+	static const char *const env[] = { "", "", "MOET_TP=1 " };
+	for (int i = 0; i < 3; i++) {
+		char path[1024], yaml[512], *out = NULL;
+		snprintf(path, sizeof(path), "%s/p%d.yaml", x.dir, i);
+		snprintf(yaml, sizeof(yaml), "version: 1\ngpus:\n  - {name: gpu0, budget: 1GiB}\n"
+			 "  - {name: gpu1, budget: 1GiB}\n%sdefault: {gpu0: \"0-7\", gpu1: "
+			 "\"8-15\"}\n", dense[i]);
+		CHECK(moet_test_write_file(path, yaml, strlen(yaml)) == 0, "write %s", path);
+		char cmd[2048];
+		snprintf(cmd, sizeof(cmd), "%s%s verify --model %s --placement %s --prompts 2 "
+			 "--steps 2 2>&1", env[i], moet_test_bin(), x.dir, path);
+		int rc = moet_test_run(cmd, &out);
+		const int said = out && strstr(out, "dense part split over 2 simulated ranks");
+		CHECK(rc == 0 && (i == 0) == !!said && out && strstr(out, "bit-identical"),
+		      "verify, placement %d (%s%s): exit %d, split said %d: %s", i, env[i], dense[i],
+		      rc, said, out ? out : "");
+		free(out);
 	}
 	moet_test_env("MOET_TP", "2");
 	moet_test_env("MOET_TP_ROWS", "0");
