@@ -214,6 +214,13 @@ static int attention(moet_model *m, int64_t l, int64_t n, const moet_rows *rows)
 		      nh * (nope + c->v_head_dim)));
 	/* NOTE: every row's K/V enters its cache before any row attends; a row then sees
 	 * positions 0 .. its own only, exactly as if each token came in a call of its own. */
+	int64_t h0, heads;
+	if (moet_tp_heads(m->tp, 0, &h0, &heads)) { /* each rank its heads (MOET_TP) */
+		TRY(moet_tp_attend(m->tp, m->mb_slot, &d, l, b->q, b->kvb, b->kva + c->kv_lora_rank,
+				   kva_w, n, rows, b->attn));
+		return linear_tp(m, l, MOET_TP_O, &lw->o, b->attn, nh * c->v_head_dim, n, b->out,
+				 H);
+	}
 	TRY(op->kv_store(be, &d, l, b->kvb, nh * (nope + c->v_head_dim), b->kva + c->kv_lora_rank,
 			 kva_w, n, rows));
 	TRY(op->attend(be, &d, l, b->q, nh * qk, n, rows, b->attn, nh * c->v_head_dim));
@@ -389,6 +396,9 @@ static int mb_rows(moet_model *m, mb_pass *p)
 	if (!rc)
 		rc = m->be->ops->prepare_rows(m->be, p->slot, rows, tok, p->n, c->num_hidden_layers,
 					      &p->rows);
+	if (!rc) /* MOET_TP with the attention split: the ranks' tables of their heads' caches */
+		rc = moet_tp_rows(m->tp, p->slot, p->steps, p->n_steps, tok, p->n,
+				  c->num_hidden_layers);
 	return rc;
 }
 

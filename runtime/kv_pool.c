@@ -34,17 +34,25 @@
 #define KV_MAX_SHIFT_BLOCK 16       /* block_tokens <= 65536 */
 #define KV_MAX_TOKENS (INT64_C(1) << 30) /* positions of one cache or pool (int32 on the GPU) */
 
-/* Floats per position per layer of m's MLA form (struct moet_kv's k_row, v_row). */
-static void kv_geometry(const moet_model *m, int64_t *k_row, int64_t *v_row)
+/* Floats per position per layer of m's MLA form (struct moet_kv's k_row, v_row) on rank r:
+ * with the attention split by heads (MOET_TP) only that rank's heads. */
+static void kv_geometry_rank(const moet_model *m, int r, int64_t *k_row, int64_t *v_row)
 {
 	const moet_config *c = &m->cfg;
+	int64_t h0 = 0, heads = c->num_attention_heads;
 	if (m->mla_absorbed) {
 		*k_row = c->kv_lora_rank + c->qk_rope_head_dim;
 		*v_row = 0;
-	} else {
-		*k_row = c->num_attention_heads * moet_config_qk_head_dim(c);
-		*v_row = c->num_attention_heads * c->v_head_dim;
+		return;
 	}
+	(void)moet_tp_heads(m->tp, r, &h0, &heads);
+	*k_row = heads * moet_config_qk_head_dim(c);
+	*v_row = heads * c->v_head_dim;
+}
+
+static void kv_geometry(const moet_model *m, int64_t *k_row, int64_t *v_row)
+{
+	kv_geometry_rank(m, 0, k_row, v_row);
 }
 
 size_t moet_kv_token_bytes(const moet_model *m)
@@ -87,6 +95,9 @@ static void pool_unref(moet_kv_pool *p)
 		return;
 	if (p->k)
 		p->be->ops->free(p->be, p->k);
+	for (int r = 1; r < MOET_TP_MAX; r++)
+		if (p->rk[r])
+			moet_tp_rank_free(p->tp, r, p->rk[r]);
 	free(p->free_ids);
 	free(p);
 }
@@ -122,6 +133,22 @@ static int pool_make(const moet_model *m, int64_t n_blocks, int shift, int64_t r
 		goto fail;
 	}
 	p->v = p->v_row ? p->k + p->n_layers * rows * p->k_row : NULL;
+	/* the attention split by heads: each rank r >= 1 its heads' part on its device */
+	int64_t h0, heads;
+	for (int r = 1; !m->mla_absorbed && moet_tp_heads(m->tp, r, &h0, &heads) && heads; r++) {
+		p->tp = m->tp;
+		kv_geometry_rank(m, r, &p->rk_row[r], &p->rv_row[r]);
+		const size_t b = (size_t)p->n_layers * (size_t)rows *
+				 (size_t)(p->rk_row[r] + p->rv_row[r]) * sizeof(float);
+		if ((rc = moet_tp_rank_alloc(m->tp, r, b, (void **)&p->rk[r]))) {
+			p->rk[r] = NULL;
+			rc = moet_err_prefix(rc, "KV pool of %lld positions: rank %d's heads (%.3f "
+					     "GiB)", (long long)budget, r,
+					     (double)b / (1024.0 * 1024.0 * 1024.0));
+			goto fail;
+		}
+		p->rv[r] = p->rk[r] + p->n_layers * rows * p->rk_row[r];
+	}
 	/* the stack pops block 0 first, then 1, 2, ... */
 	for (int64_t i = 0; i < n_blocks; i++)
 		p->free_ids[i] = (int32_t)(n_blocks - 1 - i);
@@ -291,6 +318,18 @@ void moet_kv_undo_batch(const moet_seq_step *steps, int n_steps)
 {
 	for (int s = n_steps - 1; s >= 0; s--)
 		give_back(steps[s].kv, steps[s].kv->mark);
+}
+
+void moet_kv_rowinfo_rank(const moet_kv *kv, int64_t pos, int r, moet_rowinfo *out)
+{
+	const moet_kv_pool *p = kv->pool;
+	moet_kv_rowinfo(kv, pos, out);
+	if (r > 0) {
+		out->k = p->rk[r];
+		out->v = p->rv[r];
+		out->k_layer = p->rows * p->rk_row[r];
+		out->v_layer = p->rows * p->rv_row[r];
+	}
 }
 
 void moet_kv_rowinfo(const moet_kv *kv, int64_t pos, moet_rowinfo *out)

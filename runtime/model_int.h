@@ -194,6 +194,21 @@ int moet_tp_reserve(moet_tp *tp, int64_t rows);
  * rank 0's (the model backend's) memory, x rows x_stride floats apart. */
 int moet_tp_linear(moet_tp *tp, const moet_tp_mat *w, const float *x, int64_t x_stride,
 		   int64_t n, float *y, int64_t y_stride);
+/* The attention split by heads (MOET_TP in the expanded MLA form, unless MOET_TP_ATTN=rank0):
+ * 1 and rank r's heads [*h0, *h0 + *nh) (possibly none), else 0 (the attention on rank 0). */
+int moet_tp_heads(const moet_tp *tp, int r, int64_t *h0, int64_t *nh);
+/* Memory of rank r's backend (the KV pools' parts); free accepts NULL. */
+int moet_tp_rank_alloc(moet_tp *tp, int r, size_t bytes, void **out);
+void moet_tp_rank_free(moet_tp *tp, int r, void *p);
+/* The ranks' row tables of a micro-batch (slot), from its entries (the caches' rank parts). */
+int moet_tp_rows(moet_tp *tp, int slot, const moet_seq_step *steps, int n_steps,
+		 const int64_t *tok, int64_t n, int64_t n_layers);
+/* Layer l's K/V store and attention with the heads split (the expanded form): q [n][heads x
+ * qk], kvb [n][heads x (nope + v)] and k_pe (rows kpe_stride apart) are rank 0's, as forward.c
+ * has them; rows: rank 0's row table of the slot; out [n][heads x v] on rank 0. */
+int moet_tp_attend(moet_tp *tp, int slot, const moet_attn_dims *d, int64_t l, const float *q,
+		   const float *kvb, const float *k_pe, int64_t kpe_stride, int64_t n,
+		   const moet_rows *rows, float *out);
 /* 1 when the ranks split FFNs too (every rank's backend has gate_up). */
 int moet_tp_splits_ffn(const moet_tp *tp);
 /* out[t] = FFN(x[t]) (x rows H floats apart, out [n][H]) with gate, up and down split: h's
@@ -313,6 +328,11 @@ struct moet_kv_pool {
 	int64_t rows;           /* positions per layer in memory */
 	int64_t budget_tokens;  /* as asked (for the messages) */
 	float *k, *v;           /* v: NULL when v_row is 0 (absorbed form) */
+	/* MOET_TP with the attention split by heads (tp.c): rank 0's heads are k, v above (k_row,
+	 * v_row count only them); rank r >= 1 keeps its heads' K and V on its device */
+	moet_tp *tp;
+	float *rk[MOET_TP_MAX], *rv[MOET_TP_MAX];
+	int64_t rk_row[MOET_TP_MAX], rv_row[MOET_TP_MAX];
 	int32_t *free_ids;      /* [n_blocks], a stack: free_ids[0 .. n_free) */
 	int64_t n_free;
 	int64_t want;           /* moet_kv_grow_batch's scratch */
@@ -338,6 +358,9 @@ struct moet_kv {
 int moet_kv_grow_batch(const moet_seq_step *steps, int n_steps);
 /* After a failed pass: each entry's cache gives back the blocks the grow gave it. */
 void moet_kv_undo_batch(const moet_seq_step *steps, int n_steps);
+/* Rank r's row table entry of a row of kv's sequence at position pos (its heads' cache,
+ * MOET_TP with the attention split; rank 0: moet_kv_rowinfo's). */
+void moet_kv_rowinfo_rank(const moet_kv *kv, int64_t pos, int r, moet_rowinfo *out);
 /* The row table entry (moet_rowinfo) of a row of kv's sequence at position pos. */
 void moet_kv_rowinfo(const moet_kv *kv, int64_t pos, moet_rowinfo *out);
 /* MOET_EINVAL (naming the entry) when kv was not made for a model of m's geometry and form. */

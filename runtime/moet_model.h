@@ -60,7 +60,8 @@ typedef struct moet_kv_pool moet_kv_pool;
 #define MOET_KV_BLOCK_TOKENS 64 /* the default block size, positions */
 
 /* Bytes of backend memory one cached position takes over all layers, in the model's MLA form
- * (expanded: heads x (qk_head + v_head) floats per layer; absorbed: kv_lora + rope). */
+ * (expanded: heads x (qk_head + v_head) floats per layer; absorbed: kv_lora + rope), on the
+ * backend's device: with MOET_TP's attention split by heads, rank 0's heads only. */
 size_t moet_kv_token_bytes(const moet_model *m);
 
 /*

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "model_int.h"
+#include "moet_env.h"
 #include "moet_err.h"
 #include "moet_gpu.h"
 #include "moet_gpu_host.h"
@@ -62,6 +63,17 @@ struct moet_tp {
 	float *rbuf[MOET_TP_MAX];      /* on rank 0: [cap][max_rows[r]] of rank r */
 	float *act;                    /* on rank 0: [cap][max_k], a split FFN's h */
 	uint64_t bytes[MOET_TP_MAX];   /* split weights' bytes per rank */
+	/* the attention split by heads (expanded MLA; MOET_TP_ATTN=heads, the default) */
+	int head_split;
+	int64_t h0[MOET_TP_MAX + 1];   /* rank r's heads [h0[r], h0[r+1]) */
+	int64_t nh, qk, kvb_w, kva_w, v_dim;
+	int64_t cap_attn;              /* rows of the attention buffers (a pass's, grow-only) */
+	float *qin[MOET_TP_MAX], *kvbin[MOET_TP_MAX], *kvain[MOET_TP_MAX]; /* ranks >= 1 */
+	float *aout[MOET_TP_MAX];      /* ranks >= 1: their heads' attention [cap][nh_r x v] */
+	float *abuf[MOET_TP_MAX];      /* on rank 0: rank r's aout received */
+	moet_rowinfo *hrows;           /* host: a rank's row table being made */
+	int64_t cap_hrows;
+	const moet_rows *rows[2][MOET_TP_MAX]; /* ranks >= 1: per micro-batch slot */
 };
 
 int moet_tp_switch(int *out_n)
@@ -118,11 +130,27 @@ static void free_scratch(moet_tp *tp)
 	tp->cap_rows = 0;
 }
 
+static void free_attn(moet_tp *tp)
+{
+	for (int r = 1; r < tp->n; r++) {
+		float **b[4] = { &tp->qin[r], &tp->kvbin[r], &tp->kvain[r], &tp->aout[r] };
+		for (int i = 0; i < 4; i++) {
+			moet_tp_rank_free(tp, r, *b[i]);
+			*b[i] = NULL;
+		}
+		tp->be[0]->ops->free(tp->be[0], tp->abuf[r]);
+		tp->abuf[r] = NULL;
+	}
+	tp->cap_attn = 0;
+}
+
 void moet_tp_destroy(moet_tp *tp)
 {
 	if (!tp)
 		return;
 	free_scratch(tp);
+	free_attn(tp);
+	free(tp->hrows);
 	for (int r = 1; r < tp->n; r++) {
 		if (!tp->be[r])
 			continue;
@@ -160,11 +188,23 @@ int moet_tp_create(moet_model *m, int n, int64_t wide, moet_tp **out)
 	tp->be[0] = m->be;
 	tp->max_k = wide;
 	int rc = 0;
+	static const char *const attn[] = { "heads", "rank0" };
+	int a = 0;
+	rc = moet_env_choice("MOET_TP_ATTN", attn, 2, &a);
+	tp->head_split = !rc && a == 0 && !m->mla_absorbed;
+	tp->nh = c->num_attention_heads;
+	tp->qk = moet_config_qk_head_dim(c);
+	tp->v_dim = c->v_head_dim;
+	tp->kvb_w = tp->nh * (c->qk_nope_head_dim + c->v_head_dim);
+	tp->kva_w = c->kv_lora_rank + c->qk_rope_head_dim;
+	const int64_t per = (tp->nh + n - 1) / n;
+	for (int r = 0; r <= n; r++)
+		tp->h0[r] = per * r < tp->nh ? per * r : tp->nh;
 	const char *ch = getenv("MOET_TP_ROWS");
 	if (ch && *ch) {
 		char *end = NULL;
 		long v = strtol(ch, &end, 10);
-		if (*end || v < 1 || v > (1L << 30))
+		if (!rc && (*end || v < 1 || v > (1L << 30)))
 			rc = moet_err(MOET_EINVAL, "MOET_TP_ROWS='%s': expected rows from 1 to 2^30",
 				      ch);
 		tp->chunk = v;
@@ -305,6 +345,34 @@ int moet_tp_flush(moet_tp *tp, const moet_ckpt *ck)
 	return rc;
 }
 
+/* The attention's buffers for `rows` rows (a whole pass: its K/V stores precede every
+ * attention, so it is not chunked). */
+static int reserve_attn(moet_tp *tp, int64_t rows)
+{
+	if (!tp->head_split || rows <= tp->cap_attn)
+		return 0;
+	free_attn(tp);
+	int rc = 0;
+	for (int r = 1; r < tp->n && !rc; r++) {
+		const int64_t ar = (tp->h0[r + 1] - tp->h0[r]) * tp->v_dim;
+		const int64_t w[4] = { tp->nh * tp->qk, tp->kvb_w, tp->kva_w, ar > 0 ? ar : 1 };
+		float **b[4] = { &tp->qin[r], &tp->kvbin[r], &tp->kvain[r], &tp->aout[r] };
+		for (int i = 0; i < 4 && !rc; i++)
+			rc = moet_tp_rank_alloc(tp, r, (size_t)(rows * w[i]) * sizeof(float),
+						(void **)b[i]);
+		if (!rc)
+			rc = tp->be[0]->ops->alloc(tp->be[0], (size_t)(rows * w[3]) * sizeof(float),
+						   (void **)&tp->abuf[r]);
+	}
+	if (rc) {
+		free_attn(tp);
+		return moet_err_prefix(rc, "tensor-parallel attention buffers for %lld rows",
+				       (long long)rows);
+	}
+	tp->cap_attn = rows;
+	return 0;
+}
+
 /* The most floats one exchange buffer holds (256 MiB): a long prefill's products run in row
  * chunks instead of buffers of the whole call (lm_head's slice of a rank is 81920 floats a row
  * at Kimi-K2 size over two ranks: 8192 rows would take 2.7 GB on each side). */
@@ -314,6 +382,9 @@ int moet_tp_reserve(moet_tp *tp, int64_t rows)
 {
 	if (!tp)
 		return 0;
+	int rc0 = reserve_attn(tp, rows);
+	if (rc0)
+		return rc0;
 	int64_t widest = tp->max_k;
 	for (int r = 1; r < tp->n; r++)
 		widest = tp->max_rows[r] > widest ? tp->max_rows[r] : widest;
@@ -348,35 +419,35 @@ int moet_tp_reserve(moet_tp *tp, int64_t rows)
 	return 0;
 }
 
-/* x (rank 0, count floats) to xin[r] of every rank r >= 1. */
-static int bcast(moet_tp *tp, const float *x, size_t count)
+/* src (rank 0, count floats) to dst[r] of every rank r >= 1. */
+static int bcast_to(moet_tp *tp, const float *src, float *const dst[], size_t count)
 {
 	if (!tp->cuda) {
 		for (int r = 1; r < tp->n; r++)
-			memcpy(tp->xin[r], x, count * sizeof(float));
+			memcpy(dst[r], src, count * sizeof(float));
 		return 0;
 	}
-	void *buf[MOET_TP_MAX] = { (void *)x }, *st[MOET_TP_MAX] = { moet_gpu_thread_stream() };
+	void *buf[MOET_TP_MAX] = { (void *)src }, *st[MOET_TP_MAX] = { moet_gpu_thread_stream() };
 	for (int r = 1; r < tp->n; r++) {
-		buf[r] = tp->xin[r];
+		buf[r] = dst[r];
 		st[r] = tp->st[r];
 	}
 	return moet_nccl_bcast(tp->nccl, buf, count, st);
 }
 
-/* yout[r] (count[r] floats) to rbuf[r] on rank 0, for every rank r >= 1. */
-static int gather(moet_tp *tp, const size_t count[])
+/* src[r] (count[r] floats, rank r >= 1) to dst[r] on rank 0. */
+static int gather_to(moet_tp *tp, float *const src[], float *const dst[], const size_t count[])
 {
 	if (!tp->cuda) {
 		for (int r = 1; r < tp->n; r++)
-			memcpy(tp->rbuf[r], tp->yout[r], count[r] * sizeof(float));
+			memcpy(dst[r], src[r], count[r] * sizeof(float));
 		return 0;
 	}
 	void *snd[MOET_TP_MAX] = { 0 }, *rcv[MOET_TP_MAX] = { 0 };
 	void *st[MOET_TP_MAX] = { moet_gpu_thread_stream() };
 	for (int r = 1; r < tp->n; r++) {
-		snd[r] = tp->yout[r];
-		rcv[r] = tp->rbuf[r];
+		snd[r] = src[r];
+		rcv[r] = dst[r];
 		st[r] = tp->st[r];
 	}
 	return moet_nccl_gather(tp->nccl, snd, rcv, count, st);
@@ -394,6 +465,111 @@ static int place(moet_tp *tp, float *dst, int64_t dst_stride, const float *src, 
 	return moet_gpu_copy2d_async(dst, (size_t)dst_stride * sizeof(float), src,
 				     (size_t)width * sizeof(float), (size_t)width * sizeof(float),
 				     (size_t)rows, NULL);
+}
+
+int moet_tp_heads(const moet_tp *tp, int r, int64_t *h0, int64_t *nh)
+{
+	if (!tp || !tp->head_split || r < 0 || r >= tp->n)
+		return 0;
+	*h0 = tp->h0[r];
+	*nh = tp->h0[r + 1] - tp->h0[r];
+	return 1;
+}
+
+int moet_tp_rank_alloc(moet_tp *tp, int r, size_t bytes, void **out)
+{
+	int rc = enter(tp, r);
+	if (!rc)
+		rc = tp->be[r]->ops->alloc(tp->be[r], bytes, out);
+	return leave(tp, r, rc);
+}
+
+void moet_tp_rank_free(moet_tp *tp, int r, void *p)
+{
+	if (!p)
+		return;
+	(void)enter(tp, r);
+	tp->be[r]->ops->free(tp->be[r], p);
+	(void)leave(tp, r, 0);
+}
+
+int moet_tp_rows(moet_tp *tp, int slot, const moet_seq_step *steps, int n_steps,
+		 const int64_t *tok, int64_t n, int64_t n_layers)
+{
+	if (!tp || !tp->head_split)
+		return 0;
+	if (n > tp->cap_hrows) {
+		moet_rowinfo *h = realloc(tp->hrows, (size_t)n * sizeof(*h));
+		if (!h)
+			return moet_err(MOET_ENOMEM, "tensor-parallel row table of %lld rows",
+					(long long)n);
+		tp->hrows = h;
+		tp->cap_hrows = n;
+	}
+	int rc = 0;
+	for (int r = 1; r < tp->n && !rc; r++) {
+		if (tp->h0[r + 1] == tp->h0[r])
+			continue;
+		for (int s = 0, t = 0; s < n_steps; s++)
+			for (int64_t i = 0; i < steps[s].n_tok; i++, t++)
+				moet_kv_rowinfo_rank(steps[s].kv, steps[s].kv->len + i, r,
+						     &tp->hrows[t]);
+		if (!(rc = enter(tp, r)))
+			rc = tp->be[r]->ops->prepare_rows(tp->be[r], slot, tp->hrows, tok, n,
+							  n_layers, &tp->rows[slot][r]);
+		rc = leave(tp, r, rc);
+	}
+	return rc ? moet_err_prefix(rc, "tensor-parallel row tables") : 0;
+}
+
+int moet_tp_attend(moet_tp *tp, int slot, const moet_attn_dims *d, int64_t l, const float *q,
+		   const float *kvb, const float *k_pe, int64_t kpe_stride, int64_t n,
+		   const moet_rows *rows, float *out)
+{
+	const int64_t qs = tp->nh * tp->qk, os = tp->nh * tp->v_dim;
+	const int64_t kvb_hw = tp->kvb_w / tp->nh, kpe_off = tp->kva_w - d->rope;
+	size_t count[MOET_TP_MAX] = { 0 };
+	int rc;
+	if (n <= 0)
+		return 0;
+	if (n > tp->cap_attn || kpe_stride != tp->kva_w)
+		return moet_err(MOET_EINVAL, "tensor-parallel attention of %lld rows (buffers "
+				"%lld), k_pe rows %lld floats apart (want %lld)", (long long)n,
+				(long long)tp->cap_attn, (long long)kpe_stride,
+				(long long)tp->kva_w);
+	/* every rank gets q, kvb and the rows of [c | k_pe] (k_pe at its offset) */
+	const float *kva = k_pe - kpe_off;
+	if ((rc = bcast_to(tp, q, tp->qin, (size_t)(n * qs))) ||
+	    (rc = bcast_to(tp, kvb, tp->kvbin, (size_t)(n * tp->kvb_w))) ||
+	    (rc = bcast_to(tp, kva, tp->kvain, (size_t)(n * tp->kva_w))))
+		return moet_err_prefix(rc, "tensor-parallel attention broadcast");
+	for (int r = 0; r < tp->n; r++) {
+		const int64_t h0 = tp->h0[r], hn = tp->h0[r + 1] - h0;
+		if (hn == 0)
+			continue;
+		moet_attn_dims dr = *d;
+		dr.n_heads = hn;
+		moet_backend *be = tp->be[r];
+		const moet_rows *rw = r ? tp->rows[slot][r] : rows;
+		const float *qr = (r ? tp->qin[r] : q) + h0 * tp->qk;
+		const float *kvbr = (r ? tp->kvbin[r] : kvb) + h0 * kvb_hw;
+		const float *kper = r ? tp->kvain[r] + kpe_off : k_pe;
+		float *o = r ? tp->aout[r] : out + h0 * tp->v_dim;
+		const int64_t o_s = r ? hn * tp->v_dim : os;
+		if (!(rc = enter(tp, r)) &&
+		    !(rc = be->ops->kv_store(be, &dr, l, kvbr, tp->kvb_w, kper, tp->kva_w, n, rw)))
+			rc = be->ops->attend(be, &dr, l, qr, qs, n, rw, o, o_s);
+		if ((rc = leave(tp, r, rc)))
+			return moet_err_prefix(rc, "tensor-parallel attention, rank %d", r);
+		count[r] = (size_t)(n * hn * tp->v_dim);
+	}
+	if ((rc = gather_to(tp, tp->aout, tp->abuf, count)))
+		return moet_err_prefix(rc, "tensor-parallel attention gather");
+	for (int r = 1; r < tp->n && !rc; r++)
+		if (count[r])
+			rc = place(tp, out + tp->h0[r] * tp->v_dim, os, tp->abuf[r],
+				   (tp->h0[r + 1] - tp->h0[r]) * tp->v_dim, n);
+	return rc;
 }
 
 int moet_tp_splits_ffn(const moet_tp *tp)
@@ -431,7 +607,7 @@ static int split_run(moet_tp *tp, const moet_tp_mat *w, const moet_tp_mat *up, c
 		return 0;
 	}
 	/* NOTE: the rows are sent whole (x_stride apart), the last one up to K */
-	if ((rc = bcast(tp, x, (size_t)((n - 1) * x_stride + K))))
+	if ((rc = bcast_to(tp, x, tp->xin, (size_t)((n - 1) * x_stride + K))))
 		return moet_err_prefix(rc, "tensor-parallel broadcast");
 	for (int r = 0; r < tp->n; r++) {
 		const int64_t rows = w->part[r].rows;
@@ -449,7 +625,7 @@ static int split_run(moet_tp *tp, const moet_tp_mat *w, const moet_tp_mat *up, c
 			return moet_err_prefix(rc, "tensor-parallel rank %d", r);
 		count[r] = (size_t)(n * rows);
 	}
-	if ((rc = gather(tp, count)))
+	if ((rc = gather_to(tp, tp->yout, tp->rbuf, count)))
 		return moet_err_prefix(rc, "tensor-parallel gather");
 	for (int r = 1; r < tp->n && !rc; r++)
 		if (w->part[r].rows > 0)

@@ -97,6 +97,16 @@ static void tp_case(const char *dir, const char *device, int ranks, int absorbed
 	const uint64_t want = tp_split_bytes(m, absorbed);
 	CHECK(sum == want, "%s: the ranks hold %llu bytes of the split matrices, the checkpoint "
 	      "%llu", what, (unsigned long long)sum, (unsigned long long)want);
+	/* the attention split by heads (expanded form): rank 0's cache holds its heads only */
+	const moet_config *c = moet_model_config(m);
+	const int64_t per = (c->num_attention_heads + ranks - 1) / ranks;
+	const char *ta = getenv("MOET_TP_ATTN");
+	const int split = !absorbed && !(ta && !strcmp(ta, "rank0"));
+	const size_t kvb = moet_kv_token_bytes(m), want_kv = (size_t)c->num_hidden_layers *
+		(size_t)((split ? per : c->num_attention_heads) *
+			 (moet_config_qk_head_dim(c) + c->v_head_dim) * 4);
+	CHECK(absorbed || kvb == want_kv, "%s: rank 0's KV bytes per position %zu, want %zu "
+	      "(%s)", what, kvb, want_kv, split ? "its heads" : "every head");
 	for (int batched = 1; batched >= 0; batched--) {
 		memset(got, 0xCD, n_log * sizeof(float));
 		rc = moet_test_ragged_run(m, TP_SEQS, TP_STEPS, batched, got);

@@ -2,10 +2,11 @@
  * test_gpu_tp.c: MOET_TP=2 over two CUDA devices, the exchanges through NCCL (runtime/tp.c,
  * gpu/nccl.cu), against the unsplit CPU reference bit for bit (tests/tp_check.h: ragged
  * batches, one sequence per call, a placement over {CPU, GPU 0, GPU 1} in two micro-batches),
- * in both MLA forms; also with NCCL_P2P_DISABLE=1 (no peer-to-peer, as on GeForce cards),
- * with MOET_GPU_STREAM=own (rank 0's work on the backend's own stream), and under
- * MOET_CUDA_GRAPH=1 (a split pass is not captured: no graph, the same bits). MOET_TP beyond the
- * devices present fails the open naming the missing device.
+ * in both MLA forms (the expanded form's attention split by heads); also with
+ * NCCL_P2P_DISABLE=1 (no peer-to-peer, as on GeForce cards), with MOET_GPU_STREAM=own (rank
+ * 0's work on the backend's own stream), MOET_TP_ATTN=rank0 (the attention whole on rank 0),
+ * and under MOET_CUDA_GRAPH=1 (a split pass is not captured: no graph, the same bits). MOET_TP
+ * beyond the devices present fails the open naming the missing device.
  * Skips (77) with fewer than two CUDA devices, or without NCCL (libnccl.so.2).
  */
 #include "../tp_check.h"
@@ -49,6 +50,9 @@ int main(void)
 		moet_test_env("MOET_GPU_STREAM", "own");
 		tp_case(x.dir, "cuda", 2, 0, x.own, 2, x.ref, x.got, x.n_log, "MOET_GPU_STREAM=own");
 		moet_test_env("MOET_GPU_STREAM", NULL);
+		moet_test_env("MOET_TP_ATTN", "rank0");
+		tp_case(x.dir, "cuda", 2, 0, x.own, 2, x.ref, x.got, x.n_log, "MOET_TP_ATTN=rank0");
+		moet_test_env("MOET_TP_ATTN", NULL);
 		/* graphs asked for: a split pass runs directly */
 		moet_test_env("MOET_CUDA_GRAPH", "1");
 		moet_test_env("MOET_TP", "2");

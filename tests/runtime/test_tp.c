@@ -4,9 +4,10 @@
  * tp_check.h): 2, 3 and 4 ranks in the expanded MLA form (with 3 and 4 some F8 matrices of
  * the tiny checkpoint leave the last ranks without rows: slices start on 128-row blocks),
  * 2 and 3 in the absorbed form (kv_b stays whole), each also with a placement over the CPU
- * tier and two simulated devices in two micro-batches; 3 ranks with MOET_TP_ROWS=2 (every
- * product of more rows in chunks). Bad values of MOET_TP and MOET_TP_ROWS fail the open
- * naming the value. The CLI opens split where a placement's dense part is `split` over two
+ * tier and two simulated devices in two micro-batches (the expanded form's attention split
+ * by heads: rank 0's cache holds its heads only); 2 ranks with MOET_TP_ATTN=rank0 (the
+ * attention whole on rank 0); 3 ranks with MOET_TP_ROWS=2 (every product of more rows in
+ * chunks). Bad values of MOET_TP, MOET_TP_ROWS and MOET_TP_ATTN fail the open naming them. The CLI opens split where a placement's dense part is `split` over two
  * or more GPUs (verify says so), not with `dense: gpu0`, nor under MOET_TP=1.
  */
 #include "../tp_check.h"
@@ -24,6 +25,11 @@ int main(void)
 			tp_case(x.dir, "cpu", ranks, absorbed, x.own, 2, x.ref, x.got, x.n_log,
 				"test_tp");
 	}
+	/* the attention on rank 0 (MOET_TP_ATTN=rank0: its reference path under the split) */
+	moet_test_env("MOET_TP_ATTN", "rank0");
+	if (!tp_reference(x.dir, 0, x.ref, x.n_log))
+		tp_case(x.dir, "cpu", 2, 0, x.own, 2, x.ref, x.got, x.n_log, "MOET_TP_ATTN=rank0");
+	moet_test_env("MOET_TP_ATTN", NULL);
 	/* exchanges in chunks of 2 rows (the prefills' 3 to 7 rows run in several) */
 	moet_test_env("MOET_TP_ROWS", "2");
 	if (!tp_reference(x.dir, 0, x.ref, x.n_log))
@@ -63,15 +69,20 @@ int main(void)
 		      rc, said, out ? out : "");
 		free(out);
 	}
-	moet_test_env("MOET_TP", "2");
-	moet_test_env("MOET_TP_ROWS", "0");
-	moet_model *m = NULL;
-	int rc = moet_model_open(x.dir, &m);
-	moet_test_env("MOET_TP_ROWS", NULL);
-	moet_test_env("MOET_TP", NULL);
-	CHECK(rc == MOET_EINVAL && strstr(moet_errmsg(), "MOET_TP_ROWS='0'"), "MOET_TP_ROWS=0: rc %d "
-	      "(%s)", rc, moet_errmsg());
-	moet_model_close(m);
+	static const char *const knob[][2] = { { "MOET_TP_ROWS", "0" }, { "MOET_TP_ATTN", "all" } };
+	for (int i = 0; i < 2; i++) {
+		char want[48];
+		snprintf(want, sizeof(want), "%s='%s'", knob[i][0], knob[i][1]);
+		moet_test_env("MOET_TP", "2");
+		moet_test_env(knob[i][0], knob[i][1]);
+		moet_model *m = NULL;
+		int rc = moet_model_open(x.dir, &m);
+		moet_test_env(knob[i][0], NULL);
+		moet_test_env("MOET_TP", NULL);
+		CHECK(rc == MOET_EINVAL && strstr(moet_errmsg(), want), "%s: rc %d (%s)", want, rc,
+		      moet_errmsg());
+		moet_model_close(m);
+	}
 	tp_ctx_free(&x);
 	return moet_test_done("test_tp");
 }
