@@ -183,48 +183,55 @@ static int attention(moet_model *m, int64_t l, int64_t n, const moet_rows *rows)
 	const int64_t H = c->hidden_size, nh = c->num_attention_heads;
 	const int64_t nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim;
 	const int64_t qk = nope + rope, kva_w = c->kv_lora_rank + rope;
+	const int64_t kvb_w = nh * (nope + c->v_head_dim), attn_w = nh * c->v_head_dim;
 	const moet_attn_dims d = { nh, nope, rope, c->v_head_dim, c->rope_interleave,
 				   m->softmax_scale };
+	const float *qx = b->h; /* q's input: qa, or h without q_lora */
+	int64_t qx_stride = H, h0, heads;
 	int rc;
 	if (c->q_lora_rank > 0) {
 		TRY(op->linear(be, &lw->q_a, b->h, H, n, b->qa, c->q_lora_rank));
 		TRY(op->rmsnorm(be, b->qa, c->q_lora_rank, lw->q_a_norm, n, c->q_lora_rank,
 				c->rms_norm_eps, b->qa, c->q_lora_rank));
-		TRY(linear_tp(m, l, MOET_TP_Q, &lw->q_b, b->qa, c->q_lora_rank, n, b->q,
-			      nh * qk));
-	} else {
-		TRY(linear_tp(m, l, MOET_TP_Q, &lw->q_proj, b->h, H, n, b->q, nh * qk));
+		qx = b->qa;
+		qx_stride = c->q_lora_rank;
 	}
-	TRY(op->rope(be, b->q + nope, nh * qk, qk, nh, n, rows, m->inv_freq_b, rope / 2,
-		     m->rope_attn_factor, c->rope_interleave));
 	TRY(op->linear(be, &lw->kv_a, b->h, H, n, b->kva, kva_w));
 	TRY(op->rope(be, b->kva + c->kv_lora_rank, kva_w, 0, 1, n, rows, m->inv_freq_b, rope / 2,
 		     m->rope_attn_factor, c->rope_interleave));
 	TRY(op->rmsnorm(be, b->kva, kva_w, lw->kv_a_norm, n, c->kv_lora_rank, c->rms_norm_eps,
 			b->kva, kva_w));
+	if (moet_tp_local(m->tp)) { /* MOET_TP: each rank its heads' q, kvb, cache, attention */
+		const moet_tp_rope rp = { m->inv_freq_b, rope / 2, m->rope_attn_factor,
+					  c->rope_interleave };
+		TRY(moet_tp_attention(m->tp, m->mb_slot, &d, l, qx, qx_stride, b->kva, kva_w, n,
+				      rows, &rp, b->q, b->kvb, b->attn));
+		return linear_tp(m, l, MOET_TP_O, &lw->o, b->attn, attn_w, n, b->out, H);
+	}
+	TRY(linear_tp(m, l, MOET_TP_Q, c->q_lora_rank > 0 ? &lw->q_b : &lw->q_proj, qx, qx_stride,
+		      n, b->q, nh * qk));
+	TRY(op->rope(be, b->q + nope, nh * qk, qk, nh, n, rows, m->inv_freq_b, rope / 2,
+		     m->rope_attn_factor, c->rope_interleave));
 	if (m->mla_absorbed) {
 		/* the cache holds the latent [c | k_pe]; kv_b enters inside the attention */
 		TRY(op->kv_store_latent(be, l, b->kva, kva_w, kva_w, n, rows));
 		TRY(op->attend_latent(be, &d, &lw->kv_b, l, b->q, nh * qk, n, rows, b->attn,
-				      nh * c->v_head_dim));
-		return linear_tp(m, l, MOET_TP_O, &lw->o, b->attn, nh * c->v_head_dim, n, b->out,
-				 H);
+				      attn_w));
+	} else {
+		TRY(linear_tp(m, l, MOET_TP_KVB, &lw->kv_b, b->kva, kva_w, n, b->kvb, kvb_w));
+		/* NOTE: every row's K/V enters its cache before any row attends; a row then sees
+		 * positions 0 .. its own only, exactly as if each token came in a call of its
+		 * own. */
+		if (moet_tp_heads(m->tp, 0, &h0, &heads)) { /* each rank its heads (MOET_TP) */
+			TRY(moet_tp_attend(m->tp, m->mb_slot, &d, l, b->q, b->kvb,
+					   b->kva + c->kv_lora_rank, kva_w, n, rows, b->attn));
+		} else {
+			TRY(op->kv_store(be, &d, l, b->kvb, kvb_w, b->kva + c->kv_lora_rank, kva_w, n,
+					 rows));
+			TRY(op->attend(be, &d, l, b->q, nh * qk, n, rows, b->attn, attn_w));
+		}
 	}
-	TRY(linear_tp(m, l, MOET_TP_KVB, &lw->kv_b, b->kva, kva_w, n, b->kvb,
-		      nh * (nope + c->v_head_dim)));
-	/* NOTE: every row's K/V enters its cache before any row attends; a row then sees
-	 * positions 0 .. its own only, exactly as if each token came in a call of its own. */
-	int64_t h0, heads;
-	if (moet_tp_heads(m->tp, 0, &h0, &heads)) { /* each rank its heads (MOET_TP) */
-		TRY(moet_tp_attend(m->tp, m->mb_slot, &d, l, b->q, b->kvb, b->kva + c->kv_lora_rank,
-				   kva_w, n, rows, b->attn));
-		return linear_tp(m, l, MOET_TP_O, &lw->o, b->attn, nh * c->v_head_dim, n, b->out,
-				 H);
-	}
-	TRY(op->kv_store(be, &d, l, b->kvb, nh * (nope + c->v_head_dim), b->kva + c->kv_lora_rank,
-			 kva_w, n, rows));
-	TRY(op->attend(be, &d, l, b->q, nh * qk, n, rows, b->attn, nh * c->v_head_dim));
-	return linear_tp(m, l, MOET_TP_O, &lw->o, b->attn, nh * c->v_head_dim, n, b->out, H);
+	return linear_tp(m, l, MOET_TP_O, &lw->o, b->attn, attn_w, n, b->out, H);
 }
 
 /* Routing decisions to the observer (host copies of the ids and weights). */

@@ -45,14 +45,16 @@ int moet_gen_preset_parse(const char *s, moet_gen_preset *out)
 		*out = MOET_GEN_TINY;
 	else if (!strcmp(s, "kimi-k2"))
 		*out = MOET_GEN_KIMI_K2;
+	else if (!strcmp(s, "tiny-tp"))
+		*out = MOET_GEN_TINY_TP;
 	else
-		return moet_err(MOET_EINVAL, "unknown preset '%s' (tiny, kimi-k2)", s);
+		return moet_err(MOET_EINVAL, "unknown preset '%s' (tiny, tiny-tp, kimi-k2)", s);
 	return 0;
 }
 
 static const char *preset_name(moet_gen_preset p)
 {
-	return p == MOET_GEN_KIMI_K2 ? "kimi-k2" : "tiny";
+	return p == MOET_GEN_KIMI_K2 ? "kimi-k2" : p == MOET_GEN_TINY_TP ? "tiny-tp" : "tiny";
 }
 
 static void preset_tiny(moet_config *c)
@@ -86,6 +88,18 @@ static void preset_tiny(moet_config *c)
 	c->rope_original_max_pos = 1024;
 	c->rope_beta_fast = 32.0;
 	c->rope_beta_slow = 1.0;
+}
+
+/* tiny with heads whose q_b and kv_b rows are whole 128-row blocks (8 heads: nope 64, rope 64,
+ * v 64), so that MOET_TP splits the attention's matrices at head boundaries. */
+static void preset_tiny_tp(moet_config *c)
+{
+	preset_tiny(c);
+	c->num_attention_heads = 8;
+	c->num_key_value_heads = 8;
+	c->qk_nope_head_dim = 64;
+	c->qk_rope_head_dim = 64;
+	c->v_head_dim = 64;
 }
 
 /* Kimi-K2-Instruct's config.json (moonshotai/Kimi-K2-Instruct), per-layer geometry. */
@@ -128,6 +142,8 @@ int moet_gen_config(const moet_gen_params *p, moet_config *out)
 		preset_kimi(&c);
 	else if (p->preset == MOET_GEN_TINY)
 		preset_tiny(&c);
+	else if (p->preset == MOET_GEN_TINY_TP)
+		preset_tiny_tp(&c);
 	else
 		return moet_err(MOET_EINVAL, "unknown preset %d", (int)p->preset);
 	/* Shared by both presets: the published DeepSeek-V3 conventions. */

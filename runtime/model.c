@@ -118,16 +118,19 @@ static int bind_linear(moet_model *m, const char *prefix, int64_t rows, int64_t 
 }
 
 /* A dense matrix the tensor-parallel ranks split (MOET_TP, tp.c): rank 0's part bound like any
- * dense matrix, the others' at moet_tp_flush; *unsplit stays empty (forward.c takes tm). */
+ * dense matrix, the others' at moet_tp_flush; *unsplit stays empty (forward.c takes tm).
+ * head_rows > 0: the rows of one attention head (q_b, kv_b: split at the heads' ranks where
+ * the block scales allow). */
 static int bind_split(moet_model *m, const char *prefix, int64_t rows, int64_t cols,
-		      moet_tp_mat *tm, moet_mat *unsplit)
+		      int64_t head_rows, moet_tp_mat *tm, moet_mat *unsplit)
 {
 	if (!m->tp)
 		return bind_linear(m, prefix, rows, cols, unsplit);
 	moet_mat host, part0;
 	int rc = host_linear(m, prefix, rows, cols, &host);
 	if (!rc)
-		rc = moet_tp_split(m->tp, &host, tm, &part0);
+		rc = head_rows ? moet_tp_split_heads(m->tp, &host, head_rows, tm, &part0)
+			       : moet_tp_split(m->tp, &host, tm, &part0);
 	return rc ? rc : bind_dense(m, &part0, &tm->part[0]);
 }
 
@@ -497,12 +500,12 @@ static int bind_attention(moet_model *m, int64_t l, moet_layer_w *lw)
 			return rc;
 		snprintf(name, sizeof(name), "%s.q_b_proj", p);
 		if ((rc = bind_split(m, name, nh * moet_config_qk_head_dim(c), c->q_lora_rank,
-				     tq, &lw->q_b)))
+				     moet_config_qk_head_dim(c), tq, &lw->q_b)))
 			return rc;
 	} else {
 		snprintf(name, sizeof(name), "%s.q_proj", p);
-		if ((rc = bind_split(m, name, nh * moet_config_qk_head_dim(c), H, tq,
-				     &lw->q_proj)))
+		if ((rc = bind_split(m, name, nh * moet_config_qk_head_dim(c), H,
+				     moet_config_qk_head_dim(c), tq, &lw->q_proj)))
 			return rc;
 	}
 	snprintf(name, sizeof(name), "%s.kv_a_proj_with_mqa", p);
@@ -517,10 +520,11 @@ static int bind_attention(moet_model *m, int64_t l, moet_layer_w *lw)
 			  ? bind_linear(m, name, nh * (c->qk_nope_head_dim + c->v_head_dim),
 					c->kv_lora_rank, &lw->kv_b)
 			  : bind_split(m, name, nh * (c->qk_nope_head_dim + c->v_head_dim),
-				       c->kv_lora_rank, tkvb, &lw->kv_b)))
+				       c->kv_lora_rank, c->qk_nope_head_dim + c->v_head_dim, tkvb,
+				       &lw->kv_b)))
 		return rc;
 	snprintf(name, sizeof(name), "%s.o_proj", p);
-	return bind_split(m, name, H, nh * c->v_head_dim, to, &lw->o);
+	return bind_split(m, name, H, nh * c->v_head_dim, 0, to, &lw->o);
 }
 
 static int bind_moe(moet_model *m, int64_t l, moet_layer_w *lw)
@@ -687,7 +691,7 @@ int moet_model_open_tp(const char *dir, const char *device, int tp, moet_model *
 	if ((rc = bind_dense(m, &emb_host, &m->embed)))
 		goto fail;
 	if ((rc = bind_split(m, c->tie_word_embeddings ? "model.embed_tokens" : "lm_head",
-			     c->vocab_size, c->hidden_size, m->tp ? moet_tp_lm_head(m->tp) : NULL,
+			     c->vocab_size, c->hidden_size, 0, m->tp ? moet_tp_lm_head(m->tp) : NULL,
 			     &m->lm_head)))
 		goto fail;
 	if ((rc = load_vector(m, "model.norm.weight", c->hidden_size, &m->final_norm)))
@@ -705,7 +709,8 @@ int moet_model_open_tp(const char *dir, const char *device, int tp, moet_model *
 	if ((rc = moet_rope_init(m)))
 		goto fail;
 	if ((rc = m->be->ops->bind_vec(m->be, m->inv_freq, c->qk_rope_head_dim / 2,
-				       &m->inv_freq_b)))
+				       &m->inv_freq_b)) ||
+	    (rc = moet_tp_bind_freq(m->tp, m->inv_freq, c->qk_rope_head_dim / 2)))
 		goto fail;
 	*out = m;
 	return 0;

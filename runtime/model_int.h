@@ -187,6 +187,30 @@ uint64_t moet_tp_rank_bytes(const moet_tp *tp, int r);
 /* Splits host (a checkpoint view) into out's parts: *rank0_host is rank 0's part (for the
  * caller to bind into out->part[0]); the other ranks' are bound by moet_tp_flush. */
 int moet_tp_split(moet_tp *tp, const moet_mat *host, moet_tp_mat *out, moet_mat *rank0_host);
+/* moet_tp_split with rank r's rows at its heads (h0[r] x head_rows) where the attention is
+ * split by heads and those boundaries keep the matrix's block scales whole; otherwise as
+ * moet_tp_split, and the ranks then do not compute q and kvb locally (moet_tp_local). */
+int moet_tp_split_heads(moet_tp *tp, const moet_mat *host, int64_t head_rows, moet_tp_mat *out,
+			moet_mat *rank0_host);
+/* Rank r >= 1's copy of a small vector (RoPE's inverse frequencies), kept by tp. */
+int moet_tp_bind_freq(moet_tp *tp, const float *host, int64_t n);
+/* 1 when each rank computes its heads' q and kvb itself (moet_tp_attention). */
+int moet_tp_local(const moet_tp *tp);
+/* RoPE's arguments (moet_backend_ops.rope) for moet_tp_attention. */
+typedef struct moet_tp_rope {
+	const float *inv_freq; /* rank 0's (bound) */
+	int64_t n_freq;
+	float attn_factor;
+	int interleave;
+} moet_tp_rope;
+/* Layer l's attention from q's input (qa or h, rows qx_stride floats apart) and [c | k_pe]
+ * (kva, rows kva_stride apart: normed, k_pe roped), all rank 0's, with each rank computing its
+ * heads' q (q split Q, RoPE), kvb (split KVB), K/V store and attention; q and kvb land in
+ * rank 0's q and kvb for its own heads, the attention of every head in out (rank 0). */
+int moet_tp_attention(moet_tp *tp, int slot, const moet_attn_dims *d, int64_t l,
+		      const float *qx, int64_t qx_stride, const float *kva, int64_t kva_stride,
+		      int64_t n, const moet_rows *rows, const moet_tp_rope *rope, float *q,
+		      float *kvb, float *out);
 int moet_tp_flush(moet_tp *tp, const moet_ckpt *ck);
 /* The exchange buffers grown to `rows` rows (grow-only; accepts NULL). */
 int moet_tp_reserve(moet_tp *tp, int64_t rows);

@@ -26,6 +26,8 @@
 typedef enum moet_gen_preset {
 	MOET_GEN_TINY = 0,    /* a few MB, seconds to write: tests */
 	MOET_GEN_KIMI_K2,     /* Kimi-K2's per-layer geometry (61 layers: ~1 TB) */
+	MOET_GEN_TINY_TP,     /* tiny with 8 heads of 128 q rows and 128 kv_b rows: MOET_TP's
+				 attention split at head boundaries (tests) */
 } moet_gen_preset;
 
 /* What the progress callback sees; bytes count shard files including their headers. */

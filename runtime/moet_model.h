@@ -158,6 +158,10 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
  * q_proj, kv_b in the expanded MLA form, o_proj, lm_head) are split over by output rows, 1
  * without a split; bytes (optional, [ranks]): each rank's bytes of those matrices. */
 int moet_model_tp_ranks(const moet_model *m, uint64_t *bytes);
+/* How MOET_TP runs the attention: 0 whole on rank 0 (or no split), 1 split by heads with q
+ * and kvb from rank 0, 2 split by heads with each rank computing its heads' q and kvb (the
+ * split of q_b and kv_b falls on head boundaries). */
+int moet_model_tp_attention(const moet_model *m);
 
 /* Prefill staging's slots (runtime/stage.c) on the first GPU, one expert's bytes each, made at
  * the first staged expert: with MOET_STAGE_COPY=pinned (the default on a GPU: waves of 4

@@ -71,6 +71,10 @@ struct moet_tp {
 	float *qin[MOET_TP_MAX], *kvbin[MOET_TP_MAX], *kvain[MOET_TP_MAX]; /* ranks >= 1 */
 	float *aout[MOET_TP_MAX];      /* ranks >= 1: their heads' attention [cap][nh_r x v] */
 	float *abuf[MOET_TP_MAX];      /* on rank 0: rank r's aout received */
+	int local;                     /* q and kvb computed per rank (head-aligned splits) */
+	float *ain[MOET_TP_MAX];       /* ranks >= 1: q's input (qa or h) [cap][max_qx] */
+	int64_t max_qx;
+	const float *freq[MOET_TP_MAX];/* ranks >= 1: RoPE's inverse frequencies (bound) */
 	moet_rowinfo *hrows;           /* host: a rank's row table being made */
 	int64_t cap_hrows;
 	const moet_rows *rows[2][MOET_TP_MAX]; /* ranks >= 1: per micro-batch slot */
@@ -133,8 +137,9 @@ static void free_scratch(moet_tp *tp)
 static void free_attn(moet_tp *tp)
 {
 	for (int r = 1; r < tp->n; r++) {
-		float **b[4] = { &tp->qin[r], &tp->kvbin[r], &tp->kvain[r], &tp->aout[r] };
-		for (int i = 0; i < 4; i++) {
+		float **b[5] = { &tp->qin[r], &tp->kvbin[r], &tp->kvain[r], &tp->aout[r],
+				 &tp->ain[r] };
+		for (int i = 0; i < 5; i++) {
 			moet_tp_rank_free(tp, r, *b[i]);
 			*b[i] = NULL;
 		}
@@ -197,6 +202,8 @@ int moet_tp_create(moet_model *m, int n, int64_t wide, moet_tp **out)
 	tp->v_dim = c->v_head_dim;
 	tp->kvb_w = tp->nh * (c->qk_nope_head_dim + c->v_head_dim);
 	tp->kva_w = c->kv_lora_rank + c->qk_rope_head_dim;
+	tp->local = tp->head_split;
+	tp->max_qx = c->q_lora_rank > 0 ? c->q_lora_rank : c->hidden_size;
 	const int64_t per = (tp->nh + n - 1) / n;
 	for (int r = 0; r <= n; r++)
 		tp->h0[r] = per * r < tp->nh ? per * r : tp->nh;
@@ -257,6 +264,11 @@ uint64_t moet_tp_rank_bytes(const moet_tp *tp, int r)
 	return tp && r < tp->n ? tp->bytes[r] : 0;
 }
 
+int moet_model_tp_attention(const moet_model *m)
+{
+	return !m->tp || !m->tp->head_split ? 0 : m->tp->local ? 2 : 1;
+}
+
 int moet_model_tp_ranks(const moet_model *m, uint64_t *bytes)
 {
 	const int n = moet_tp_ranks(m->tp);
@@ -279,16 +291,15 @@ static int push_pend(moet_tp *tp, int r, const moet_mat *host, moet_mat *out)
 	return 0;
 }
 
-int moet_tp_split(moet_tp *tp, const moet_mat *host, moet_tp_mat *out, moet_mat *rank0_host)
+/* host's rows split at r0[0..n] (multiples of 128 where it has block scales) into out. */
+static int split_at(moet_tp *tp, const moet_mat *host, const int64_t *r0, moet_tp_mat *out,
+		    moet_mat *rank0_host)
 {
-	const int64_t R = host->rows, K = host->cols;
-	const int64_t g = host->scale_inv ? MOET_BLOCK : 1;
-	const int64_t per = (R + g - 1) / g, take = (per + tp->n - 1) / tp->n * g;
+	const int64_t K = host->cols;
 	const int64_t sblocks = (K + MOET_BLOCK - 1) / MOET_BLOCK;
 	const size_t esz = moet_dtype_size(host->dtype);
 	memset(out, 0, sizeof(*out));
-	for (int r = 0; r <= tp->n; r++)
-		out->r0[r] = take * r < R ? take * r : R;
+	memcpy(out->r0, r0, (size_t)(tp->n + 1) * sizeof(*r0));
 	for (int r = 0; r < tp->n; r++) {
 		moet_mat p = *host;
 		p.rows = out->r0[r + 1] - out->r0[r];
@@ -310,6 +321,49 @@ int moet_tp_split(moet_tp *tp, const moet_mat *host, moet_tp_mat *out, moet_mat 
 	if (K > tp->max_k)
 		tp->max_k = K;
 	return 0;
+}
+
+int moet_tp_split(moet_tp *tp, const moet_mat *host, moet_tp_mat *out, moet_mat *rank0_host)
+{
+	const int64_t R = host->rows, g = host->scale_inv ? MOET_BLOCK : 1;
+	const int64_t per = (R + g - 1) / g, take = (per + tp->n - 1) / tp->n * g;
+	int64_t r0[MOET_TP_MAX + 1];
+	for (int r = 0; r <= tp->n; r++)
+		r0[r] = take * r < R ? take * r : R;
+	return split_at(tp, host, r0, out, rank0_host);
+}
+
+int moet_tp_split_heads(moet_tp *tp, const moet_mat *host, int64_t head_rows, moet_tp_mat *out,
+			moet_mat *rank0_host)
+{
+	const int64_t g = host->scale_inv ? MOET_BLOCK : 1;
+	int64_t r0[MOET_TP_MAX + 1];
+	int ok = tp->head_split && host->rows == tp->nh * head_rows;
+	for (int r = 0; ok && r <= tp->n; r++) {
+		r0[r] = tp->h0[r] * head_rows;
+		ok = r0[r] % g == 0 || r0[r] == host->rows;
+	}
+	if (!ok) { /* the ranks then get q and kvb from rank 0 */
+		tp->local = 0;
+		return moet_tp_split(tp, host, out, rank0_host);
+	}
+	return split_at(tp, host, r0, out, rank0_host);
+}
+
+int moet_tp_local(const moet_tp *tp)
+{
+	return tp && tp->head_split && tp->local;
+}
+
+int moet_tp_bind_freq(moet_tp *tp, const float *host, int64_t n)
+{
+	int rc = 0;
+	for (int r = 1; tp && r < tp->n && !rc; r++) {
+		if (!(rc = enter(tp, r)))
+			rc = tp->be[r]->ops->bind_vec(tp->be[r], host, n, &tp->freq[r]);
+		rc = leave(tp, r, rc);
+	}
+	return rc;
 }
 
 int moet_tp_flush(moet_tp *tp, const moet_ckpt *ck)
@@ -355,9 +409,11 @@ static int reserve_attn(moet_tp *tp, int64_t rows)
 	int rc = 0;
 	for (int r = 1; r < tp->n && !rc; r++) {
 		const int64_t ar = (tp->h0[r + 1] - tp->h0[r]) * tp->v_dim;
-		const int64_t w[4] = { tp->nh * tp->qk, tp->kvb_w, tp->kva_w, ar > 0 ? ar : 1 };
-		float **b[4] = { &tp->qin[r], &tp->kvbin[r], &tp->kvain[r], &tp->aout[r] };
-		for (int i = 0; i < 4 && !rc; i++)
+		const int64_t w[5] = { tp->nh * tp->qk, tp->kvb_w, tp->kva_w, ar > 0 ? ar : 1,
+				       tp->local ? tp->max_qx : 1 };
+		float **b[5] = { &tp->qin[r], &tp->kvbin[r], &tp->kvain[r], &tp->aout[r],
+				 &tp->ain[r] };
+		for (int i = 0; i < 5 && !rc; i++)
 			rc = moet_tp_rank_alloc(tp, r, (size_t)(rows * w[i]) * sizeof(float),
 						(void **)b[i]);
 		if (!rc)
@@ -559,6 +615,63 @@ int moet_tp_attend(moet_tp *tp, int slot, const moet_attn_dims *d, int64_t l, co
 		if (!(rc = enter(tp, r)) &&
 		    !(rc = be->ops->kv_store(be, &dr, l, kvbr, tp->kvb_w, kper, tp->kva_w, n, rw)))
 			rc = be->ops->attend(be, &dr, l, qr, qs, n, rw, o, o_s);
+		if ((rc = leave(tp, r, rc)))
+			return moet_err_prefix(rc, "tensor-parallel attention, rank %d", r);
+		count[r] = (size_t)(n * hn * tp->v_dim);
+	}
+	if ((rc = gather_to(tp, tp->aout, tp->abuf, count)))
+		return moet_err_prefix(rc, "tensor-parallel attention gather");
+	for (int r = 1; r < tp->n && !rc; r++)
+		if (count[r])
+			rc = place(tp, out + tp->h0[r] * tp->v_dim, os, tp->abuf[r],
+				   (tp->h0[r + 1] - tp->h0[r]) * tp->v_dim, n);
+	return rc;
+}
+
+int moet_tp_attention(moet_tp *tp, int slot, const moet_attn_dims *d, int64_t l,
+		      const float *qx, int64_t qx_stride, const float *kva, int64_t kva_stride,
+		      int64_t n, const moet_rows *rows, const moet_tp_rope *rope, float *q,
+		      float *kvb, float *out)
+{
+	const moet_tp_mat *wq = moet_tp_layer_mat(tp, l, MOET_TP_Q);
+	const moet_tp_mat *wkvb = moet_tp_layer_mat(tp, l, MOET_TP_KVB);
+	const int64_t qs = tp->nh * tp->qk, os = tp->nh * tp->v_dim, kvb_hw = tp->kvb_w / tp->nh;
+	const int64_t kv_lora = tp->kva_w - d->rope;
+	size_t count[MOET_TP_MAX] = { 0 };
+	int rc;
+	if (n <= 0)
+		return 0;
+	if (!moet_tp_local(tp) || n > tp->cap_attn || kva_stride != tp->kva_w ||
+	    qx_stride > tp->max_qx)
+		return moet_err(MOET_EINVAL, "tensor-parallel attention of %lld rows (buffers "
+				"%lld), rows of %lld and %lld floats", (long long)n,
+				(long long)tp->cap_attn, (long long)qx_stride, (long long)kva_stride);
+	if ((rc = bcast_to(tp, qx, tp->ain, (size_t)((n - 1) * qx_stride + wq->part[0].cols))) ||
+	    (rc = bcast_to(tp, kva, tp->kvain, (size_t)(n * tp->kva_w))))
+		return moet_err_prefix(rc, "tensor-parallel attention broadcast");
+	for (int r = 0; r < tp->n; r++) {
+		const int64_t hn = tp->h0[r + 1] - tp->h0[r];
+		if (hn == 0)
+			continue;
+		moet_attn_dims dr = *d;
+		dr.n_heads = hn;
+		moet_backend *be = tp->be[r];
+		const moet_rows *rw = r ? tp->rows[slot][r] : rows;
+		float *qr = r ? tp->qin[r] : q, *kvbr = r ? tp->kvbin[r] : kvb;
+		float *o = r ? tp->aout[r] : out;
+		const float *kvar = r ? tp->kvain[r] : kva;
+		const int64_t qrs = r ? hn * tp->qk : qs, kvbs = r ? hn * kvb_hw : tp->kvb_w;
+		const int64_t o_s = r ? hn * tp->v_dim : os;
+		if ((rc = enter(tp, r)) == 0 &&
+		    (rc = be->ops->linear(be, &wq->part[r], r ? tp->ain[r] : qx, qx_stride, n, qr,
+					  qrs)) == 0 &&
+		    (rc = be->ops->rope(be, qr + d->nope, qrs, tp->qk, hn, n, rw,
+					r ? tp->freq[r] : rope->inv_freq, rope->n_freq,
+					rope->attn_factor, rope->interleave)) == 0 &&
+		    (rc = be->ops->linear(be, &wkvb->part[r], kvar, tp->kva_w, n, kvbr, kvbs)) == 0 &&
+		    (rc = be->ops->kv_store(be, &dr, l, kvbr, kvbs, kvar + kv_lora, tp->kva_w, n,
+					    rw)) == 0)
+			rc = be->ops->attend(be, &dr, l, qr, qrs, n, rw, o, o_s);
 		if ((rc = leave(tp, r, rc)))
 			return moet_err_prefix(rc, "tensor-parallel attention, rank %d", r);
 		count[r] = (size_t)(n * hn * tp->v_dim);

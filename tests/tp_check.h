@@ -71,10 +71,11 @@ static int tp_reference(const char *dir, int absorbed, float *ref, size_t n_log)
 	return rc;
 }
 
-/* MOET_TP=ranks on device against ref (tp_reference's, same form); what: the case's name. */
-static void tp_case(const char *dir, const char *device, int ranks, int absorbed,
-		    const int16_t *own, int n_dev, const float *ref, float *got, size_t n_log,
-		    const char *what)
+/* MOET_TP=ranks on device against ref (tp_reference's, same form); what: the case's name;
+ * attn: moet_model_tp_attention's answer wanted (-1: any). */
+static void tp_case_attn(const char *dir, const char *device, int ranks, int absorbed,
+			 const int16_t *own, int n_dev, const float *ref, float *got, size_t n_log,
+			 const char *what, int attn)
 {
 	char v[16];
 	snprintf(v, sizeof(v), "%d", ranks);
@@ -90,6 +91,8 @@ static void tp_case(const char *dir, const char *device, int ranks, int absorbed
 	uint64_t bytes[8] = { 0 }, sum = 0;
 	const int n = moet_model_tp_ranks(m, bytes);
 	CHECK(n == ranks, "%s: %d ranks, want %d", what, n, ranks);
+	CHECK(attn < 0 || moet_model_tp_attention(m) == attn, "%s: attention form %d, want %d",
+	      what, moet_model_tp_attention(m), attn);
 	for (int r = 0; r < n && r < 8; r++) {
 		CHECK(bytes[r] > 0, "%s: rank %d holds no split bytes", what, r);
 		sum += bytes[r];
@@ -126,8 +129,8 @@ static void tp_case(const char *dir, const char *device, int ranks, int absorbed
 		      "%s, placement over %d devices and the CPU, two micro-batches: logits differ "
 		      "(%s)", what, n_dev, rc ? moet_errmsg() : "bits");
 	}
-	printf("%s: MOET_TP=%d on %s, %s MLA: bits equal; rank bytes", what, ranks, device,
-	       absorbed ? "absorbed" : "expanded");
+	printf("%s: MOET_TP=%d on %s, %s MLA, attention form %d: bits equal; rank bytes", what,
+	       ranks, device, absorbed ? "absorbed" : "expanded", moet_model_tp_attention(m));
 	for (int r = 0; r < n && r < 8; r++)
 		printf(" %llu", (unsigned long long)bytes[r]);
 	printf("\n");
@@ -152,10 +155,11 @@ static void tp_ctx_free(tp_ctx *x)
 }
 
 /* Returns 0, or -1 with the failure counted (x freed). */
-static int tp_prepare(const char *tag, uint64_t seed, tp_ctx *x)
+static int tp_prepare(const char *tag, moet_gen_preset preset, uint64_t seed, tp_ctx *x)
 {
 	moet_gen_params gp;
 	moet_gen_params_init(&gp);
+	gp.preset = preset;
 	gp.seed = seed;
 	gp.n_layers = 4;
 	memset(x, 0, sizeof(*x));
@@ -181,6 +185,13 @@ static int tp_prepare(const char *tag, uint64_t seed, tp_ctx *x)
 	if (rc)
 		tp_ctx_free(x);
 	return rc ? -1 : 0;
+}
+
+static void tp_case(const char *dir, const char *device, int ranks, int absorbed,
+		    const int16_t *own, int n_dev, const float *ref, float *got, size_t n_log,
+		    const char *what)
+{
+	tp_case_attn(dir, device, ranks, absorbed, own, n_dev, ref, got, n_log, what, -1);
 }
 
 #endif

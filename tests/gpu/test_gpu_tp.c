@@ -5,8 +5,9 @@
  * in both MLA forms (the expanded form's attention split by heads); also with
  * NCCL_P2P_DISABLE=1 (no peer-to-peer, as on GeForce cards), with MOET_GPU_STREAM=own (rank
  * 0's work on the backend's own stream), MOET_TP_ATTN=rank0 (the attention whole on rank 0),
- * and under MOET_CUDA_GRAPH=1 (a split pass is not captured: no graph, the same bits). MOET_TP
- * beyond the devices present fails the open naming the missing device.
+ * and under MOET_CUDA_GRAPH=1 (a split pass is not captured: no graph, the same bits); the
+ * tiny-tp preset, whose heads are whole blocks, with each rank computing its heads' q and kvb.
+ * MOET_TP beyond the devices present fails the open naming the missing device.
  * Skips (77) with fewer than two CUDA devices, or without NCCL (libnccl.so.2).
  */
 #include "../tp_check.h"
@@ -23,7 +24,7 @@ int main(void)
 		return MOET_TEST_SKIP;
 	}
 	tp_ctx x;
-	if (tp_prepare("gpu-tp", 43, &x))
+	if (tp_prepare("gpu-tp", MOET_GEN_TINY, 43, &x))
 		return moet_test_done("test_gpu_tp");
 	moet_model *m = NULL;
 	moet_test_env("MOET_TP", "2");
@@ -76,6 +77,14 @@ int main(void)
 		}
 		moet_model_close(m);
 		moet_test_env("MOET_CUDA_GRAPH", NULL);
+	}
+	/* tiny-tp: each rank computes its heads' q and kvb (the split at head boundaries) */
+	tp_ctx y;
+	if (!tp_prepare("gpu-tp-heads", MOET_GEN_TINY_TP, 45, &y)) {
+		if (!tp_reference(y.dir, 0, y.ref, y.n_log))
+			tp_case_attn(y.dir, "cuda", 2, 0, y.own, 2, y.ref, y.got, y.n_log, "tiny-tp",
+				     2);
+		tp_ctx_free(&y);
 	}
 	/* more ranks than devices */
 	if (n_gpu + 1 <= 8) {

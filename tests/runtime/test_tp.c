@@ -1,7 +1,9 @@
 /*
  * test_tp.c: MOET_TP on the CPU backend (runtime/tp.c's test double: the ranks are more CPU
  * backends, the exchanges memcpy), against the unsplit reference bit for bit (tests/
- * tp_check.h): 2, 3 and 4 ranks in the expanded MLA form (with 3 and 4 some F8 matrices of
+ * tp_check.h): the tiny-tp preset (heads of whole 128-row blocks) with 2, 3 and 4 ranks, each
+ * computing its heads' q and kvb itself, and with MOET_TP_ATTN=rank0; the tiny preset with
+ * 2, 3 and 4 ranks in the expanded MLA form (with 3 and 4 some F8 matrices of
  * the tiny checkpoint leave the last ranks without rows: slices start on 128-row blocks),
  * 2 and 3 in the absorbed form (kv_b stays whole), each also with a placement over the CPU
  * tier and two simulated devices in two micro-batches (the expanded form's attention split
@@ -15,15 +17,28 @@
 int main(void)
 {
 	tp_ctx x;
-	if (tp_prepare("tp", 41, &x))
+	/* tiny-tp: heads of whole 128-row blocks, so each rank computes its heads' q and kvb */
+	if (!tp_prepare("tp-heads", MOET_GEN_TINY_TP, 47, &x)) {
+		if (!tp_reference(x.dir, 0, x.ref, x.n_log))
+			for (int ranks = 2; ranks <= 4; ranks++)
+				tp_case_attn(x.dir, "cpu", ranks, 0, x.own, 2, x.ref, x.got, x.n_log,
+					     "tiny-tp", 2);
+		moet_test_env("MOET_TP_ATTN", "rank0");
+		tp_case_attn(x.dir, "cpu", 2, 0, x.own, 2, x.ref, x.got, x.n_log,
+			     "tiny-tp, MOET_TP_ATTN=rank0", 0);
+		moet_test_env("MOET_TP_ATTN", NULL);
+		tp_ctx_free(&x);
+	}
+	if (tp_prepare("tp", MOET_GEN_TINY, 41, &x))
 		return moet_test_done("test_tp");
 	for (int absorbed = 0; absorbed < 2; absorbed++) {
 		int rc = tp_reference(x.dir, absorbed, x.ref, x.n_log);
 		CHECK(rc == 0, "reference (%s MLA): %s", absorbed ? "absorbed" : "expanded",
 		      moet_errmsg());
+		/* tiny's q_b heads (48 rows) are not whole blocks: q and kvb from rank 0 */
 		for (int ranks = 2; !rc && ranks <= (absorbed ? 3 : 4); ranks++)
-			tp_case(x.dir, "cpu", ranks, absorbed, x.own, 2, x.ref, x.got, x.n_log,
-				"test_tp");
+			tp_case_attn(x.dir, "cpu", ranks, absorbed, x.own, 2, x.ref, x.got, x.n_log,
+				     "test_tp", absorbed ? 0 : 1);
 	}
 	/* the attention on rank 0 (MOET_TP_ATTN=rank0: its reference path under the split) */
 	moet_test_env("MOET_TP_ATTN", "rank0");
