@@ -44,7 +44,7 @@
 #include "moet_config.h"
 
 #define MOET_PLACEMENT_CPU (-1)          /* owner of an expert not resident on a GPU */
-#define MOET_PLACEMENT_DENSE_SPLIT (-1)  /* dense part split evenly over the GPUs */
+#define MOET_PLACEMENT_DENSE_SPLIT (-1)  /* dense part split over the GPUs (tensor-parallel) */
 #define MOET_PLACEMENT_MAX_GPUS 64
 #define MOET_PLACEMENT_NAME_BYTES 32     /* GPU name, NUL included */
 #define MOET_PLACEMENT_MAX_FILE_BYTES (64u << 20)
@@ -60,6 +60,8 @@ typedef struct moet_placement_gpu {
 } moet_placement_gpu;
 
 /* Byte sizes of the parts of a model (see moet_placement_sizes_from_*). */
+#define MOET_PLACEMENT_TP_MAX 8 /* GPUs a `split` dense part spans (MOET_TP's ranks) */
+
 typedef struct moet_placement_sizes {
 	int64_t n_layers;            /* num_hidden_layers (MTP layers are not loaded) */
 	int64_t n_experts;           /* n_routed_experts */
@@ -75,7 +77,21 @@ typedef struct moet_placement_sizes {
 	uint64_t dense_bytes;        /* sum of the eight above */
 	uint64_t mtp_bytes;          /* MTP layers: not loaded, not counted anywhere else */
 	bool from_ckpt;              /* true: the checkpoint's bytes; false: from the geometry */
+	/* The tensor-parallel split (`dense: split` over n GPUs, MOET_TP; common/moet_tpsplit.h):
+	 * tp_bytes[n][r] the bytes of the split matrices (q_b or q_proj, kv_b of the expanded MLA
+	 * form, o_proj, the dense MLPs, the shared experts, lm_head) rank r holds, from the
+	 * geometry; tp_whole the dense bytes that stay whole on the first GPU (the rest of
+	 * dense_bytes; with tied embeddings lm_head's slices come on top of the embedding). */
+	uint64_t tp_bytes[MOET_PLACEMENT_TP_MAX + 1][MOET_PLACEMENT_TP_MAX];
+	uint64_t tp_whole;
 } moet_placement_sizes;
+
+/* GPU g's share of the dense part (of n_gpus; dense_gpu a GPU index or
+ * MOET_PLACEMENT_DENSE_SPLIT): all of it on the named GPU; `split`: its rows of the matrices
+ * the engine splits (sz->tp_bytes) and, on GPU 0, what stays whole (sz->tp_whole); one GPU:
+ * all; more than MOET_PLACEMENT_TP_MAX GPUs: an even share, the remainder on GPU 0. */
+uint64_t moet_placement_dense_share(const moet_placement_sizes *sz, int n_gpus, int dense_gpu,
+				    int g);
 
 /* Per-GPU (or CPU tier) usage of a placement. */
 typedef struct moet_placement_usage {

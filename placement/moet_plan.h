@@ -8,8 +8,8 @@
  *   per layer: the top experts by score --> GPUs, heaviest first to the least loaded GPU
  *              with a slot left in that layer (quotas keep every GPU's bytes in budget)
  *
- * Memory per GPU: budget - reserve - its share of the dense part (split evenly, remainder on
- * the first GPU, as moet_placement counts it) = bytes for experts; each expert counted at the
+ * Memory per GPU: budget - reserve - its share of the dense part (split as the engine splits
+ * it: moet_placement_dense_share) = bytes for experts; each expert counted at the
  * largest routed expert's size (every expert has the same size in this family; the planner
  * says when they differ). With a cost model (moet_cost.h: hw set in the budget) the plan
  * carries the predicted decode step time; with auto_slots the experts per layer are chosen

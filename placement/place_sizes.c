@@ -27,6 +27,7 @@
 
 #include "moet_err.h"
 #include "moet_placement.h"
+#include "moet_tpsplit.h"
 
 void moet_placement_sizes_free(moet_placement_sizes *sz)
 {
@@ -60,6 +61,50 @@ static void sum_dense(moet_placement_sizes *sz)
 	sz->dense_bytes = sz->embed_bytes + sz->lm_head_bytes + sz->attn_bytes + sz->norm_bytes +
 			  sz->dense_mlp_bytes + sz->router_bytes + sz->shared_bytes +
 			  sz->other_bytes;
+}
+
+/* Adds to tp_bytes[n][r] each rank's slice of a [rows x cols] matrix split over n ranks. */
+static void tp_add(moet_placement_sizes *sz, int64_t rows, int64_t cols, int fp8,
+		   int64_t n_heads, int64_t head_rows)
+{
+	int64_t r0[MOET_PLACEMENT_TP_MAX + 1];
+	const uint64_t esz = fp8 ? 1 : 2, cblocks = (uint64_t)((cols + 127) / 128);
+	for (int n = 2; n <= MOET_PLACEMENT_TP_MAX; n++) {
+		(void)moet_tp_row_split(rows, fp8, n, n_heads, head_rows, r0);
+		for (int r = 0; r < n; r++) {
+			const uint64_t rr = (uint64_t)(r0[r + 1] - r0[r]);
+			sz->tp_bytes[n][r] += rr * (uint64_t)cols * esz +
+					      (fp8 ? 4 * ((rr + 127) / 128) * cblocks : 0);
+		}
+	}
+}
+
+/* The split's per-rank bytes and the part left whole (after sum_dense), from the geometry:
+ * the engine's split of the expanded MLA form (the default). */
+static void sum_tp(moet_placement_sizes *sz, const moet_config *cf)
+{
+	const int64_t H = cf->hidden_size, nh = cf->num_attention_heads, QL = cf->q_lora_rank;
+	const int64_t qk = moet_config_qk_head_dim(cf), kvh = cf->qk_nope_head_dim + cf->v_head_dim;
+	const int64_t S = cf->n_shared_experts * cf->moe_intermediate_size;
+	const int fp8 = cf->fp8;
+	for (int64_t l = 0; l < sz->n_layers; l++) {
+		tp_add(sz, nh * qk, QL > 0 ? QL : H, fp8, nh, qk);
+		tp_add(sz, nh * kvh, cf->kv_lora_rank, fp8, nh, kvh);
+		tp_add(sz, H, nh * cf->v_head_dim, fp8, 0, 0);
+		const int64_t I = moet_config_is_moe_layer(cf, l) ? S : cf->intermediate_size;
+		if (I > 0) {
+			tp_add(sz, I, H, fp8, 0, 0);
+			tp_add(sz, I, H, fp8, 0, 0);
+			tp_add(sz, H, I, fp8, 0, 0);
+		}
+	}
+	tp_add(sz, cf->vocab_size, H, 0, 0, 0); /* lm_head: BF16 */
+	uint64_t split = 0;
+	for (int r = 0; r < 2; r++)
+		split += sz->tp_bytes[2][r];
+	const uint64_t tied = cf->tie_word_embeddings ? 2 * (uint64_t)cf->vocab_size * (uint64_t)H
+						      : 0;
+	sz->tp_whole = sz->dense_bytes + tied > split ? sz->dense_bytes + tied - split : 0;
 }
 
 /* ---- from the checkpoint ------------------------------------------------------------------ */
@@ -112,6 +157,7 @@ int moet_placement_sizes_from_ckpt(const moet_config *cf, const moet_ckpt *ck,
 			}
 	}
 	sum_dense(sz);
+	sum_tp(sz, cf);
 	*out = sz;
 	return 0;
 }
@@ -166,6 +212,7 @@ int moet_placement_sizes_from_config(const moet_config *cf, moet_placement_sizes
 			sz->expert_bytes[l * E + e] = expert;
 	}
 	sum_dense(sz);
+	sum_tp(sz, cf);
 	*out = sz;
 	return 0;
 }

@@ -7,12 +7,12 @@
  * fills it with moet_placement_set_owner and writes it with moet_placement_write.
  *
  * Accounting. A GPU's total = sum of expert_bytes[l][e] over the (l, e) it owns + its share
- * of the dense part + its reserve. The share is all of sz->dense_bytes for `dense: NAME` and
- * dense_bytes / n_gpus for `split`, the remainder of the division going to GPU 0 so that the
- * shares add up to the whole.
- * NOTE: `split` is an estimate of the tensor-parallel layout: the engine replicates the small
- * parts (norms, router) and splits the large ones, so the real figure is slightly higher on
- * each GPU; the reserve is where a person leaves room for that.
+ * of the dense part + its reserve. The share is all of sz->dense_bytes for `dense: NAME` (on
+ * that GPU) and moet_placement_dense_share's for `split`.
+ * `split` counts what the engine's tensor-parallel split (runtime/tp.c, MOET_TP) puts on each
+ * GPU: each GPU its rows of the split matrices (common/moet_tpsplit.h, sizes from the
+ * geometry), the first GPU also everything left whole (embedding, norms, q_a, kv_a, routers,
+ * tensors of no known part); over more than MOET_PLACEMENT_TP_MAX GPUs an even share.
  *
  * Writer. Every MoE layer is written explicitly (no default), so that the planner can put its
  * comment (expected hit rate) above each; expert sets as sorted "a-b,c" strings, always
@@ -161,6 +161,22 @@ int moet_placement_owner(const moet_placement *p, int64_t layer, int64_t expert)
 
 /* ---- accounting --------------------------------------------------------------------------- */
 
+uint64_t moet_placement_dense_share(const moet_placement_sizes *sz, int n_gpus, int dense_gpu,
+				    int g)
+{
+	if (g < 0 || g >= n_gpus)
+		return 0;
+	if (dense_gpu != MOET_PLACEMENT_DENSE_SPLIT)
+		return dense_gpu == g ? sz->dense_bytes : 0;
+	if (n_gpus == 1)
+		return sz->dense_bytes;
+	if (n_gpus <= MOET_PLACEMENT_TP_MAX) /* the engine's split (MOET_TP) */
+		return sz->tp_bytes[n_gpus][g] + (g == 0 ? sz->tp_whole : 0);
+	/* NOTE: more GPUs than the split spans: an even share (the engine refuses such a file) */
+	return sz->dense_bytes / (uint64_t)n_gpus +
+	       (g == 0 ? sz->dense_bytes % (uint64_t)n_gpus : 0);
+}
+
 int moet_placement_usage_of(const moet_placement *p, const moet_placement_sizes *sz, int g,
 			    moet_placement_usage *out)
 {
@@ -195,11 +211,7 @@ int moet_placement_usage_of(const moet_placement *p, const moet_placement_sizes 
 		out->dense_bytes = p->n_gpus ? 0 : sz->dense_bytes;
 	} else {
 		const moet_placement_gpu *G = &p->gpus[g];
-		if (p->dense_gpu == MOET_PLACEMENT_DENSE_SPLIT)
-			out->dense_bytes = sz->dense_bytes / (uint64_t)p->n_gpus +
-					   (g == 0 ? sz->dense_bytes % (uint64_t)p->n_gpus : 0);
-		else
-			out->dense_bytes = p->dense_gpu == g ? sz->dense_bytes : 0;
+		out->dense_bytes = moet_placement_dense_share(sz, p->n_gpus, p->dense_gpu, g);
 		out->reserve_bytes = G->reserve_bytes;
 		out->budget_bytes = G->budget_bytes;
 	}

@@ -162,9 +162,9 @@ static int plan_slots(moet_plan *pl, const moet_config *cf, const moet_placement
 		return moet_err(MOET_EINVAL, "plan: the model has no routed expert bytes");
 	pl->equal_sizes = lo == pl->slot_bytes;
 	pl->dense_bytes = sz->dense_bytes;
-	const uint64_t n = (uint64_t)b->n_gpus;
 	for (int g = 0; g < b->n_gpus; g++) {
-		pl->dense_share[g] = sz->dense_bytes / n + (g == 0 ? sz->dense_bytes % n : 0);
+		pl->dense_share[g] = moet_placement_dense_share(sz, b->n_gpus,
+								MOET_PLACEMENT_DENSE_SPLIT, g);
 		uint64_t fixed = pl->dense_share[g] + b->reserve_bytes;
 		if (fixed > b->budget_bytes)
 			return moet_err(MOET_ERANGE,

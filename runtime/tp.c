@@ -34,6 +34,7 @@
 #include "moet_err.h"
 #include "moet_gpu.h"
 #include "moet_gpu_host.h"
+#include "moet_tpsplit.h"
 
 typedef struct pend {
 	moet_mat host;
@@ -325,28 +326,19 @@ static int split_at(moet_tp *tp, const moet_mat *host, const int64_t *r0, moet_t
 
 int moet_tp_split(moet_tp *tp, const moet_mat *host, moet_tp_mat *out, moet_mat *rank0_host)
 {
-	const int64_t R = host->rows, g = host->scale_inv ? MOET_BLOCK : 1;
-	const int64_t per = (R + g - 1) / g, take = (per + tp->n - 1) / tp->n * g;
 	int64_t r0[MOET_TP_MAX + 1];
-	for (int r = 0; r <= tp->n; r++)
-		r0[r] = take * r < R ? take * r : R;
+	(void)moet_tp_row_split(host->rows, host->scale_inv != NULL, tp->n, 0, 0, r0);
 	return split_at(tp, host, r0, out, rank0_host);
 }
 
 int moet_tp_split_heads(moet_tp *tp, const moet_mat *host, int64_t head_rows, moet_tp_mat *out,
 			moet_mat *rank0_host)
 {
-	const int64_t g = host->scale_inv ? MOET_BLOCK : 1;
 	int64_t r0[MOET_TP_MAX + 1];
-	int ok = tp->head_split && host->rows == tp->nh * head_rows;
-	for (int r = 0; ok && r <= tp->n; r++) {
-		r0[r] = tp->h0[r] * head_rows;
-		ok = r0[r] % g == 0 || r0[r] == host->rows;
-	}
-	if (!ok) { /* the ranks then get q and kvb from rank 0 */
+	/* NOTE: not at heads, the ranks get q and kvb from rank 0 (no local attention) */
+	if (!moet_tp_row_split(host->rows, host->scale_inv != NULL, tp->n,
+			       tp->head_split ? tp->nh : 0, head_rows, r0))
 		tp->local = 0;
-		return moet_tp_split(tp, host, out, rank0_host);
-	}
 	return split_at(tp, host, r0, out, rank0_host);
 }
 

@@ -22,6 +22,7 @@
 #include "moet_err.h"
 #include "moet_gen.h"
 #include "moet_model.h"
+#include "moet_placement.h"
 #include "moet_test.h"
 
 #define TP_SEQS 3
@@ -100,6 +101,18 @@ static void tp_case_attn(const char *dir, const char *device, int ranks, int abs
 	const uint64_t want = tp_split_bytes(m, absorbed);
 	CHECK(sum == want, "%s: the ranks hold %llu bytes of the split matrices, the checkpoint "
 	      "%llu", what, (unsigned long long)sum, (unsigned long long)want);
+	/* the placement's accounting of `dense: split` over `ranks` GPUs (placement/, from the
+	 * geometry) counts the bytes each rank holds (the default form: expanded, by heads) */
+	moet_placement_sizes *ps = NULL;
+	const char *tpa = getenv("MOET_TP_ATTN");
+	if (!absorbed && !(tpa && *tpa) &&
+	    !moet_placement_sizes_from_ckpt(moet_model_config(m), moet_model_ckpt(m), &ps))
+		for (int r = 0; r < n && r < 8; r++)
+			CHECK(ps->tp_bytes[ranks][r] == bytes[r], "%s: rank %d holds %llu split "
+			      "bytes, the placement's accounting says %llu", what, r,
+			      (unsigned long long)bytes[r],
+			      (unsigned long long)ps->tp_bytes[ranks][r]);
+	moet_placement_sizes_free(ps);
 	/* the attention split by heads (expanded form): rank 0's cache holds its heads only */
 	const moet_config *c = moet_model_config(m);
 	const int64_t per = (c->num_attention_heads + ranks - 1) / ranks;

@@ -493,8 +493,12 @@ static int print_plan(const moet_placement *pl, const moet_placement_sizes *sz,
 	       sz->dense_bytes, gib(sz->dense_bytes), gib(sz->embed_bytes), gib(sz->lm_head_bytes),
 	       gib(sz->attn_bytes), gib(sz->norm_bytes), gib(sz->dense_mlp_bytes),
 	       gib(sz->router_bytes), gib(sz->shared_bytes), gib(sz->other_bytes));
-	printf("dense: %s%s\n", dense, dg == MOET_PLACEMENT_DENSE_SPLIT && n_gpus ?
-	       " (an even share on every GPU)" : n_gpus ? "" : " (no GPU: on the CPU)");
+	printf("dense: %s%s\n", dense,
+	       dg != MOET_PLACEMENT_DENSE_SPLIT || n_gpus == 1 ? (n_gpus ? "" : " (no GPU: on the CPU)")
+	       : n_gpus <= MOET_PLACEMENT_TP_MAX
+		       ? " (tensor-parallel: each GPU its rows of the split matrices, the first GPU "
+			 "also the embedding and what stays whole)"
+		       : " (an even share on every GPU: more GPUs than the split spans)");
 	printf("  %-10s %8s %9s %11s %9s %11s %9s %10s %9s\n", "tier", "experts", "per_layer",
 	       "expert_GiB", "dense_GiB", "reserve_GiB", "total_GiB", "budget_GiB", "free_GiB");
 	for (int g = 0; g < n_gpus; g++) {

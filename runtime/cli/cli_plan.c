@@ -50,7 +50,7 @@ static void usage(FILE *f)
 		"                        [--hardware FILE.yaml] [--batch B[,B...]] [--phase P] "
 		"[--json]\n\n"
 		"Per MoE layer, the experts the profile routes to most go to the GPUs, each GPU\n"
-		"within its budget: budget - reserve - its share of the dense part (split evenly)\n"
+		"within its budget: budget - reserve - its share of the split dense part\n"
 		"holds whole experts at the checkpoint's real sizes. Experts of a layer are dealt\n"
 		"heaviest first to the GPU with the least load in that layer. Prints the\n"
 		"arithmetic and the expected hit rate (routings served by GPU-resident experts)\n"

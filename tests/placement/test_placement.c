@@ -35,6 +35,44 @@ static moet_config cf, kimi;
 static moet_placement_sizes *sz, *kimi_sz;
 static uint64_t dense_sum; /* bytes of every tensor that is not a routed expert */
 
+/* Bytes of a rows x cols F8 slice with its 128 x 128 block scales (rows from a block edge). */
+static uint64_t f8(uint64_t r, uint64_t c)
+{
+	return r ? r * c + 4 * ((r + 127) / 128) * ((c + 127) / 128) : 0;
+}
+
+/*
+ * GPU g's bytes of the tensor-parallel split (`dense: split`, docs/hybrid.md) of the tiny
+ * model over n = 2 or 3 GPUs, rows worked out by hand from the rule: q_b's 48-row heads are not
+ * whole 128-row blocks, so it goes by blocks (ceil(blocks / n) each: 128, 64); kv_b's 64-row
+ * heads go in pairs (128, 128); o_proj, the dense MLP and the shared expert by blocks; lm_head
+ * (BF16, no scales) by rows: 512 + 512, or 342 + 342 + 340.
+ */
+static uint64_t tiny_split(int n, int g)
+{
+	static const uint64_t qb[3] = { 128, 64, 0 }, two[3] = { 128, 128, 0 };
+	static const uint64_t gu[3] = { 256, 256, 0 }, sh[3] = { 128, 0, 0 };
+	static const uint64_t lm[2][3] = { { 512, 512, 0 }, { 342, 342, 340 } };
+	uint64_t b = lm[n - 2][g] * TINY_H * 2;
+	for (int l = 0; l < NL; l++) {
+		b += f8(qb[g], 96) + f8(two[g], 64) + f8(two[g], 128);
+		if (l == 0) /* the dense layer's MLP: gate, up [512 x 256], down [256 x 512] */
+			b += 2 * f8(gu[g], TINY_H) + f8(two[g], 512);
+		else /* the shared expert: gate, up [128 x 256], down [256 x 128] */
+			b += 2 * f8(sh[g], TINY_H) + f8(two[g], TINY_M);
+	}
+	return b;
+}
+
+/* The split matrices' bytes of Kimi-K2 (61 layers, layer 0 dense); 4 GPUs take a quarter each
+ * (every split falls on 128-row blocks). */
+static uint64_t kimi_split_total(void)
+{
+	uint64_t b = 163840ull * 7168 * 2 + 2 * f8(18432, 7168) + f8(7168, 18432) +
+		     60 * (2 * f8(2048, 7168) + f8(7168, 2048));
+	return b + 61 * (f8(12288, 1536) + f8(16384, 512) + f8(7168, 8192));
+}
+
 static moet_placement *parse(const char *text, int *rc)
 {
 	moet_placement *p = NULL;
@@ -170,8 +208,11 @@ static void test_valid(void)
 		for (int g = 0; g < 3; g++) {
 			moet_placement_usage u;
 			CHECK(moet_placement_usage_of(p, sz, g, &u) == 0, "usage");
-			CHECK(u.dense_bytes >= dense_sum / 3 && u.dense_bytes <= dense_sum / 3 + 2,
-			      "split share %" PRIu64, u.dense_bytes);
+			/* GPUs 1, 2 their slices; GPU 0 the rest */
+			const uint64_t share = g ? tiny_split(3, g)
+						 : dense_sum - tiny_split(3, 1) - tiny_split(3, 2);
+			CHECK(u.dense_bytes == share, "gpu%d split share %" PRIu64 ", want %" PRIu64, g,
+			      u.dense_bytes, share);
 			sum += u.dense_bytes;
 		}
 		CHECK(sum == dense_sum, "split shares sum to %" PRIu64 ", dense %" PRIu64, sum,
@@ -429,7 +470,8 @@ static char *read_text(const char *path)
 static void test_configs(void)
 {
 	const char *names[2] = { "placement-kimi-k2-4xh200.yaml", "placement-kimi-k2-4x5090.yaml" };
-	const int64_t per_layer[2] = { 120, 36 };
+	const int64_t per_layer[2] = { 120, 38 };
+	const int64_t per_gpu[2][4] = { { 30, 30, 30, 30 }, { 8, 10, 10, 10 } };
 	char path[1024];
 	for (int i = 0; i < 2; i++) {
 		snprintf(path, sizeof(path), "%s/configs/%s", moet_test_source_dir(), names[i]);
@@ -449,10 +491,11 @@ static void test_configs(void)
 		for (int g = 0; g < 4; g++) {
 			moet_placement_usage u;
 			CHECK(moet_placement_usage_of(p, kimi_sz, g, &u) == 0, "usage");
-			/* independent figure: experts x 44,050,944 + a quarter of the dense part */
-			const uint64_t D = kimi_sz->dense_bytes;
-			uint64_t want = (uint64_t)per_layer[i] / 4 * 60 * KIMI_EXPERT + D / 4 +
-					(g == 0 ? D % 4 : 0) + (i == 0 ? 16ull << 30 : 4ull << 30);
+			/* independent figure: experts x 44,050,944 + a quarter of the split
+			 * matrices, and on gpu0 the rest of the dense part too */
+			const uint64_t D = kimi_sz->dense_bytes, Q = kimi_split_total() / 4;
+			uint64_t want = (uint64_t)per_gpu[i][g] * 60 * KIMI_EXPERT +
+					(g == 0 ? D - 3 * Q : Q) + (i == 0 ? 16ull << 30 : 4ull << 30);
 			CHECK(u.total_bytes == want && u.total_bytes <= u.budget_bytes,
 			      "%s gpu%d: total %" PRIu64 " (want %" PRIu64 ") budget %" PRIu64,
 			      names[i], g, u.total_bytes, want, u.budget_bytes);
@@ -562,16 +605,14 @@ static void test_cli(const char *dir)
 		json_t *b = json_array_get(json_object_get(js, "gpus"), 1);
 		json_t *c = json_object_get(js, "cpu");
 #define I(o, k) json_integer_value(json_object_get(o, k))
-		uint64_t half = dense_sum / 2;
+		const uint64_t b1 = tiny_split(2, 1), a0 = dense_sum - b1; /* b: its slices */
 		CHECK(I(a, "experts") == 40 && I(a, "per_layer_min") == 10 &&
 		      I(a, "expert_bytes") == (json_int_t)(40 * TINY_EXPERT) &&
-		      I(a, "dense_bytes") == (json_int_t)(half + dense_sum % 2) &&
-		      I(a, "reserve_bytes") == 1 << 20 &&
-		      I(a, "total_bytes") == (json_int_t)(40 * TINY_EXPERT + half + dense_sum % 2 +
-							  (1 << 20)) &&
+		      I(a, "dense_bytes") == (json_int_t)a0 && I(a, "reserve_bytes") == 1 << 20 &&
+		      I(a, "total_bytes") == (json_int_t)(40 * TINY_EXPERT + a0 + (1 << 20)) &&
 		      I(a, "budget_bytes") == 1 << 30, "gpu a: %s", out);
 		CHECK(I(b, "experts") == 12 && I(b, "per_layer_max") == 3 &&
-		      I(b, "dense_bytes") == (json_int_t)half, "gpu b: %s", out);
+		      I(b, "dense_bytes") == (json_int_t)b1, "gpu b: %s", out);
 		CHECK(I(c, "experts") == 4 * (NE - 13) &&
 		      I(c, "expert_bytes") == (json_int_t)(4 * (NE - 13) * TINY_EXPERT),
 		      "cpu: %s", out);
@@ -628,7 +669,8 @@ static void test_cli(const char *dir)
 		 moet_test_source_dir());
 	st = moet_test_run(cmd, &out);
 	CHECK(st == 0 && out && strstr(out, "expert_bytes 44050944") &&
-	      strstr(out, "9-9") && strstr(out, "348-348"), "preset: exit %d\n%s", st,
+	      strstr(out, "8-8") && strstr(out, "10-10") && strstr(out, "346-346"),
+	      "preset: exit %d\n%s", st,
 	      out ? out : "");
 	free(out);
 }

@@ -32,7 +32,7 @@
 #include "moet_profile.h"
 #include "moet_test.h"
 
-enum { NL = 4, NE = 32, SLOTS = 15, K = 10 };
+enum { NL = 4, NE = 32, SLOTS = 30, K = 10 };
 
 static char *dir, *tmp;
 static moet_config cf;
@@ -69,6 +69,22 @@ static double json_num(json_t *o, const char *key)
 	return json_is_number(v) ? json_number_value(v) : -99;
 }
 
+/* A --vram-gb (bytes) with which the two GPUs have SLOTS expert slots together: gpu1 holds only
+ * its slices of the split dense part, gpu0 also the whole rest (moet_placement_dense_share),
+ * so gpu1 gets two thirds; *slots each GPU's. */
+static uint64_t budget_slots(int slots[2])
+{
+	const uint64_t eb = sz->expert_bytes[1 * NE];
+	const uint64_t s0 = moet_placement_dense_share(sz, 2, MOET_PLACEMENT_DENSE_SPLIT, 0);
+	const uint64_t s1 = moet_placement_dense_share(sz, 2, MOET_PLACEMENT_DENSE_SPLIT, 1);
+	const uint64_t b = s1 + (uint64_t)(2 * SLOTS / 3) * eb;
+	slots[0] = b > s0 ? (int)((b - s0) / eb) : 0;
+	slots[1] = (int)((b - s1) / eb);
+	CHECK(slots[0] + slots[1] == SLOTS && slots[0] > 0, "budget %" PRIu64 ": %d + %d slots "
+	      "(dense shares %" PRIu64 ", %" PRIu64 ")", b, slots[0], slots[1], s0, s1);
+	return b;
+}
+
 static void test_tiny(void)
 {
 	char train[1024], test[1024], place[1024], budget[64], *out = NULL;
@@ -83,14 +99,18 @@ static void test_tiny(void)
 		CHECK(st == 0, "profile seed %d: exit %d\n%s", s, st, out ? out : "");
 		free(out);
 	}
-	/* Exactly SLOTS experts per GPU: gpu0 carries the dense remainder. */
-	const uint64_t eb = sz->expert_bytes[1 * NE], d = sz->dense_bytes;
-	snprintf(budget, sizeof(budget), "%" PRIu64 "B", d / 2 + d % 2 + SLOTS * eb);
+	/* SLOTS experts on the two GPUs together (budget_slots: gpu0 fewer, it holds the dense
+	 * part's whole rest) */
+	int slots[2];
+	snprintf(budget, sizeof(budget), "%" PRIu64 "B", budget_slots(slots));
+	char want0[32], want1[32];
+	snprintf(want0, sizeof(want0), "-> %d experts", slots[0]);
+	snprintf(want1, sizeof(want1), "-> %d experts", slots[1]);
 	int st = moet_test_cli(&out, "plan --model %s --profile %s --gpus 2 --vram-gb %s --reserve-gb 0 "
 		     "--out %s", dir, train, budget, place);
-	CHECK(st == 0 && out && strstr(out, "-> 15 experts") &&
+	CHECK(st == 0 && out && strstr(out, want0) && strstr(out, want1) &&
 	      strstr(out, "experts per MoE layer: 10 x 3 layers of 32"),
-	      "plan: exit %d\n%s", st, out ? out : "");
+	      "plan: exit %d (gpu slots %d, %d)\n%s", st, slots[0], slots[1], out ? out : "");
 	free(out);
 	moet_placement *p = NULL;
 	moet_profile *tr = NULL, *te = NULL;
@@ -102,8 +122,9 @@ static void test_tiny(void)
 	/* Our own figures on the held-out profile. */
 	double hit = 0, all = 0, opt = 0, first = 0;
 	const int D = MOET_PROFILE_DECODE;
+	int per_gpu[2] = { 0, 0 };
 	for (int64_t l = 1; l < NL; l++) {
-		int per_gpu[2] = { 0, 0 };
+		int n_in = 0;
 		uint64_t min_in = UINT64_MAX, max_out = 0;
 		const uint64_t *c = tr->counts + moet_profile_at(tr, D, l);
 		const uint64_t *t = te->counts + moet_profile_at(te, D, l);
@@ -111,6 +132,7 @@ static void test_tiny(void)
 			int g = moet_placement_owner(p, l, e);
 			if (g >= 0) {
 				per_gpu[g]++;
+				n_in++;
 				min_in = c[e] < min_in ? c[e] : min_in;
 				hit += (double)t[e];
 			} else {
@@ -118,8 +140,7 @@ static void test_tiny(void)
 			}
 			first += e < K ? (double)t[e] : 0;
 		}
-		CHECK(per_gpu[0] == K / 2 && per_gpu[1] == K / 2, "layer %" PRId64 ": %d + %d "
-		      "experts", l, per_gpu[0], per_gpu[1]);
+		CHECK(n_in == K, "layer %" PRId64 ": %d experts on the GPUs", l, n_in);
 		CHECK(min_in >= max_out,
 		      "layer %" PRId64 ": a GPU expert has %" PRIu64 " routings, "
 		      "a CPU one %" PRIu64,
@@ -127,6 +148,8 @@ static void test_tiny(void)
 		all += layer_total(te, l, D);
 		opt += top_sum(te, l, K, D);
 	}
+	CHECK(per_gpu[0] == slots[0] && per_gpu[1] == slots[1], "the GPUs hold %d + %d experts, "
+	      "their slots %d + %d", per_gpu[0], per_gpu[1], slots[0], slots[1]);
 	/* The per-layer comments: hit rates on the training profile. */
 	char *text = NULL;
 	FILE *f = fopen(place, "r");
@@ -219,11 +242,11 @@ static void expect_fail(const char *want, const char *args)
 static void test_refusals(void)
 {
 	char args[4096], train[1024], other[1024];
-	const uint64_t eb = sz->expert_bytes[NE], d = sz->dense_bytes;
+	int slots[2];
 	snprintf(train, sizeof(train), "%s/train.json", tmp);
 	snprintf(args, sizeof(args), "plan --model %s --profile %s --gpus 2 --vram-gb %" PRIu64 "B "
 		 "--reserve-gb 0 --hot-per-layer 11 --out %s/x.yaml", dir, train,
-		 d / 2 + d % 2 + SLOTS * eb, tmp);
+		 budget_slots(slots), tmp);
 	expect_fail("but the GPUs have room for 30", args);
 	snprintf(args, sizeof(args), "plan --model %s --profile %s --gpus 2 --vram-gb 1MiB "
 		 "--reserve-gb 1MiB --out %s/x.yaml", dir, train, tmp);
@@ -320,7 +343,9 @@ static void test_kimi(void)
 		total += n;
 	}
 	/* Balance per layer: the largest GPU load against the lower bound max(heaviest expert,
-	 * mean); the longest-processing-time rule stays within 4/3 of the optimum. */
+	 * mean). The longest-processing-time rule stays within 4/3 of the optimum when the GPUs
+	 * hold as many experts each; here gpu0 holds fewer (it keeps the split dense part's whole
+	 * rest: the embedding, q_a, kv_a, routers), which that bound does not know: 1.4. */
 	double worst = 0;
 	for (int64_t l = 1; l < L; l++) {
 		double load[4] = { 0 }, top = 0, placed = 0, mx = 0;
@@ -339,7 +364,7 @@ static void test_kimi(void)
 		worst = mx / lb > worst ? mx / lb : worst;
 	}
 	printf("largest GPU load / lower bound, worst layer: %.4f\n", worst);
-	CHECK(worst <= 4.0 / 3.0, "a layer's largest GPU load is %.4f x the lower bound", worst);
+	CHECK(worst <= 1.4, "a layer's largest GPU load is %.4f x the lower bound", worst);
 	CHECK(total == pl->used[0] + pl->used[1] + pl->used[2] + pl->used[3], "total");
 done:
 	free(scores);
