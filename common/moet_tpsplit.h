@@ -4,8 +4,8 @@
  * place_sizes.c), so that `inspect --placement` counts the bytes each GPU really holds.
  *
  * A matrix of `rows` output rows over n ranks: rank r holds rows [r0[r], r0[r+1]).
- *   at heads   head_rows > 0 (q_b or q_proj, kv_b of the expanded MLA form): rank r the rows of
- *              heads [h0[r], h0[r+1]), ceil(n_heads / n) heads each, when every boundary is a
+ *   at heads   head_rows > 0 (q_b or q_proj, kv_b: the attention split by heads): rank r the
+ *              rows of heads [h0[r], h0[r+1]), ceil(n_heads / n) heads each, when every boundary is a
  *              multiple of 128 (scaled: F8 with 128 x 128 block scales) or the matrix has no
  *              scales: a slice is then a plain view of data and scale rows;
  *   by blocks  otherwise: ceil(blocks / n) blocks of 128 rows each (of 1 row without scales),

@@ -78,9 +78,8 @@ typedef struct moet_placement_sizes {
 	uint64_t mtp_bytes;          /* MTP layers: not loaded, not counted anywhere else */
 	bool from_ckpt;              /* true: the checkpoint's bytes; false: from the geometry */
 	/* The tensor-parallel split (`dense: split` over n GPUs, MOET_TP; common/moet_tpsplit.h):
-	 * tp_bytes[n][r] the bytes of the split matrices (q_b or q_proj, kv_b of the expanded MLA
-	 * form, o_proj, the dense MLPs, the shared experts, lm_head) rank r holds, from the
-	 * geometry; tp_whole the dense bytes that stay whole on the first GPU (the rest of
+	 * tp_bytes[n][r] the bytes of the split matrices (q_b or q_proj, kv_b, o_proj, the
+	 * dense MLPs, the shared experts, lm_head) rank r holds, from the geometry; tp_whole the dense bytes that stay whole on the first GPU (the rest of
 	 * dense_bytes; with tied embeddings lm_head's slices come on top of the embedding). */
 	uint64_t tp_bytes[MOET_PLACEMENT_TP_MAX + 1][MOET_PLACEMENT_TP_MAX];
 	uint64_t tp_whole;

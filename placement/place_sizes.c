@@ -80,7 +80,7 @@ static void tp_add(moet_placement_sizes *sz, int64_t rows, int64_t cols, int fp8
 }
 
 /* The split's per-rank bytes and the part left whole (after sum_dense), from the geometry:
- * the engine's split of the expanded MLA form (the default). */
+ * the engine's split with the attention by heads (the default). */
 static void sum_tp(moet_placement_sizes *sz, const moet_config *cf)
 {
 	const int64_t H = cf->hidden_size, nh = cf->num_attention_heads, QL = cf->q_lora_rank;

@@ -212,7 +212,10 @@ static int attention(moet_model *m, int64_t l, int64_t n, const moet_rows *rows)
 		      n, b->q, nh * qk));
 	TRY(op->rope(be, b->q + nope, nh * qk, qk, nh, n, rows, m->inv_freq_b, rope / 2,
 		     m->rope_attn_factor, c->rope_interleave));
-	if (m->mla_absorbed) {
+	if (m->mla_absorbed && moet_tp_heads(m->tp, 0, &h0, &heads)) { /* each rank its heads */
+		TRY(moet_tp_attend(m->tp, m->mb_slot, &d, l, b->q, NULL, b->kva + c->kv_lora_rank,
+				   kva_w, n, rows, b->attn));
+	} else if (m->mla_absorbed) {
 		/* the cache holds the latent [c | k_pe]; kv_b enters inside the attention */
 		TRY(op->kv_store_latent(be, l, b->kva, kva_w, kva_w, n, rows));
 		TRY(op->attend_latent(be, &d, &lw->kv_b, l, b->q, nh * qk, n, rows, b->attn,

@@ -135,7 +135,7 @@ static int pool_make(const moet_model *m, int64_t n_blocks, int shift, int64_t r
 	p->v = p->v_row ? p->k + p->n_layers * rows * p->k_row : NULL;
 	/* the attention split by heads: each rank r >= 1 its heads' part on its device */
 	int64_t h0, heads;
-	for (int r = 1; !m->mla_absorbed && moet_tp_heads(m->tp, r, &h0, &heads) && heads; r++) {
+	for (int r = 1; moet_tp_heads(m->tp, r, &h0, &heads) && heads; r++) {
 		p->tp = m->tp;
 		kv_geometry_rank(m, r, &p->rk_row[r], &p->rv_row[r]);
 		const size_t b = (size_t)p->n_layers * (size_t)rows *
@@ -147,7 +147,7 @@ static int pool_make(const moet_model *m, int64_t n_blocks, int shift, int64_t r
 					     (double)b / (1024.0 * 1024.0 * 1024.0));
 			goto fail;
 		}
-		p->rv[r] = p->rk[r] + p->n_layers * rows * p->rk_row[r];
+		p->rv[r] = p->rv_row[r] ? p->rk[r] + p->n_layers * rows * p->rk_row[r] : NULL;
 	}
 	/* the stack pops block 0 first, then 1, 2, ... */
 	for (int64_t i = 0; i < n_blocks; i++)

@@ -515,8 +515,9 @@ static int bind_attention(moet_model *m, int64_t l, moet_layer_w *lw)
 	if ((rc = load_vector(m, name, c->kv_lora_rank, &lw->kv_a_norm)))
 		return rc;
 	snprintf(name, sizeof(name), "%s.kv_b_proj", p);
-	/* NOTE: the absorbed form's attention reads kv_b whole (on rank 0) */
-	if ((rc = m->mla_absorbed
+	/* NOTE: the absorbed form's attention reads kv_b whole, unless MOET_TP splits it by heads */
+	int64_t h0, heads;
+	if ((rc = m->mla_absorbed && !moet_tp_heads(m->tp, 0, &h0, &heads)
 			  ? bind_linear(m, name, nh * (c->qk_nope_head_dim + c->v_head_dim),
 					c->kv_lora_rank, &lw->kv_b)
 			  : bind_split(m, name, nh * (c->qk_nope_head_dim + c->v_head_dim),

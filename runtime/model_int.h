@@ -163,7 +163,7 @@ void moet_remote_upload_stats(const moet_remote *r, double *bytes, double *secon
 #define MOET_TP_MAX 8
 #define MOET_TP_PER_LAYER 6 /* the split matrices of a layer: */
 #define MOET_TP_Q 0         /* q_b (or q_proj) */
-#define MOET_TP_KVB 1       /* kv_b (expanded MLA only) */
+#define MOET_TP_KVB 1       /* kv_b (the absorbed form: with the attention split by heads) */
 #define MOET_TP_O 2         /* o_proj */
 #define MOET_TP_GATE 3      /* the dense MLP's or the shared experts' gate, up, down (where */
 #define MOET_TP_UP 4        /* every backend has gate_up) */
@@ -218,7 +218,7 @@ int moet_tp_reserve(moet_tp *tp, int64_t rows);
  * rank 0's (the model backend's) memory, x rows x_stride floats apart. */
 int moet_tp_linear(moet_tp *tp, const moet_tp_mat *w, const float *x, int64_t x_stride,
 		   int64_t n, float *y, int64_t y_stride);
-/* The attention split by heads (MOET_TP in the expanded MLA form, unless MOET_TP_ATTN=rank0):
+/* The attention split by heads (MOET_TP, unless MOET_TP_ATTN=rank0):
  * 1 and rank r's heads [*h0, *h0 + *nh) (possibly none), else 0 (the attention on rank 0). */
 int moet_tp_heads(const moet_tp *tp, int r, int64_t *h0, int64_t *nh);
 /* Memory of rank r's backend (the KV pools' parts); free accepts NULL. */
@@ -227,9 +227,10 @@ void moet_tp_rank_free(moet_tp *tp, int r, void *p);
 /* The ranks' row tables of a micro-batch (slot), from its entries (the caches' rank parts). */
 int moet_tp_rows(moet_tp *tp, int slot, const moet_seq_step *steps, int n_steps,
 		 const int64_t *tok, int64_t n, int64_t n_layers);
-/* Layer l's K/V store and attention with the heads split (the expanded form): q [n][heads x
- * qk], kvb [n][heads x (nope + v)] and k_pe (rows kpe_stride apart) are rank 0's, as forward.c
- * has them; rows: rank 0's row table of the slot; out [n][heads x v] on rank 0. */
+/* Layer l's K/V store and attention with the heads split: q [n][heads x qk], kvb [n][heads x
+ * (nope + v)] (the expanded form; NULL in the absorbed form, whose ranks read their kv_b rows
+ * inside the latent attention) and k_pe (rows kpe_stride apart, after c) are rank 0's, as
+ * forward.c has them; rows: rank 0's row table of the slot; out [n][heads x v] on rank 0. */
 int moet_tp_attend(moet_tp *tp, int slot, const moet_attn_dims *d, int64_t l, const float *q,
 		   const float *kvb, const float *k_pe, int64_t kpe_stride, int64_t n,
 		   const moet_rows *rows, float *out);

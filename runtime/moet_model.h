@@ -155,8 +155,8 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices);
 
 /* MOET_TP (runtime/tp.c, read at open): the ranks the dense part's large matrices (q_b or
- * q_proj, kv_b in the expanded MLA form, o_proj, lm_head) are split over by output rows, 1
- * without a split; bytes (optional, [ranks]): each rank's bytes of those matrices. */
+ * q_proj, kv_b, o_proj, the dense MLP and shared experts, lm_head) are split over by output
+ * rows, 1 without a split; bytes (optional, [ranks]): each rank's bytes of those matrices. */
 int moet_model_tp_ranks(const moet_model *m, uint64_t *bytes);
 /* How MOET_TP runs the attention: 0 whole on rank 0 (or no split), 1 split by heads with q
  * and kvb from rank 0, 2 split by heads with each rank computing its heads' q and kvb (the

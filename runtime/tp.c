@@ -1,13 +1,16 @@
 /*
- * tp.c: the dense part's large matrices split over several devices (MOET_TP=N; issue 5 item 3).
+ * tp.c: the dense part split over several devices (MOET_TP=N; issue 5 item 3; docs/hybrid.md
+ * "Tensor-parallel dense matrices").
  *
- * Exactness decides the split (docs/hybrid.md): a matrix is split by its output rows, so that
- * each output element is one device's whole contract dot, and the devices exchange finished
- * values only (copies, no reductions): the logits equal the single-device ones bit for bit.
- * Split (when MOET_TP is 2 or more): q_b (or q_proj), kv_b (expanded MLA; the absorbed form
- * keeps it whole on rank 0, where its attention runs), o_proj and lm_head. Everything else
- * (norms, q_a, kv_a, router, attention, MoE, dense MLP and shared experts, combine) stays on
- * rank 0, the model's own backend, as without the split.
+ * Exactness decides the split: a matrix is split by its output rows, so that each output
+ * element is one device's whole contract dot, and the devices exchange finished values only
+ * (copies, no reductions): the logits equal the single-device ones bit for bit. Split (when
+ * MOET_TP is 2 or more): q_b (or q_proj), kv_b, o_proj, the dense MLP and the shared experts
+ * (gate_up per rank, h gathered, down split), lm_head; and the attention by heads
+ * (MOET_TP_ATTN=heads, the default): each rank its heads' K/V cache (the expanded form) or the
+ * whole latent cache (the absorbed form) and its heads' attention. Everything else (norms,
+ * q_a, kv_a, router, the routed experts' tiers, combine, sampling) stays on rank 0, the
+ * model's own backend.
  *
  *   per split matrix W (rows [r0[r], r0[r+1]) on rank r; rank 0's slice through the model's
  *   bind, so its part is in the same bulk upload as the other dense matrices):
@@ -15,16 +18,18 @@
  *     rank 0:  y[:, r0[0] .. r0[1])  = W_0 x      (written in place, y's stride)
  *     rank r:  yout[r] = W_r xin[r]               ([n][rows_r], contiguous)
  *     yout[r]  -- gather -->  rbuf[r] (rank 0)  -- strided copy -->  y[:, r0[r] .. r0[r+1])
+ *   the attention (moet_tp_attention where q_b and kv_b split at the ranks' heads: each rank
+ *   computes its heads' q and kvb from q's input and [c | k_pe] broadcast; else
+ *   moet_tp_attend: q, kvb and [c | k_pe] broadcast from rank 0): each rank stores its K/V
+ *   and attends its heads, the outputs gathered into rank 0's attention rows.
  *
- * Slices start on multiples of 128 rows where the matrix has block scales (an F8 slice is
- * then a plain view of its data and scale rows), else on any row; rank r takes the next
- * ceil(blocks / N) blocks, so a small matrix may leave the last ranks without rows.
+ * Row boundaries: common/moet_tpsplit.h (the placement's accounting uses the same rule).
  *
  * Ranks: with --device cuda, CUDA devices 0..N-1 (rank 0 the model's backend), the exchanges
- * through NCCL (gpu/nccl.cu), each rank's work on its device's stream: the host never waits.
- * With the CPU backend, N-1 more CPU backends and memcpy exchanges: a test double that runs
- * the same slicing, placing and exchange order in CI (bits equal by construction there; the
- * plumbing is what it tests).
+ * through NCCL (gpu/nccl.cu), each rank's work on a stream of its device: the host never
+ * waits. With the CPU backend, N-1 more CPU backends and memcpy exchanges: a test double that
+ * runs the same slicing, placing and exchange order in CI (bits equal by construction there;
+ * the plumbing is what it tests).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -64,8 +69,9 @@ struct moet_tp {
 	float *rbuf[MOET_TP_MAX];      /* on rank 0: [cap][max_rows[r]] of rank r */
 	float *act;                    /* on rank 0: [cap][max_k], a split FFN's h */
 	uint64_t bytes[MOET_TP_MAX];   /* split weights' bytes per rank */
-	/* the attention split by heads (expanded MLA; MOET_TP_ATTN=heads, the default) */
+	/* the attention split by heads (MOET_TP_ATTN=heads, the default) */
 	int head_split;
+	int absorbed;                  /* MLA's absorbed form: every rank the whole latent cache */
 	int64_t h0[MOET_TP_MAX + 1];   /* rank r's heads [h0[r], h0[r+1]) */
 	int64_t nh, qk, kvb_w, kva_w, v_dim;
 	int64_t cap_attn;              /* rows of the attention buffers (a pass's, grow-only) */
@@ -197,7 +203,8 @@ int moet_tp_create(moet_model *m, int n, int64_t wide, moet_tp **out)
 	static const char *const attn[] = { "heads", "rank0" };
 	int a = 0;
 	rc = moet_env_choice("MOET_TP_ATTN", attn, 2, &a);
-	tp->head_split = !rc && a == 0 && !m->mla_absorbed;
+	tp->head_split = !rc && a == 0;
+	tp->absorbed = m->mla_absorbed;
 	tp->nh = c->num_attention_heads;
 	tp->qk = moet_config_qk_head_dim(c);
 	tp->v_dim = c->v_head_dim;
@@ -570,6 +577,19 @@ int moet_tp_rows(moet_tp *tp, int slot, const moet_seq_step *steps, int n_steps,
 	return rc ? moet_err_prefix(rc, "tensor-parallel row tables") : 0;
 }
 
+/* The absorbed form on rank r (its device current): the rows' latent [c | k_pe] into its
+ * (whole) latent cache, then its heads' attention with its kv_b rows. */
+static int attend_latent(moet_tp *tp, int r, const moet_attn_dims *dr, int64_t l,
+			 const float *kva, const float *q, int64_t q_stride, int64_t n,
+			 const moet_rows *rw, float *o, int64_t o_stride)
+{
+	moet_backend *be = tp->be[r];
+	const moet_tp_mat *wkvb = moet_tp_layer_mat(tp, l, MOET_TP_KVB);
+	int rc = be->ops->kv_store_latent(be, l, kva, tp->kva_w, tp->kva_w, n, rw);
+	return rc ? rc : be->ops->attend_latent(be, dr, &wkvb->part[r], l, q, q_stride, n, rw, o,
+						 o_stride);
+}
+
 int moet_tp_attend(moet_tp *tp, int slot, const moet_attn_dims *d, int64_t l, const float *q,
 		   const float *kvb, const float *k_pe, int64_t kpe_stride, int64_t n,
 		   const moet_rows *rows, float *out)
@@ -585,10 +605,11 @@ int moet_tp_attend(moet_tp *tp, int slot, const moet_attn_dims *d, int64_t l, co
 				"%lld), k_pe rows %lld floats apart (want %lld)", (long long)n,
 				(long long)tp->cap_attn, (long long)kpe_stride,
 				(long long)tp->kva_w);
-	/* every rank gets q, kvb and the rows of [c | k_pe] (k_pe at its offset) */
+	/* every rank gets q, kvb (the expanded form) and the rows of [c | k_pe] (k_pe at its
+	 * offset) */
 	const float *kva = k_pe - kpe_off;
 	if ((rc = bcast_to(tp, q, tp->qin, (size_t)(n * qs))) ||
-	    (rc = bcast_to(tp, kvb, tp->kvbin, (size_t)(n * tp->kvb_w))) ||
+	    (!tp->absorbed && (rc = bcast_to(tp, kvb, tp->kvbin, (size_t)(n * tp->kvb_w)))) ||
 	    (rc = bcast_to(tp, kva, tp->kvain, (size_t)(n * tp->kva_w))))
 		return moet_err_prefix(rc, "tensor-parallel attention broadcast");
 	for (int r = 0; r < tp->n; r++) {
@@ -600,12 +621,14 @@ int moet_tp_attend(moet_tp *tp, int slot, const moet_attn_dims *d, int64_t l, co
 		moet_backend *be = tp->be[r];
 		const moet_rows *rw = r ? tp->rows[slot][r] : rows;
 		const float *qr = (r ? tp->qin[r] : q) + h0 * tp->qk;
-		const float *kvbr = (r ? tp->kvbin[r] : kvb) + h0 * kvb_hw;
 		const float *kper = r ? tp->kvain[r] + kpe_off : k_pe;
 		float *o = r ? tp->aout[r] : out + h0 * tp->v_dim;
 		const int64_t o_s = r ? hn * tp->v_dim : os;
-		if (!(rc = enter(tp, r)) &&
-		    !(rc = be->ops->kv_store(be, &dr, l, kvbr, tp->kvb_w, kper, tp->kva_w, n, rw)))
+		if ((rc = enter(tp, r)) == 0 && tp->absorbed)
+			rc = attend_latent(tp, r, &dr, l, kper - kpe_off, qr, qs, n, rw, o, o_s);
+		else if (rc == 0 &&
+			 (rc = be->ops->kv_store(be, &dr, l, (r ? tp->kvbin[r] : kvb) + h0 * kvb_hw,
+						 tp->kvb_w, kper, tp->kva_w, n, rw)) == 0)
 			rc = be->ops->attend(be, &dr, l, qr, qs, n, rw, o, o_s);
 		if ((rc = leave(tp, r, rc)))
 			return moet_err_prefix(rc, "tensor-parallel attention, rank %d", r);
@@ -659,11 +682,15 @@ int moet_tp_attention(moet_tp *tp, int slot, const moet_attn_dims *d, int64_t l,
 					  qrs)) == 0 &&
 		    (rc = be->ops->rope(be, qr + d->nope, qrs, tp->qk, hn, n, rw,
 					r ? tp->freq[r] : rope->inv_freq, rope->n_freq,
-					rope->attn_factor, rope->interleave)) == 0 &&
-		    (rc = be->ops->linear(be, &wkvb->part[r], kvar, tp->kva_w, n, kvbr, kvbs)) == 0 &&
-		    (rc = be->ops->kv_store(be, &dr, l, kvbr, kvbs, kvar + kv_lora, tp->kva_w, n,
-					    rw)) == 0)
-			rc = be->ops->attend(be, &dr, l, qr, qrs, n, rw, o, o_s);
+					rope->attn_factor, rope->interleave)) == 0) {
+			if (tp->absorbed) /* kv_b's head rows inside the latent attention */
+				rc = attend_latent(tp, r, &dr, l, kvar, qr, qrs, n, rw, o, o_s);
+			else if ((rc = be->ops->linear(be, &wkvb->part[r], kvar, tp->kva_w, n, kvbr,
+						       kvbs)) == 0 &&
+				 (rc = be->ops->kv_store(be, &dr, l, kvbr, kvbs, kvar + kv_lora,
+							 tp->kva_w, n, rw)) == 0)
+				rc = be->ops->attend(be, &dr, l, qr, qrs, n, rw, o, o_s);
+		}
 		if ((rc = leave(tp, r, rc)))
 			return moet_err_prefix(rc, "tensor-parallel attention, rank %d", r);
 		count[r] = (size_t)(n * hn * tp->v_dim);

@@ -28,8 +28,9 @@
 #define TP_SEQS 3
 #define TP_STEPS 3
 
-/* The checkpoint's bytes (data and scales) of the matrices MOET_TP splits. */
-static uint64_t tp_split_bytes(const moet_model *m, int absorbed)
+/* The checkpoint's bytes (data and scales) of the matrices MOET_TP splits (kv_b unless
+ * kvb_whole: the absorbed form with the attention whole on rank 0). */
+static uint64_t tp_split_bytes(const moet_model *m, int kvb_whole)
 {
 	const moet_config *c = moet_model_config(m);
 	const moet_ckpt *ck = moet_model_ckpt(m);
@@ -44,7 +45,7 @@ static uint64_t tp_split_bytes(const moet_model *m, int absorbed)
 	for (int64_t l = 0; l < c->num_hidden_layers; l++)
 		for (size_t i = 0; i < sizeof(mats) / sizeof(mats[0]); i++)
 			for (int j = 0; j < 2; j++) {
-				if (absorbed && i == 2)
+				if (kvb_whole && i == 2)
 					continue;
 				snprintf(name, sizeof(name), "model.layers.%lld.%s.%s", (long long)l,
 					 mats[i], part[j]);
@@ -98,14 +99,15 @@ static void tp_case_attn(const char *dir, const char *device, int ranks, int abs
 		CHECK(bytes[r] > 0, "%s: rank %d holds no split bytes", what, r);
 		sum += bytes[r];
 	}
-	const uint64_t want = tp_split_bytes(m, absorbed);
+	const char *ta = getenv("MOET_TP_ATTN");
+	const int split = !(ta && !strcmp(ta, "rank0")); /* the attention by heads */
+	const uint64_t want = tp_split_bytes(m, absorbed && !split);
 	CHECK(sum == want, "%s: the ranks hold %llu bytes of the split matrices, the checkpoint "
 	      "%llu", what, (unsigned long long)sum, (unsigned long long)want);
 	/* the placement's accounting of `dense: split` over `ranks` GPUs (placement/, from the
 	 * geometry) counts the bytes each rank holds (the default form: expanded, by heads) */
 	moet_placement_sizes *ps = NULL;
-	const char *tpa = getenv("MOET_TP_ATTN");
-	if (!absorbed && !(tpa && *tpa) &&
+	if (!(ta && *ta) &&
 	    !moet_placement_sizes_from_ckpt(moet_model_config(m), moet_model_ckpt(m), &ps))
 		for (int r = 0; r < n && r < 8; r++)
 			CHECK(ps->tp_bytes[ranks][r] == bytes[r], "%s: rank %d holds %llu split "
@@ -116,8 +118,6 @@ static void tp_case_attn(const char *dir, const char *device, int ranks, int abs
 	/* the attention split by heads (expanded form): rank 0's cache holds its heads only */
 	const moet_config *c = moet_model_config(m);
 	const int64_t per = (c->num_attention_heads + ranks - 1) / ranks;
-	const char *ta = getenv("MOET_TP_ATTN");
-	const int split = !absorbed && !(ta && !strcmp(ta, "rank0"));
 	const size_t kvb = moet_kv_token_bytes(m), want_kv = (size_t)c->num_hidden_layers *
 		(size_t)((split ? per : c->num_attention_heads) *
 			 (moet_config_qk_head_dim(c) + c->v_head_dim) * 4);

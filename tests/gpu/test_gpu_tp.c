@@ -6,7 +6,8 @@
  * NCCL_P2P_DISABLE=1 (no peer-to-peer, as on GeForce cards), with MOET_GPU_STREAM=own (rank
  * 0's work on the backend's own stream), MOET_TP_ATTN=rank0 (the attention whole on rank 0),
  * and under MOET_CUDA_GRAPH=1 (a split pass is not captured: no graph, the same bits); the
- * tiny-tp preset, whose heads are whole blocks, with each rank computing its heads' q and kvb.
+ * tiny-tp preset, whose heads are whole blocks, with each rank computing its heads' q and kvb
+ * (both MLA forms; the absorbed form's latent attention split by heads too).
  * MOET_TP beyond the devices present fails the open naming the missing device.
  * Skips (77) with fewer than two CUDA devices, or without NCCL (libnccl.so.2).
  */
@@ -81,9 +82,10 @@ int main(void)
 	/* tiny-tp: each rank computes its heads' q and kvb (the split at head boundaries) */
 	tp_ctx y;
 	if (!tp_prepare("gpu-tp-heads", MOET_GEN_TINY_TP, 45, &y)) {
-		if (!tp_reference(y.dir, 0, y.ref, y.n_log))
-			tp_case_attn(y.dir, "cuda", 2, 0, y.own, 2, y.ref, y.got, y.n_log, "tiny-tp",
-				     2);
+		for (int absorbed = 0; absorbed < 2; absorbed++)
+			if (!tp_reference(y.dir, absorbed, y.ref, y.n_log))
+				tp_case_attn(y.dir, "cuda", 2, absorbed, y.own, 2, y.ref, y.got,
+					     y.n_log, "tiny-tp", 2);
 		tp_ctx_free(&y);
 	}
 	/* more ranks than devices */

@@ -1,16 +1,19 @@
 /*
  * test_tp.c: MOET_TP on the CPU backend (runtime/tp.c's test double: the ranks are more CPU
  * backends, the exchanges memcpy), against the unsplit reference bit for bit (tests/
- * tp_check.h): the tiny-tp preset (heads of whole 128-row blocks) with 2, 3 and 4 ranks, each
- * computing its heads' q and kvb itself, and with MOET_TP_ATTN=rank0; the tiny preset with
- * 2, 3 and 4 ranks in the expanded MLA form (with 3 and 4 some F8 matrices of
- * the tiny checkpoint leave the last ranks without rows: slices start on 128-row blocks),
- * 2 and 3 in the absorbed form (kv_b stays whole), each also with a placement over the CPU
- * tier and two simulated devices in two micro-batches (the expanded form's attention split
- * by heads: rank 0's cache holds its heads only); 2 ranks with MOET_TP_ATTN=rank0 (the
- * attention whole on rank 0); 3 ranks with MOET_TP_ROWS=2 (every product of more rows in
- * chunks). Bad values of MOET_TP, MOET_TP_ROWS and MOET_TP_ATTN fail the open naming them. The CLI opens split where a placement's dense part is `split` over two
- * or more GPUs (verify says so), not with `dense: gpu0`, nor under MOET_TP=1.
+ * tp_check.h), each case also with a placement over the CPU tier and two simulated devices in
+ * two micro-batches:
+ *   - the tiny-tp preset (heads of whole 128-row blocks), 2, 3 and 4 ranks, both MLA forms:
+ *     each rank computes its heads' q and kvb itself; MOET_TP_ATTN=rank0;
+ *   - the tiny preset (48-row q heads: q and kvb from rank 0), 2, 3 and 4 ranks expanded
+ *     (with 3 and 4 some F8 matrices leave the last ranks without rows), 2 and 3 absorbed;
+ *     MOET_TP_ATTN=rank0 in both forms (the absorbed form's kv_b then whole on rank 0);
+ *     3 ranks with MOET_TP_ROWS=2 (every product of more rows in chunks);
+ *   - rank 0's KV bytes per position (its heads only), and the ranks' split bytes against the
+ *     placement's accounting (tests/tp_check.h);
+ *   - bad values of MOET_TP, MOET_TP_ROWS and MOET_TP_ATTN fail the open naming them;
+ *   - the CLI opens split where a placement's dense part is `split` over two or more GPUs
+ *     (verify says so), not with `dense: gpu0`, nor under MOET_TP=1.
  */
 #include "../tp_check.h"
 
@@ -19,10 +22,12 @@ int main(void)
 	tp_ctx x;
 	/* tiny-tp: heads of whole 128-row blocks, so each rank computes its heads' q and kvb */
 	if (!tp_prepare("tp-heads", MOET_GEN_TINY_TP, 47, &x)) {
-		if (!tp_reference(x.dir, 0, x.ref, x.n_log))
-			for (int ranks = 2; ranks <= 4; ranks++)
-				tp_case_attn(x.dir, "cpu", ranks, 0, x.own, 2, x.ref, x.got, x.n_log,
-					     "tiny-tp", 2);
+		for (int absorbed = 0; absorbed < 2; absorbed++)
+			if (!tp_reference(x.dir, absorbed, x.ref, x.n_log))
+				for (int ranks = 2; ranks <= 4; ranks++)
+					tp_case_attn(x.dir, "cpu", ranks, absorbed, x.own, 2, x.ref,
+						     x.got, x.n_log, "tiny-tp", 2);
+		CHECK(!tp_reference(x.dir, 0, x.ref, x.n_log), "reference: %s", moet_errmsg());
 		moet_test_env("MOET_TP_ATTN", "rank0");
 		tp_case_attn(x.dir, "cpu", 2, 0, x.own, 2, x.ref, x.got, x.n_log,
 			     "tiny-tp, MOET_TP_ATTN=rank0", 0);
@@ -38,7 +43,13 @@ int main(void)
 		/* tiny's q_b heads (48 rows) are not whole blocks: q and kvb from rank 0 */
 		for (int ranks = 2; !rc && ranks <= (absorbed ? 3 : 4); ranks++)
 			tp_case_attn(x.dir, "cpu", ranks, absorbed, x.own, 2, x.ref, x.got, x.n_log,
-				     "test_tp", absorbed ? 0 : 1);
+				     "test_tp", 1);
+		/* the attention whole on rank 0 (the absorbed form: kv_b whole there) */
+		moet_test_env("MOET_TP_ATTN", "rank0");
+		if (!rc && absorbed)
+			tp_case_attn(x.dir, "cpu", 2, 1, x.own, 2, x.ref, x.got, x.n_log,
+				     "MOET_TP_ATTN=rank0", 0);
+		moet_test_env("MOET_TP_ATTN", NULL);
 	}
 	/* the attention on rank 0 (MOET_TP_ATTN=rank0: its reference path under the split) */
 	moet_test_env("MOET_TP_ATTN", "rank0");
