@@ -591,10 +591,13 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			}
 			rr = &rrec;
 		}
+		/* tp_ranks, tp_attention: MOET_TP's split of the dense part (moet_model.h) */
 		json_object_set_new(ready, mode_name[mode],
-				    json_pack("{s:f, s:f, s:f, s:f}", "ready_s", ready_s,
+				    json_pack("{s:f, s:f, s:f, s:f, s:i, s:i}", "ready_s", ready_s,
 					      "upload_bytes", up_b, "upload_s", up_s, "upload_GBps",
-					      up_s > 0 ? up_b / up_s / 1e9 : 0.0));
+					      up_s > 0 ? up_b / up_s / 1e9 : 0.0, "tp_ranks",
+					      moet_model_tp_ranks(m, NULL), "tp_attention",
+					      moet_model_tp_attention(m)));
 		fprintf(out, "%-7s %-9s %6s %11.1f   upload %.2f GB in %.2f s = %.1f GB/s\n",
 			mode_name[mode], "ready", "-", 1e3 * ready_s, up_b / 1e9, up_s,
 			up_s > 0 ? up_b / up_s / 1e9 : 0.0);
