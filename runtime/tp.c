@@ -577,6 +577,21 @@ int moet_tp_rows(moet_tp *tp, int slot, const moet_seq_step *steps, int n_steps,
 	return rc ? moet_err_prefix(rc, "tensor-parallel row tables") : 0;
 }
 
+/* The ranks' attention rows (aout, count[r] floats) gathered into their heads' columns of out
+ * (rank 0, n rows of heads x v). */
+static int gather_attn(moet_tp *tp, const size_t count[], int64_t n, float *out)
+{
+	const int64_t os = tp->nh * tp->v_dim;
+	int rc = gather_to(tp, tp->aout, tp->abuf, count);
+	if (rc)
+		return moet_err_prefix(rc, "tensor-parallel attention gather");
+	for (int r = 1; r < tp->n && !rc; r++)
+		if (count[r])
+			rc = place(tp, out + tp->h0[r] * tp->v_dim, os, tp->abuf[r],
+				   (tp->h0[r + 1] - tp->h0[r]) * tp->v_dim, n);
+	return rc;
+}
+
 /* The absorbed form on rank r (its device current): the rows' latent [c | k_pe] into its
  * (whole) latent cache, then its heads' attention with its kv_b rows. */
 static int attend_latent(moet_tp *tp, int r, const moet_attn_dims *dr, int64_t l,
@@ -634,13 +649,7 @@ int moet_tp_attend(moet_tp *tp, int slot, const moet_attn_dims *d, int64_t l, co
 			return moet_err_prefix(rc, "tensor-parallel attention, rank %d", r);
 		count[r] = (size_t)(n * hn * tp->v_dim);
 	}
-	if ((rc = gather_to(tp, tp->aout, tp->abuf, count)))
-		return moet_err_prefix(rc, "tensor-parallel attention gather");
-	for (int r = 1; r < tp->n && !rc; r++)
-		if (count[r])
-			rc = place(tp, out + tp->h0[r] * tp->v_dim, os, tp->abuf[r],
-				   (tp->h0[r + 1] - tp->h0[r]) * tp->v_dim, n);
-	return rc;
+	return gather_attn(tp, count, n, out);
 }
 
 int moet_tp_attention(moet_tp *tp, int slot, const moet_attn_dims *d, int64_t l,
@@ -695,13 +704,7 @@ int moet_tp_attention(moet_tp *tp, int slot, const moet_attn_dims *d, int64_t l,
 			return moet_err_prefix(rc, "tensor-parallel attention, rank %d", r);
 		count[r] = (size_t)(n * hn * tp->v_dim);
 	}
-	if ((rc = gather_to(tp, tp->aout, tp->abuf, count)))
-		return moet_err_prefix(rc, "tensor-parallel attention gather");
-	for (int r = 1; r < tp->n && !rc; r++)
-		if (count[r])
-			rc = place(tp, out + tp->h0[r] * tp->v_dim, os, tp->abuf[r],
-				   (tp->h0[r + 1] - tp->h0[r]) * tp->v_dim, n);
-	return rc;
+	return gather_attn(tp, count, n, out);
 }
 
 int moet_tp_splits_ffn(const moet_tp *tp)
