@@ -8,11 +8,13 @@
  *   - no placement (every expert on the CPU backend);
  *   - a placement over two simulated devices with a CPU tier, the tier overlapped, in one
  *     pass and in two micro-batches (MOET_MICROBATCH=0 / 1);
- *   - the same behind the NVMe tier at half the CPU tier's experts (prefetch on).
+ *   - the same behind the NVMe tier at half the CPU tier's experts (prefetch on);
+ *   - the dense part split over two CPU ranks (MOET_TP=2), without and with the placement.
  * With a CUDA device (tests/gpu/run.sh runs this program too when it is in the carried build),
  * the same on the CUDA backend: no placement, MOET_GPU_DEVGROUP=1, a CPU tier beside GPU 0
  * (the host side of the device's calls: grouped expert lists, the CPU tier's staging), and
- * MOET_CUDA_GRAPH=1 (the counted steps are graph replays, counted too); the
+ * MOET_CUDA_GRAPH=1 (the counted steps are graph replays, counted too), and with two devices
+ * MOET_TP=2 (NCCL's own allocations are not counted: it is a library of its own); the
  * CUDA runtime's own allocations are counted only if they call these functions from the
  * statically linked runtime. Without a device those cases say so and are skipped.
  * The count is checked to see calls at all (an allocation right before the counted steps is
@@ -181,6 +183,20 @@ int main(void)
 	moet_model_close(m);
 	m = NULL;
 
+	/* the dense part split over two ranks (MOET_TP=2: CPU ranks here), with a CPU tier */
+	setenv("MOET_TP", "2", 1);
+	CHECK(moet_model_open(dir, &m) == 0, "MOET_TP=2: %s", moet_errmsg());
+	unsetenv("MOET_TP");
+	if (m) {
+		expect_none(m, "MOET_TP=2, no placement");
+		CHECK(moet_model_set_placement(m, own, 2) == 0, "placement: %s", moet_errmsg());
+		setenv("MOET_MICROBATCH", "1", 1);
+		expect_none(m, "MOET_TP=2 + CPU tier, 2 halves");
+		unsetenv("MOET_MICROBATCH");
+		moet_model_close(m);
+		m = NULL;
+	}
+
 	const char *why = NULL;
 	char *dir2 = NULL;
 	if (moet_gpu_count(&why) < 1) {
@@ -220,6 +236,27 @@ int main(void)
 		}
 		unsetenv("MOET_CUDA_GRAPH");
 		moet_devgroup_env_reset();
+		/* two GPUs: the dense part split over them through NCCL, a CPU tier beside GPU 0 */
+		setenv("MOET_TP", "2", 1);
+		m = NULL;
+		const int tp_rc = moet_gpu_count(&why) >= 2 ? moet_model_open_on(dir2, "cuda", &m) : 1;
+		unsetenv("MOET_TP");
+		if (tp_rc == 1 || (tp_rc == MOET_EUNSUP && strstr(moet_errmsg(), "NCCL"))) {
+			printf("cuda, MOET_TP=2: skipped (%s)\n",
+			       tp_rc == 1 ? "one CUDA device" : moet_errmsg());
+		} else {
+			CHECK(tp_rc == 0, "cuda, MOET_TP=2: %s", moet_errmsg());
+			if (m) {
+				expect_none(m, "cuda, MOET_TP=2");
+				CHECK(moet_model_set_placement(m, own, 1) == 0, "placement: %s",
+				      moet_errmsg());
+				setenv("MOET_MICROBATCH", "1", 1);
+				expect_none(m, "cuda, MOET_TP=2 + CPU tier, 2 halves");
+				unsetenv("MOET_MICROBATCH");
+			}
+		}
+		moet_model_close(m);
+		m = NULL;
 	}
 	free(own);
 	free(dir);
