@@ -79,6 +79,7 @@ struct moet_tp {
 	float *aout[MOET_TP_MAX];      /* ranks >= 1: their heads' attention [cap][nh_r x v] */
 	float *abuf[MOET_TP_MAX];      /* on rank 0: rank r's aout received */
 	int local;                     /* q and kvb computed per rank (head-aligned splits) */
+	int ffn_split;                 /* every rank's backend has gate_up (moet_tp_splits_ffn) */
 	float *ain[MOET_TP_MAX];       /* ranks >= 1: q's input (qa or h) [cap][max_qx] */
 	int64_t max_qx;
 	const float *freq[MOET_TP_MAX];/* ranks >= 1: RoPE's inverse frequencies (bound) */
@@ -244,6 +245,9 @@ int moet_tp_create(moet_model *m, int n, int64_t wide, moet_tp **out)
 	}
 	if (!rc && cuda)
 		rc = moet_nccl_create(n, &tp->nccl);
+	tp->ffn_split = 1;
+	for (int r = 0; !rc && r < n; r++)
+		tp->ffn_split = tp->ffn_split && tp->be[r]->ops->gate_up;
 	if (rc) {
 		moet_tp_destroy(tp);
 		return moet_err_prefix(rc, "MOET_TP=%d", n);
@@ -709,10 +713,7 @@ int moet_tp_attention(moet_tp *tp, int slot, const moet_attn_dims *d, int64_t l,
 
 int moet_tp_splits_ffn(const moet_tp *tp)
 {
-	for (int r = 0; tp && r < tp->n; r++)
-		if (!tp->be[r]->ops->gate_up)
-			return 0;
-	return tp != NULL;
+	return tp && tp->ffn_split;
 }
 
 /*

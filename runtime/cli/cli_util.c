@@ -50,22 +50,16 @@ int moet_cli_open(const char *dir, const char *device, const char *place, moet_m
 		return moet_model_open_on(dir, device, out);
 	char path[4096];
 	moet_config cf;
-	moet_ckpt *ck = NULL;
-	moet_placement_sizes *sz = NULL;
 	moet_placement *pl = NULL;
 	snprintf(path, sizeof(path), "%s/config.json", dir);
+	/* NOTE: no sizes (the checkpoint is not opened twice): the budgets are checked when the
+	 * placement is applied */
 	int rc = moet_config_load(path, &cf);
 	if (!rc)
-		rc = moet_ckpt_open(dir, &ck);
-	if (!rc)
-		rc = moet_placement_sizes_from_ckpt(&cf, ck, &sz);
-	if (!rc)
-		rc = moet_placement_load(place, &cf, sz, &pl);
+		rc = moet_placement_load(place, &cf, NULL, &pl);
 	const int n = rc ? 0 : moet_placement_n_gpus(pl);
 	const int split = !rc && n >= 2 && moet_placement_dense_gpu(pl) == MOET_PLACEMENT_DENSE_SPLIT;
 	moet_placement_free(pl);
-	moet_placement_sizes_free(sz);
-	moet_ckpt_close(ck);
 	if (split && n > 8)
 		return moet_err(MOET_EUNSUP, "%s: dense: split over %d GPUs: at most 8 (or name one "
 				"GPU for the dense part)", place, n);
