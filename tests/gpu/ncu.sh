@@ -15,7 +15,9 @@
 #   WHAT       any of rows wide latent (default: all three)
 # Environment: MOET_NCU (the ncu binary; default: ncu on PATH, else
 # /usr/local/cuda/bin/ncu, else the newest /usr/local/cuda-*/bin/ncu), MOET_NCU_SET (section
-# set, default full), MOET_NCU_COUNT (kernel launches profiled per report, default 6).
+# set, default full), MOET_NCU_COUNT (kernel launches profiled per report, default 6),
+# MOET_NCU_ROWS_TOKENS / MOET_NCU_WIDE_TOKENS (tokens per expert profiled by rows / wide;
+# defaults "1 2 4 8" / "64 256").
 # Needs permission to read the GPU's performance counters (root on the GPU machine).
 # Debian runtime libraries may be carried as .deb files in .deb/ (as for tests/gpu/run.sh).
 set -uo pipefail
@@ -53,12 +55,12 @@ prof() {
 for w in $what; do
 	case $w in
 	rows)
-		for t in 1 2 4 8; do
+		for t in ${MOET_NCU_ROWS_TOKENS:-1 2 4 8}; do
 			prof "rows-t$t" 'rows_kernel' "$build/moet-hybrid" bench gpu-experts --tokens "$t" \
 				--reps 1 --experts-rotate 16
 		done ;;
 	wide)
-		for t in 64 256; do
+		for t in ${MOET_NCU_WIDE_TOKENS:-64 256}; do
 			prof "wide-t$t" 'rows_wide_kernel' "$build/moet-hybrid" bench gpu-experts \
 				--tokens "$t" --reps 1 --experts-rotate 16
 		done ;;
