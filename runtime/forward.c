@@ -517,6 +517,7 @@ static int split_point(const moet_model *m, const moet_seq_step *steps, int n_st
 }
 
 #define MB_TRIALS 3   /* passes of each form before choosing */
+_Static_assert(2 * MB_TRIALS == MOET_MB_TRIAL_PASSES, "moet_model.h says how many trial passes");
 #define MB_RETRY 512  /* then the other form once every this many passes */
 
 /* The timings of batches of n rows: one bucket per power of two. */

@@ -256,6 +256,11 @@ typedef struct moet_shadow_stats {
 /* The shadow check's counters so far (zeros when off). */
 void moet_model_shadow_stats(const moet_model *m, moet_shadow_stats *out);
 
+/* Passes of one batch size (rows in powers of two) that MOET_MICROBATCH=auto spends measuring
+ * both forms (one pass, two micro-batches) before it keeps the faster (forward.c): a
+ * benchmark of the steady state warms up at least this many passes. */
+#define MOET_MB_TRIAL_PASSES 6
+
 /* Overlap of the CPU tier with the device's work on (1, the default) or off (0: the CPU tier
  * runs alone, the reference path; MOET_HYBRID_OVERLAP=0 at set_placement does the same).
  * Same bits either way. MOET_EINVAL without a placement. */

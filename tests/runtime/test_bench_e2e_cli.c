@@ -88,6 +88,11 @@ int main(void)
 			      bytes >= (pairs + B) * HIDDEN * 4,
 			      "%s batch %lld: %g PCIe bytes for %g pairs", mode, (long long)B, bytes,
 			      pairs);
+			/* MOET_MICROBATCH=auto's trial passes (both forms, alternating) are warm-up:
+			 * the timed steps are the engine's choice, all of one form */
+			const double split = num(row, "split_share");
+			CHECK(split == 0 || split == 1, "%s batch %lld: split share %g (trial passes "
+			      "timed)", mode, (long long)B, split);
 			double tc = num(row, "tc_s"), tg = num(row, "tg_s"), bd = num(row,
 										  "overlap_bound_s");
 			double hi = tc > tg ? tc : tg, lo = tc > tg ? tg : tc;
