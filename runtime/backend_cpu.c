@@ -499,7 +499,7 @@ static int cpu_ffn(moet_backend *be, const moet_ffn_w *w, const float *h, int64_
 	return moet_expert_ffn(c->kern, &w->gate, &w->up, &w->down, h, n, s, out);
 }
 
-static int cpu_combine(moet_backend *be, const float *y, const int32_t *slot,
+static int cpu_combine(moet_backend *be, const float *y, int64_t n_y, const int32_t *slot,
 		       const float *weights, int64_t top_k, const float *shared, int64_t n,
 		       int64_t dim, float *out)
 {
@@ -507,9 +507,11 @@ static int cpu_combine(moet_backend *be, const float *y, const int32_t *slot,
 	for (int64_t t = 0; t < n; t++)
 		for (int64_t j = 0; j < dim; j++) {
 			float r = 0.0f;
-			for (int64_t i = 0; i < top_k; i++)
+			for (int64_t i = 0; i < top_k; i++) {
+				const int64_t row = slot[t * top_k + i];
 				r = MOET_FMA(weights[t * top_k + i],
-					     y[(int64_t)slot[t * top_k + i] * dim + j], r);
+					     row >= 0 && row < n_y ? y[row * dim + j] : 0.0f, r);
+			}
 			if (shared)
 				r = r + shared[t * dim + j];
 			out[t * dim + j] = moet_canon_nan(r);
@@ -525,6 +527,7 @@ static const moet_backend_ops cpu_ops = {
 	.free = cpu_free,
 	.upload = cpu_copy,
 	.download = cpu_copy,
+	.copy = cpu_copy,
 	.host_alloc = cpu_alloc,
 	.host_free = cpu_free,
 	.bind_mat = cpu_bind_mat,

@@ -158,6 +158,12 @@ static int cu_download(moet_backend *be, void *dst, const void *src, size_t byte
 	return bytes ? moet_gpu_copy_d2h(dst, src, bytes) : 0;
 }
 
+static int cu_copy(moet_backend *be, void *dst, const void *src, size_t bytes)
+{
+	(void)be;
+	return bytes ? moet_gpu_copy_d2d(dst, src, bytes, NULL) : 0;
+}
+
 static int cu_host_alloc(moet_backend *be, size_t bytes, void **out)
 {
 	(void)be;
@@ -578,12 +584,12 @@ static int cu_gate_up(moet_backend *be, const moet_mat *gate, const moet_mat *up
 	return rc ? rc : moet_gpu_gate_up(gate, up, x, x_stride, n, c->iota, h, h_stride, NULL);
 }
 
-static int cu_combine(moet_backend *be, const float *y, const int32_t *slot,
+static int cu_combine(moet_backend *be, const float *y, int64_t n_y, const int32_t *slot,
 		      const float *weights, int64_t top_k, const float *shared, int64_t n,
 		      int64_t dim, float *out)
 {
 	(void)be;
-	return moet_gpu_combine(y, n * top_k, slot, weights, top_k, shared, n, dim, out, NULL);
+	return moet_gpu_combine(y, n_y, slot, weights, top_k, shared, n, dim, out, NULL);
 }
 
 /* ---- CUDA graphs of a pass (runtime/graph.c) ------------------------------------------------ */
@@ -626,6 +632,7 @@ static const moet_backend_ops cuda_ops = {
 	.free = cu_free,
 	.upload = cu_upload,
 	.download = cu_download,
+	.copy = cu_copy,
 	.host_alloc = cu_host_alloc,
 	.host_free = cu_host_free,
 	.bind_mat = cu_bind_mat,

@@ -148,6 +148,11 @@ static int td_linear(moet_backend *be, const moet_mat *w, const float *x, int64_
 	FWD(key, linear(t_->in, w, x, xs, n, y, ys));
 }
 
+static int td_copy(moet_backend *be, void *dst, const void *src, size_t bytes)
+{
+	FWD("copy", copy(t_->in, dst, src, bytes));
+}
+
 static int td_add(moet_backend *be, float *x, const float *y, int64_t n)
 {
 	FWD("add", add(t_->in, x, y, n));
@@ -213,10 +218,11 @@ static int td_gate_up(moet_backend *be, const moet_mat *gate, const moet_mat *up
 	FWD(key, gate_up(t_->in, gate, up, x, xs, n, h, hs));
 }
 
-static int td_combine(moet_backend *be, const float *y, const int32_t *slot, const float *w,
-		      int64_t k, const float *shared, int64_t n, int64_t dim, float *out)
+static int td_combine(moet_backend *be, const float *y, int64_t n_y, const int32_t *slot,
+		      const float *w, int64_t k, const float *shared, int64_t n, int64_t dim,
+		      float *out)
 {
-	FWD("combine", combine(t_->in, y, slot, w, k, shared, n, dim, out));
+	FWD("combine", combine(t_->in, y, n_y, slot, w, k, shared, n, dim, out));
 }
 
 static int td_sample(moet_backend *be, const float *logits, int64_t V, const moet_draw *d,
@@ -246,6 +252,7 @@ int moet_backend_timed_create(moet_backend *inner, moet_backend **out)
 	t->ops.embed = td_embed;
 	t->ops.rmsnorm = td_rmsnorm;
 	t->ops.linear = td_linear;
+	t->ops.copy = in->copy ? td_copy : NULL;
 	t->ops.add = td_add;
 	t->ops.rope = td_rope;
 	t->ops.kv_store = td_kv_store;

@@ -39,6 +39,7 @@
 #include <string.h>
 
 #include "model_int.h"
+#include "moet_env.h"
 #include "moet_err.h"
 #include "moet_gpu.h"
 #include "moet_upload.h"
@@ -235,10 +236,12 @@ void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset)
 {
 	moet_hybrid_get_stats(m->hy, out);
 	out->split_passes = m->split_passes;
+	out->merged_calls = m->merged_calls;
 	out->devgroup_calls = moet_devgroup_calls(m, reset);
 	if (reset) {
 		moet_hybrid_reset_stats(m->hy);
 		m->split_passes = 0;
+		m->merged_calls = 0;
 	}
 }
 
@@ -291,6 +294,14 @@ void moet_model_free_dispatch(moet_model *m)
 	m->pairs = m->tier_list = m->stage_list = NULL;
 	m->ids_h = m->slot_h = NULL;
 	m->cap_pairs = 0;
+	free(m->mg.pairs);
+	free(m->mg.slot_h);
+	for (int i = 0; i < 2; i++)
+		if (m->mg.y[i])
+			m->be->ops->free(m->be, m->mg.y[i]);
+	if (m->mg.h2)
+		m->be->ops->free(m->be, m->mg.h2);
+	memset(&m->mg, 0, sizeof(m->mg));
 	moet_graph_free(m);
 	moet_devgroup_free(m);
 }
@@ -336,6 +347,148 @@ static int run_tier(moet_model *m, int64_t l, int tier, const moet_ffn_w *table,
 	return rc;
 }
 
+/*
+ * Two micro-batches, one home-device expert call (MOET_MB_MERGE=1). NOTE (why): a pass in two
+ * micro-batches ran the home device's grouped expert call once per micro-batch, and an expert
+ * both halves route to had its bytes read twice (decode reads weights: at 64 sequences of
+ * 384-expert layers about a third more expert bytes than one pass). Here the first
+ * micro-batch's dispatch of layer l defers its device pairs (mg_defer) and the second's
+ * computes both halves' in one call (mg_run): the rows of both in one buffer (two copies on the
+ * backend), one pair list in sorted order (the first's pairs, then the second's with their
+ * rows after the first's), outputs into the layer's shared y:
+ *
+ *   y (m->mg.y[l % 2]):  first's staged | first's CPU tier | second's staged | second's CPU
+ *                        tier | both halves' device rows
+ *
+ * and each half's slot table pointing into it; each half's combine reads that y (m->mg.ycur).
+ * Two y by layer parity: the first micro-batch's dispatch of layer l+1 runs before the second's
+ * combine of layer l. The first's device rows are computed later than in the unmerged pass
+ * (after the second's attention), the CPU tier's overlap is the same; rows are independent
+ * and the kernel batch-invariant, so the bits are the unmerged pass's.
+ */
+int moet_mb_merge_begin(moet_model *m, int64_t n_rows, int *out)
+{
+	static const char *const modes[] = { "0", "1" };
+	int on = 0, dg = 0, rc = moet_env_choice("MOET_MB_MERGE", modes, 2, &on);
+	*out = 0;
+	/* NOTE: not with MOET_GPU_DEVGROUP=1, which takes a layer or not by the micro-batch's
+	 * rows: both halves of a layer must take this path or neither */
+	if (rc || !on || !m->owner || m->n_devices != 1 || m->xtier || !m->be->ops->copy ||
+	    (rc = moet_devgroup_switch(&dg)) || dg)
+		return rc;
+	const int64_t H = m->cfg.hidden_size, P = n_rows * m->cfg.num_experts_per_tok;
+	if (P > m->mg.cap_pairs) {
+		moet_expert_pair *a = realloc(m->mg.pairs, (size_t)P * sizeof(*a));
+		if (a)
+			m->mg.pairs = a;
+		int32_t *b = realloc(m->mg.slot_h, (size_t)P * sizeof(*b));
+		if (b)
+			m->mg.slot_h = b;
+		if (!a || !b)
+			return moet_err(MOET_ENOMEM, "merged expert call: %lld pairs", (long long)P);
+		for (int i = 0; i < 2; i++) {
+			if (m->mg.y[i])
+				m->be->ops->free(m->be, m->mg.y[i]);
+			m->mg.y[i] = NULL;
+		}
+		m->mg.cap_pairs = 0;
+		for (int i = 0; i < 2; i++)
+			if ((rc = m->be->ops->alloc(m->be, (size_t)(P * H) * sizeof(float),
+						    (void **)&m->mg.y[i])))
+				return moet_err_prefix(rc, "merged expert call: y");
+		m->mg.cap_pairs = P;
+	}
+	if (n_rows > m->mg.cap_rows) {
+		if (m->mg.h2)
+			m->be->ops->free(m->be, m->mg.h2);
+		m->mg.h2 = NULL;
+		m->mg.cap_rows = 0;
+		if ((rc = m->be->ops->alloc(m->be, (size_t)(n_rows * H) * sizeof(float),
+					    (void **)&m->mg.h2)))
+			return moet_err_prefix(rc, "merged expert call: rows");
+		m->mg.cap_rows = n_rows;
+	}
+	m->mg.on = 1;
+	m->mg.layer = -1;
+	*out = 1;
+	return 0;
+}
+
+void moet_mb_merge_end(moet_model *m)
+{
+	m->mg.on = 0;
+	m->mg.layer = -1;
+	m->mg.ycur[0] = m->mg.ycur[1] = NULL;
+}
+
+/* The first micro-batch's device pairs of layer l (in sorted order) kept at the end of
+ * mg.pairs for mg_run, with its slot table so far (staged and CPU-tier rows) and where its
+ * rows and slot table are; `rows`: its staged and CPU-tier rows, first in the layer's y. */
+static void mg_defer(moet_model *m, int64_t l, int64_t P, const float *h, int64_t n,
+		     int32_t *slot, int64_t rows)
+{
+	const int64_t E = m->cfg.n_routed_experts;
+	int64_t cnt = 0;
+	for (int64_t q = 0; q < P; q++)
+		cnt += m->owner[l * E + m->pairs[q].expert] == 0;
+	for (int64_t q = 0, w = m->mg.cap_pairs - cnt; q < P; q++)
+		if (m->owner[l * E + m->pairs[q].expert] == 0)
+			m->mg.pairs[w++] = m->pairs[q];
+	memcpy(m->mg.slot_h, m->slot_h, (size_t)P * sizeof(int32_t));
+	m->mg.layer = l;
+	m->mg.n = n;
+	m->mg.cnt = cnt;
+	m->mg.rows = rows;
+	m->mg.h = h;
+	m->mg.slot = slot;
+}
+
+/* The second micro-batch's part of layer l: both halves' device pairs as one call, their
+ * outputs at rows row0 .. of yb (the layer's shared y), both slot tables (the first's
+ * uploaded here; the second's by the caller). NOTE: the merge runs in place from the front of
+ * mg.pairs while the first's pairs sit at its end: after a of them and b of the second's, the
+ * write index a + b stays below the next read (cap - cnt + a) because b <= P <= cap - cnt. */
+static int mg_run(moet_model *m, int64_t l, int64_t P, int64_t k, const float *h, int64_t n,
+		  float *yb, int64_t row0)
+{
+	const int64_t E = m->cfg.n_routed_experts, H = m->cfg.hidden_size;
+	const int64_t na = m->mg.n, pa = na * k;
+	int64_t ia = m->mg.cap_pairs - m->mg.cnt, w = 0, jb = 0;
+	for (;;) {
+		while (jb < P && m->owner[l * E + m->pairs[jb].expert] != 0)
+			jb++;
+		const int take_a = ia < m->mg.cap_pairs &&
+				   (jb >= P || m->mg.pairs[ia].expert <= m->pairs[jb].expert);
+		if (!take_a && jb >= P)
+			break;
+		if (take_a) {
+			const moet_expert_pair e = m->mg.pairs[ia++];
+			m->mg.slot_h[e.pair] = (int32_t)(row0 + w);
+			m->mg.pairs[w++] = e;
+		} else {
+			const moet_expert_pair e = m->pairs[jb++];
+			m->slot_h[e.pair] = (int32_t)(row0 + w);
+			m->mg.pairs[w++] = (moet_expert_pair){ e.expert, e.pair + pa };
+		}
+	}
+	m->mg.layer = -1;
+	m->merged_calls++;
+	const moet_backend_ops *op = m->be->ops;
+	const size_t rb = (size_t)H * sizeof(float);
+	int rc = 0;
+	if (w && !(rc = op->copy(m->be, m->mg.h2, m->mg.h, (size_t)na * rb)))
+		rc = op->copy(m->be, m->mg.h2 + na * H, h, (size_t)n * rb);
+	if (!rc && w)
+		rc = op->experts_grouped(m->be, op->host_memory ? m->sim[0].table + l * E
+								: m->layers[l].experts,
+					 m->mg.pairs, w, k, m->mg.h2, na + n, yb + row0 * H);
+	if (m->tier_pairs)
+		m->tier_pairs[1] += (uint64_t)w;
+	if (!rc)
+		rc = op->upload(m->be, m->mg.slot, m->mg.slot_h, (size_t)pa * sizeof(int32_t));
+	return rc;
+}
+
 /* The CPU tier's cnt pairs (tier_list) through the NVMe expert tier: runs of whole experts
  * made resident in its slots, each computed by the hybrid engine before the next run is read
  * (no overlap with the device tiers: the slots are pinned until then). */
@@ -375,6 +528,7 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 	const moet_layer_w *lw = &m->layers[l];
 	int64_t row = 0;
 	int rc, on_device = 0;
+	m->mg.ycur[m->mb_slot & 1] = NULL;
 	/* MOET_GPU_DEVGROUP=1 and every expert of the layer on GPU 0: no ids to the host */
 	if ((rc = moet_devgroup_dispatch(m, l, ids, n, h, y, slot, &on_device)) || on_device)
 		return rc;
@@ -401,7 +555,13 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 		else if (st_min && r >= st_min)
 			st_cnt += r;
 	}
-	const int64_t cpu_row = st_row + st_cnt;
+	/* merged (moet_mb_merge_begin): the first micro-batch defers its device pairs, the second
+	 * computes both; their cold rows come first in the layer's shared y */
+	const int mg_first = m->mg.on && m->mb_slot == 0;
+	const int mg_second = m->mg.on && m->mb_slot == 1 && m->mg.layer == l;
+	float *const yb = mg_first || mg_second ? m->mg.y[l & 1] : y;
+	const int64_t st_at = mg_second ? m->mg.rows : mg_first ? 0 : st_row;
+	const int64_t cpu_row = st_at + st_cnt;
 	for (int64_t q = 0, r = 1, s_at = 0; q < P; q += r) {
 		for (r = 1; q + r < P && m->pairs[q + r].expert == m->pairs[q].expert; r++)
 			;
@@ -411,7 +571,7 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 		for (int64_t i = q; i < q + r; i++) {
 			const moet_expert_pair *pq = &m->pairs[i];
 			if (staged) {
-				m->slot_h[pq->pair] = (int32_t)(st_row + s_at);
+				m->slot_h[pq->pair] = (int32_t)(st_at + s_at);
 				m->stage_list[s_at++] = *pq;
 			} else {
 				m->slot_h[pq->pair] = (int32_t)(cpu_row + cpu_cnt);
@@ -423,25 +583,31 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 		rc = m->xtier ? cpu_tier_xtier(m, l, cpu_cnt, k, h, n, y + cpu_row * c->hidden_size)
 			      : moet_hybrid_cpu_begin(m->hy, m->mb_slot, m->be, lw->experts_host,
 						      m->tier_list, cpu_cnt, k, h, n,
-						      y + cpu_row * c->hidden_size);
+						      yb + cpu_row * c->hidden_size);
 		if (rc)
 			return rc;
 		if (m->shadow)
 			moet_shadow_pick(m->shadow, m->mb_slot, l, m->tier_list, cpu_cnt, cpu_row, h,
-					 n, y);
+					 n, yb);
 	}
 	/* NOTE: the device tiers reuse tier_list from its start; the CPU tier's copy of its
 	 * pairs was taken at begin (its jobs). */
 	m->tier_pairs[0] += (uint64_t)(cpu_cnt + st_cnt); /* the cold pairs, staged or not */
-	for (int g = 0; g < m->n_devices && !rc; g++)
+	if (mg_first)
+		mg_defer(m, l, P, h, n, slot, st_cnt + cpu_cnt);
+	else if (mg_second)
+		rc = mg_run(m, l, P, k, h, n, yb, cpu_row + cpu_cnt);
+	for (int g = 0; !mg_first && !mg_second && g < m->n_devices && !rc; g++)
 		rc = run_tier(m, l, g, m->be->ops->host_memory ? m->sim[g].table + l * E
 							       : lw->experts,
 			      P, k, h, n, y, &row);
 	if (!rc && st_cnt)
 		rc = moet_hybrid_stage_run(m->hy, m->be, lw->experts_host, m->stage_list, st_cnt,
-					   k, h, n, y + st_row * c->hidden_size);
-	if (!rc)
+					   k, h, n, yb + st_at * c->hidden_size);
+	if (!rc && !mg_first) /* the first's table goes up with the second's (mg_run) */
 		rc = m->be->ops->upload(m->be, slot, m->slot_h, (size_t)P * sizeof(int32_t));
+	if (!rc && (mg_first || mg_second))
+		m->mg.ycur[m->mb_slot] = yb;
 	if (rc)
 		moet_moe_dispatch_finish(m);
 	return rc;

@@ -299,7 +299,10 @@ static int ff_finish(moet_model *m, int64_t l, int64_t n)
 	if (!lw->is_moe)
 		return 0;
 	TRY(moet_moe_dispatch_finish(m));
-	return m->be->ops->combine(m->be, b->y, b->slot, b->rw, k,
+	/* two micro-batches with their expert calls merged: the layer's shared y (dispatch.c) */
+	const float *ym = m->mg.ycur[m->mb_slot & 1];
+	return m->be->ops->combine(m->be, ym ? ym : b->y, ym ? m->mg.cap_pairs : n * k, b->slot,
+				   b->rw, k,
 				   lw->has_shared ? b->shared : NULL, n, H, b->out);
 }
 
@@ -611,8 +614,13 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 	const int grown = !(rc = moet_kv_grow_batch(steps, n_steps));
 	for (int i = 0; i < n_mb && !rc; i++)
 		rc = mb_rows(m, &p[i]);
+	int merged = 0;
+	if (!rc && n_mb == 2)
+		rc = moet_mb_merge_begin(m, n, &merged);
 	if (!rc)
 		rc = pass_run(m, p, n_mb, steps, n_steps);
+	if (merged)
+		moet_mb_merge_end(m);
 	for (int i = 0; i < n_mb && !rc; i++) {
 		use(m, &p[i]);
 		rc = logits_deliver(m, p[i].steps, p[i].n_steps);

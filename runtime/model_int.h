@@ -295,6 +295,7 @@ struct moet_model {
 	int mb_slot;              /* the micro-batch being dispatched (forward.c) */
 	moet_shadow *shadow;      /* online check of the CPU tier (moet_model_set_shadow) */
 	uint64_t split_passes;    /* passes run as two micro-batches (moet_hybrid_stats) */
+	uint64_t merged_calls;    /* home-device expert calls of both micro-batches (the same) */
 	moet_mb_tune mb_tune[32]; /* per batch size, rows in powers of two (forward.c) */
 	int experts_unbound;      /* some routed experts are not bound yet (GPU backends bind
 				     them at the placement or the first pass) */
@@ -319,6 +320,24 @@ struct moet_model {
 	moet_expert_pair *stage_list; /* the cold pairs staged to the backend (hybrid.c) */
 	int32_t *ids_h, *slot_h;
 	int64_t cap_pairs;
+	/* Two micro-batches' home-device experts as one call (MOET_MB_MERGE, dispatch.c): the
+	 * first micro-batch's dispatch of a layer defers its pairs, the second's computes both. */
+	struct {
+		int on;                  /* this pass merges (forward.c) */
+		int64_t layer;           /* the layer the first micro-batch deferred, or -1 */
+		int64_t n;               /* its rows */
+		int64_t cnt;             /* its deferred pairs (pairs[0 .. cnt)) */
+		int64_t rows;            /* its staged and CPU-tier rows, first in the layer's y */
+		const float *h;          /* its hidden rows */
+		int32_t *slot;           /* its backend slot table, uploaded by the second */
+		moet_expert_pair *pairs; /* [cap_pairs]: the deferred pairs, then the merged call's */
+		int32_t *slot_h;         /* [cap_pairs]: its slot table (host) */
+		int64_t cap_pairs, cap_rows;
+		float *y[2];             /* backend [cap_pairs][H]: the layer's y, by layer parity */
+		float *h2;               /* backend [cap_rows][H]: both micro-batches' rows */
+		float *ycur[2];          /* per micro-batch slot: the y its combine reads (NULL: its
+					  * own) */
+	} mg;
 	moet_fwd_bufs bufs[2];    /* per micro-batch of a pass (forward.c) */
 	struct {                  /* their host tables, grown like them (forward.c) */
 		moet_rowinfo *rows;
@@ -398,6 +417,12 @@ int moet_moe_dispatch(struct moet_model *m, int64_t l, const int32_t *ids, int64
 /* Completes a dispatch whose CPU tier may still be running (the hybrid engine overlaps it
  * with whatever the caller queues on the backend in between). */
 int moet_moe_dispatch_finish(struct moet_model *m);
+/* Whether a pass of two micro-batches merges their home-device expert calls (MOET_MB_MERGE,
+ * dispatch.c): *out 1 if asked for and the placement allows it (one device, no NVMe tier, a
+ * backend with copy); then m->mg is ready for n_rows rows (both micro-batches) of top_k pairs
+ * each, and m->mg.on set until moet_mb_merge_end. MOET_EINVAL for a bad switch value. */
+int moet_mb_merge_begin(struct moet_model *m, int64_t n_rows, int *out);
+void moet_mb_merge_end(struct moet_model *m);
 /* model.c: binds the routed experts the backend lacks: those of device 0 in owner (NULL:
  * all). */
 int moet_model_bind_experts(struct moet_model *m, const int16_t *owner);

@@ -91,6 +91,9 @@ typedef struct moet_backend_ops {
 	void (*free)(moet_backend *be, void *p);
 	int (*upload)(moet_backend *be, void *dst, const void *src, size_t bytes);
 	int (*download)(moet_backend *be, void *dst, const void *src, size_t bytes);
+	/* Optional (NULL: not offered): backend memory to backend memory, queued in order with
+	 * the ops (the two micro-batches' merged expert call, dispatch.c). */
+	int (*copy)(moet_backend *be, void *dst, const void *src, size_t bytes);
 	/* Host memory the backend copies to and from at full speed (CUDA: pinned), for the
 	 * hybrid engine's staging buffers; host_free accepts NULL. */
 	int (*host_alloc)(moet_backend *be, size_t bytes, void **out);
@@ -161,9 +164,12 @@ typedef struct moet_backend_ops {
 	int (*gate_up)(moet_backend *be, const moet_mat *gate, const moet_mat *up, const float *x,
 		       int64_t x_stride, int64_t n, float *h, int64_t h_stride);
 	/* out[t][j] = canon(sum_i fma(weights[t][i], y[slot[t][i]][j], .) + (shared ?
-	 * shared[t][j] : 0)), i in canonical order: the contract's combine. out may alias shared. */
-	int (*combine)(moet_backend *be, const float *y, const int32_t *slot, const float *weights,
-		       int64_t top_k, const float *shared, int64_t n, int64_t dim, float *out);
+	 * shared[t][j] : 0)), i in canonical order: the contract's combine. y has n_y rows; a
+	 * slot outside [0, n_y) reads as a row of +0 (the fma still performed). out may alias
+	 * shared. */
+	int (*combine)(moet_backend *be, const float *y, int64_t n_y, const int32_t *slot,
+		       const float *weights, int64_t top_k, const float *shared, int64_t n,
+		       int64_t dim, float *out);
 	/* Optional (NULL: moet_backend_draw downloads the rows and samples on the host): the
 	 * draws of moet_backend_draw on the backend, the same tokens, only ids coming back. */
 	int (*sample)(moet_backend *be, const float *logits, int64_t V, const moet_draw *d,

@@ -198,6 +198,8 @@ typedef struct moet_hybrid_stats {
 	uint64_t ns_stage_wait;  /* of which waiting for a slot's last kernel (or its copies) */
 	uint64_t devgroup_calls; /* MoE layer calls grouped on the device (MOET_GPU_DEVGROUP=1:
 				    no id download, no host grouping; with or without placement) */
+	uint64_t merged_calls;   /* MoE layer calls of the home device that computed both
+				    micro-batches' pairs in one (MOET_MB_MERGE=1) */
 } moet_hybrid_stats;
 
 /* The CPU tier's counters (zeros without a placement; devgroup_calls counts either way);

@@ -6,6 +6,9 @@
  * calls in two micro-batches and in one pass (MOET_MICROBATCH=0):
  *   - ragged batches of prefill and decode give logits equal to the reference bit for bit,
  *     batched and one sequence per call;
+ *   - two micro-batches with the GPU's expert calls of both halves merged (MOET_MB_MERGE=1,
+ *     runtime/dispatch.c), also with every cold expert staged (MOET_PREFILL_STAGE=1): the
+ *     same bits, one merged call per MoE layer of every split pass;
  *   - the tier counts add up, the random placement sends >= 25% of routings to the CPU;
  *   - the CPU tier's counters agree with the tier counts (pairs, bytes copied back);
  *   - prefill staging of cold experts (MOET_PREFILL_STAGE=0, 1, auto at 4 tokens, auto on
@@ -184,8 +187,11 @@ int main(void)
 	CHECK(run(cpu, 1, ref) == 0, "reference: %s", moet_errmsg());
 
 	const char *names[] = { "all-gpu", "all-cpu", "random-half", "per-layer", "random serial",
-				"random one pass" };
-	for (int pl = 0; pl < 6; pl++) {
+				"random one pass", "random merged", "random merged staged" };
+	int64_t moe_layers = 0;
+	for (int64_t l = 0; l < L; l++)
+		moe_layers += moet_config_is_moe_layer(c, l);
+	for (int pl = 0; pl < 8; pl++) {
 		for (int64_t i = 0; i < L * E; i++) {
 			int64_t l = i / E, e = i % E;
 			own[i] = pl == 0 ? 0 : pl == 1 ? -1 : pl == 3 ? (int16_t)((l % 2) ? 0 : -1)
@@ -194,11 +200,16 @@ int main(void)
 		}
 		if (pl == 4)
 			setenv("MOET_HYBRID_OVERLAP", "0", 1);
+		if (pl == 7)
+			setenv("MOET_PREFILL_STAGE", "1", 1);
 		CHECK(moet_model_set_placement(gpu, own, 1) == 0, "%s: %s", names[pl],
 		      moet_errmsg());
 		unsetenv("MOET_HYBRID_OVERLAP");
+		unsetenv("MOET_PREFILL_STAGE");
 		/* two micro-batches forced; pl 5: batched calls in one pass (forward.c) */
 		setenv("MOET_MICROBATCH", pl == 5 ? "0" : "1", 1);
+		if (pl >= 6)
+			setenv("MOET_MB_MERGE", "1", 1);
 		for (int batched = 0; batched < 2; batched++) {
 			memset(got, 0xCD, n_log * sizeof(float));
 			CHECK(run(gpu, batched, got) == 0, "%s: %s", names[pl], moet_errmsg());
@@ -207,16 +218,24 @@ int main(void)
 			      batched ? "batched" : "solo");
 		}
 		unsetenv("MOET_MICROBATCH");
+		unsetenv("MOET_MB_MERGE");
 		uint64_t cnt[2];
 		moet_model_tier_counts(gpu, cnt, 2);
 		moet_hybrid_stats hs;
 		moet_model_hybrid_stats(gpu, &hs, 1);
 		const uint64_t total = cnt[0] + cnt[1];
 		CHECK(total > 0, "%s: routings counted", names[pl]);
-		CHECK(hs.cpu_pairs == cnt[0], "%s: CPU tier %llu pairs, tier count %llu", names[pl],
-		      (unsigned long long)hs.cpu_pairs, (unsigned long long)cnt[0]);
-		CHECK(hs.bytes_h2d == cnt[0] * (uint64_t)c->hidden_size * sizeof(float),
+		CHECK(hs.cpu_pairs + hs.staged_pairs == cnt[0], "%s: CPU tier %llu pairs, %llu "
+		      "staged, tier count %llu", names[pl], (unsigned long long)hs.cpu_pairs,
+		      (unsigned long long)hs.staged_pairs, (unsigned long long)cnt[0]);
+		CHECK((hs.staged_pairs > 0) == (pl == 7), "%s: %llu staged pairs", names[pl],
+		      (unsigned long long)hs.staged_pairs);
+		CHECK(hs.bytes_h2d == hs.cpu_pairs * (uint64_t)c->hidden_size * sizeof(float),
 		      "%s: bytes copied back", names[pl]);
+		CHECK(hs.merged_calls == (pl >= 6 ? hs.split_passes * (uint64_t)moe_layers : 0) &&
+		      (pl < 6 || hs.split_passes > 0), "%s: %llu merged calls, %llu split passes",
+		      names[pl], (unsigned long long)hs.merged_calls,
+		      (unsigned long long)hs.split_passes);
 		if (pl == 0)
 			CHECK(cnt[0] == 0, "all-gpu: nothing on the CPU");
 		if (pl == 1)

@@ -5,6 +5,9 @@
  * the run without placement, for placements all-CPU, all on one device, random splits over
  * three devices and the CPU (>= 25% of routings on the CPU), and a different split per layer;
  * at batch sizes 1 and 3. The tier counters add up to the routings. Bad owners are refused.
+ * One device and the CPU tier in two micro-batches with MOET_MB_MERGE=1 (the home device's
+ * calls of both halves as one, dispatch.c), also with staged cold experts: the same bits, and
+ * one merged call per MoE layer of every split pass.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -77,9 +80,13 @@ int main(void)
 	/* then the reference paths: the CPU tier (hybrid.c) without overlap and on the driving
 	 * thread, and batched calls in one pass instead of two micro-batches (forward.c) */
 	const char *names[] = { "all-cpu", "all-device", "random-3", "per-layer", "random-3 solo",
-				"random-3 serial", "random-3 1-thread", "random-3 one pass" };
-	for (int pl = 0; pl < 8; pl++) {
-		int n_dev = pl == 0 ? 0 : pl == 1 ? 1 : 3;
+				"random-3 serial", "random-3 1-thread", "random-3 one pass",
+				"random-1 merged", "random-1 merged staged", "random-1 merged all staged" };
+	int64_t moe_layers = 0;
+	for (int64_t l = 0; l < L; l++)
+		moe_layers += moet_config_is_moe_layer(c, l);
+	for (int pl = 0; pl < 11; pl++) {
+		int n_dev = pl == 0 ? 0 : pl == 1 || pl >= 8 ? 1 : 3;
 		for (int64_t l = 0; l < L; l++)
 			for (int64_t e = 0; e < E; e++) {
 				int16_t o;
@@ -89,43 +96,56 @@ int main(void)
 					o = 0;
 				else if (pl == 3)
 					o = (int16_t)((l % 2) ? (e % 4) - 1 : 2 - (e % 4));
-				else /* half the experts on the CPU, the rest over 3 devices */
-					o = (int16_t)((next() % 2) ? -1 : (int)(next() % 3));
+				else /* half the experts on the CPU, the rest over the devices */
+					o = (int16_t)((next() % 2) ? -1 : (int)(next() % n_dev));
 				own[l * E + e] = o;
 			}
 		if (pl == 5)
 			setenv("MOET_HYBRID_OVERLAP", "0", 1);
 		if (pl == 6)
 			setenv("MOET_CPU_THREADS", "1", 1);
+		if (pl == 9) { /* cold experts of 2+ tokens in a call staged on the backend */
+			setenv("MOET_PREFILL_STAGE", "auto", 1);
+			setenv("MOET_PREFILL_STAGE_MIN", "2", 1);
+		}
+		if (pl == 10) /* every cold expert staged: a layer's staged rows are written when
+			       * its first micro-batch dispatches, before the second's combine of
+			       * the layer before (the layers' two y) */
+			setenv("MOET_PREFILL_STAGE", "1", 1);
 		CHECK(moet_model_set_placement(m, own, n_dev) == 0, "%s: %s", names[pl],
 		      moet_errmsg());
 		unsetenv("MOET_HYBRID_OVERLAP");
 		unsetenv("MOET_CPU_THREADS");
+		unsetenv("MOET_PREFILL_STAGE");
+		unsetenv("MOET_PREFILL_STAGE_MIN");
 		memset(got, 0xAB, n_logits * sizeof(float));
 		/* two micro-batches forced, except: pl 3 the automatic choice (forward.c tries
 		 * both forms), pl 7 batched calls in one pass */
 		if (pl != 3)
 			setenv("MOET_MICROBATCH", pl == 7 ? "0" : "1", 1);
+		if (pl >= 8)
+			setenv("MOET_MB_MERGE", "1", 1);
 		run(m, pl != 4, got);
 		unsetenv("MOET_MICROBATCH");
+		unsetenv("MOET_MB_MERGE");
 		CHECK(memcmp(ref, got, n_logits * sizeof(float)) == 0,
 		      "%s: logits differ from the run without placement", names[pl]);
 		uint64_t cnt[4];
 		moet_model_tier_counts(m, cnt, 4);
 		uint64_t total = cnt[0] + cnt[1] + cnt[2] + cnt[3];
 		/* routings: every MoE layer routes every token of every call to top_k experts */
-		int64_t moe_layers = 0;
-		for (int64_t l = 0; l < L; l++)
-			moe_layers += moet_config_is_moe_layer(c, l);
 		uint64_t want = (uint64_t)(moe_layers * c->num_experts_per_tok *
 					   (5 + 9 + 2 + SEQS * STEPS));
 		CHECK(total == want, "%s: tier counts add to %llu, want %llu", names[pl],
 		      (unsigned long long)total, (unsigned long long)want);
 		moet_hybrid_stats hs;
 		moet_model_hybrid_stats(m, &hs, 1);
-		CHECK(hs.cpu_pairs == cnt[0], "%s: the CPU tier computed %llu pairs, counted %llu",
-		      names[pl], (unsigned long long)hs.cpu_pairs, (unsigned long long)cnt[0]);
-		CHECK(hs.bytes_h2d == cnt[0] * (uint64_t)c->hidden_size * sizeof(float),
+		/* the cold pairs: the CPU tier's and (staged) the backend's from a staging slot */
+		CHECK(hs.cpu_pairs + hs.staged_pairs == cnt[0], "%s: the CPU tier computed %llu "
+		      "pairs, %llu staged, counted %llu", names[pl],
+		      (unsigned long long)hs.cpu_pairs, (unsigned long long)hs.staged_pairs,
+		      (unsigned long long)cnt[0]);
+		CHECK(hs.bytes_h2d == hs.cpu_pairs * (uint64_t)c->hidden_size * sizeof(float),
 		      "%s: output bytes copied back", names[pl]);
 		if (pl == 4 || pl == 7)
 			CHECK(hs.split_passes == 0, "%s: no pass in two micro-batches", names[pl]);
@@ -137,11 +157,22 @@ int main(void)
 			CHECK(hs.split_passes == STEPS + 1, "%s: %llu of %d batched passes in two "
 			      "micro-batches", names[pl], (unsigned long long)hs.split_passes,
 			      STEPS + 1);
+		CHECK(hs.merged_calls == (pl >= 8 ? hs.split_passes * (uint64_t)moe_layers : 0),
+		      "%s: %llu merged device calls for %llu split passes", names[pl],
+		      (unsigned long long)hs.merged_calls, (unsigned long long)hs.split_passes);
+		if (pl >= 9)
+			CHECK(hs.staged_pairs > 0 && (hs.cpu_pairs > 0) == (pl == 9), "%s: %llu "
+			      "staged pairs, %llu on the CPU tier", names[pl],
+			      (unsigned long long)hs.staged_pairs, (unsigned long long)hs.cpu_pairs);
 		if (pl == 0)
 			CHECK(cnt[0] == total, "all-cpu: every pair on the CPU tier");
 		if (pl == 1)
 			CHECK(cnt[1] == total, "all-device: every pair on device 0");
-		if (pl >= 2 && pl != 3)
+		if (pl >= 8)
+			CHECK(cnt[0] * 4 >= total && cnt[1], "%s: CPU share %llu of %llu (>= 25%%), "
+			      "the device used", names[pl], (unsigned long long)cnt[0],
+			      (unsigned long long)total);
+		else if (pl >= 2 && pl != 3)
 			CHECK(cnt[0] * 4 >= total && cnt[1] && cnt[2] && cnt[3],
 			      "random-3: CPU share %llu of %llu (>= 25%%), every device used",
 			      (unsigned long long)cnt[0], (unsigned long long)total);
@@ -150,7 +181,9 @@ int main(void)
 		       (unsigned long long)cnt[2], (unsigned long long)cnt[3],
 		       (unsigned long long)total);
 	}
-	/* the shadow check: every CPU-tier call recomputed by the backend, bits compared */
+	/* the shadow check: every CPU-tier call recomputed by the backend, bits compared (the
+	 * last placement again, without staging: every cold pair on the CPU tier) */
+	CHECK(moet_model_set_placement(m, own, 1) == 0, "placement: %s", moet_errmsg());
 	CHECK(moet_model_set_shadow(m, 1.0) == 0, "shadow on: %s", moet_errmsg());
 	CHECK(moet_model_set_shadow(m, 1.5) == MOET_EINVAL, "rate 1.5 refused");
 	CHECK(moet_model_set_shadow(m, 1.0) == 0, "shadow on again");

@@ -170,6 +170,16 @@ int main(void)
 	expect_none(m, "CPU tier + 2 sim devices, one pass");
 	setenv("MOET_MICROBATCH", "1", 1);
 	expect_none(m, "CPU tier + 2 sim devices, 2 halves");
+	/* one device: the halves' device calls merged (MOET_MB_MERGE=1, dispatch.c) */
+	int16_t *own1 = malloc((size_t)(L * E) * sizeof(*own1));
+	for (int64_t i = 0; own1 && i < L * E; i++)
+		own1[i] = (int16_t)(i % 3 == 0 ? -1 : 0);
+	CHECK(own1 && moet_model_set_placement(m, own1, 1) == 0, "placement: %s", moet_errmsg());
+	setenv("MOET_MB_MERGE", "1", 1);
+	expect_none(m, "CPU tier + 1 sim device, 2 halves merged");
+	unsetenv("MOET_MB_MERGE");
+	free(own1);
+	CHECK(moet_model_set_placement(m, own, 2) == 0, "placement: %s", moet_errmsg());
 	unsetenv("MOET_MICROBATCH");
 
 	moet_xtier_stats plan;
@@ -216,6 +226,9 @@ int main(void)
 		expect_none(m, "cuda + CPU tier, one pass");
 		setenv("MOET_MICROBATCH", "1", 1);
 		expect_none(m, "cuda + CPU tier, 2 halves");
+		setenv("MOET_MB_MERGE", "1", 1);
+		expect_none(m, "cuda + CPU tier, 2 halves merged");
+		unsetenv("MOET_MB_MERGE");
 		unsetenv("MOET_MICROBATCH");
 		moet_model_close(m);
 		/* CUDA graphs (runtime/graph.c): the counted steps are replays */
