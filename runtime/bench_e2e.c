@@ -81,6 +81,7 @@ typedef struct step_split {
 	double cpu_calls, cpu_bytes;  /* per step: the CPU tier's expert calls, their weights */
 	double cpu_layers;            /* per step: MoE layer calls with work for the CPU tier */
 	double split_share;           /* timed passes run as two micro-batches / all */
+	double merged_calls;          /* per step: GPU expert calls of both halves (MOET_MB_MERGE) */
 } step_split;
 
 /* B sequences: prefill ctx tokens, `warmup` untimed steps, `steps` timed steps. */
@@ -142,6 +143,7 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int warmup, int steps, 
 		split->cpu_layers = (double)hs.calls / steps;
 		split->pcie_bytes = (double)(hs.bytes_d2h + hs.bytes_h2d) / steps;
 		split->split_share = (double)hs.split_passes / steps;
+		split->merged_calls = (double)hs.merged_calls / steps;
 	}
 	for (int64_t b = 0; kv && b < B; b++)
 		moet_kv_destroy(kv[b]);
@@ -444,12 +446,13 @@ static void ram_bound_print(FILE *out, const moet_xtier_stats *t, const ram_boun
 
 static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 {
-	return json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "mode",
+	return json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "mode",
 			 mode, "batch", (json_int_t)B, "step_s", sp->step_s, "tokens_per_s",
 			 (double)B / sp->step_s, "cpu_busy_s", sp->cpu_s, "cpu_wait_s", sp->wait_s,
 			 "pcie_s", sp->pcie_s, "cpu_pairs", sp->cpu_pairs, "cpu_calls",
 			 sp->cpu_calls, "cpu_weight_bytes", sp->cpu_bytes, "pcie_bytes",
-			 sp->pcie_bytes, "split_share", sp->split_share);
+			 sp->pcie_bytes, "split_share", sp->split_share, "merged_calls",
+			 sp->merged_calls);
 }
 
 /* --graph: what MOET_CUDA_GRAPH=1 needs, set where unset (bits of what was set), and undone. */
