@@ -82,6 +82,7 @@ typedef struct step_split {
 	double cpu_layers;            /* per step: MoE layer calls with work for the CPU tier */
 	double split_share;           /* timed passes run as two micro-batches / all */
 	double merged_calls;          /* per step: GPU expert calls of both halves (MOET_MB_MERGE) */
+	int warmup;                   /* untimed steps before them */
 } step_split;
 
 /* B sequences: prefill ctx tokens, `warmup` untimed steps, `steps` timed steps. */
@@ -446,13 +447,14 @@ static void ram_bound_print(FILE *out, const moet_xtier_stats *t, const ram_boun
 
 static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 {
-	return json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "mode",
+	return json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i}",
+			 "mode",
 			 mode, "batch", (json_int_t)B, "step_s", sp->step_s, "tokens_per_s",
 			 (double)B / sp->step_s, "cpu_busy_s", sp->cpu_s, "cpu_wait_s", sp->wait_s,
 			 "pcie_s", sp->pcie_s, "cpu_pairs", sp->cpu_pairs, "cpu_calls",
 			 sp->cpu_calls, "cpu_weight_bytes", sp->cpu_bytes, "pcie_bytes",
 			 sp->pcie_bytes, "split_share", sp->split_share, "merged_calls",
-			 sp->merged_calls);
+			 sp->merged_calls, "warmup_steps", sp->warmup);
 }
 
 /* --graph: what MOET_CUDA_GRAPH=1 needs, set where unset (bits of what was set), and undone. */
@@ -621,6 +623,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 					 ? MOET_MB_TRIAL_PASSES : o->warmup;
 			rc = decode_run(m, B, o->ctx, warm, o->steps, samples, &sp,
 					brec.p || brec.batch ? &brec : NULL);
+			sp.warmup = warm;
 			double expert_ms = 0;
 			if (!rc && brec.batch)
 				rc = batch_expert_ms(o, m, brec.batch, B, &expert_ms);
