@@ -616,7 +616,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			/* NOTE: under MOET_MICROBATCH=auto (unset) a hybrid or cpu mode's first
 			 * passes of a batch size try both forms; the step reported is the
 			 * engine's choice, so they are warm-up (timed, they were a quarter of 8
-			 * steps: record 2026-11-30-e2e-deep-h200-1fb3b8c.txt) */
+			 * steps: record 2026-11-30-e2e-deep-h200-63334dc.txt) */
 			const char *mbv = getenv("MOET_MICROBATCH");
 			const int warm = mode != MOET_E2E_GPU && (!mbv || !*mbv) &&
 						 o->warmup < MOET_MB_TRIAL_PASSES
