@@ -307,19 +307,34 @@ void moet_model_free_dispatch(moet_model *m)
 }
 
 /* One tier's pairs (owner == tier, in sorted order) into y rows from *row; slots recorded. */
+/* The pairs of layer l's sorted pairs[0 .. P) that tier owns (no placement: tier 0 owns all),
+ * in order, into out; their count. */
+static int64_t tier_pairs_of(const moet_model *m, int64_t l, int tier, int64_t P,
+			     moet_expert_pair *out)
+{
+	const int64_t E = m->cfg.n_routed_experts;
+	int64_t cnt = 0;
+	for (int64_t q = 0; q < P; q++)
+		if ((m->owner ? m->owner[l * E + m->pairs[q].expert] : 0) == tier)
+			out[cnt++] = m->pairs[q];
+	return cnt;
+}
+
+/* Device g's expert table of layer l: the simulated device's copy on the CPU backend, the
+ * bound experts on a GPU. */
+static const moet_ffn_w *tier_table(const moet_model *m, int64_t l, int g)
+{
+	return m->be->ops->host_memory ? m->sim[g].table + l * m->cfg.n_routed_experts
+				       : m->layers[l].experts;
+}
+
 static int run_tier(moet_model *m, int64_t l, int tier, const moet_ffn_w *table, int64_t P,
 		    int64_t top_k, const float *h, int64_t n, float *y, int64_t *row)
 {
 	const int64_t E = m->cfg.n_routed_experts, H = m->cfg.hidden_size;
-	int64_t cnt = 0;
-	for (int64_t q = 0; q < P; q++) {
-		const moet_expert_pair *pq = &m->pairs[q];
-		int owner = m->owner ? m->owner[l * E + pq->expert] : 0;
-		if (owner != tier)
-			continue;
-		m->slot_h[pq->pair] = (int32_t)(*row + cnt);
-		m->tier_list[cnt++] = *pq;
-	}
+	const int64_t cnt = tier_pairs_of(m, l, tier, P, m->tier_list);
+	for (int64_t q = 0; q < cnt; q++)
+		m->slot_h[m->tier_list[q].pair] = (int32_t)(*row + q);
 	if (!cnt)
 		return 0;
 	int rc = 0;
@@ -366,6 +381,17 @@ static int run_tier(moet_model *m, int64_t l, int tier, const moet_ffn_w *table,
  * (after the second's attention), the CPU tier's overlap is the same; rows are independent
  * and the kernel batch-invariant, so the bits are the unmerged pass's.
  */
+/* *p (backend memory) holds at least `floats` floats; grown, never shrunk. */
+static int mg_grow(moet_model *m, float **p, int64_t have, int64_t floats)
+{
+	if (floats <= have)
+		return 0;
+	if (*p)
+		m->be->ops->free(m->be, *p);
+	*p = NULL;
+	return m->be->ops->alloc(m->be, (size_t)floats * sizeof(float), (void **)p);
+}
+
 int moet_mb_merge_begin(moet_model *m, int64_t n_rows, int *out)
 {
 	static const char *const modes[] = { "0", "1" };
@@ -386,25 +412,17 @@ int moet_mb_merge_begin(moet_model *m, int64_t n_rows, int *out)
 			m->mg.slot_h = b;
 		if (!a || !b)
 			return moet_err(MOET_ENOMEM, "merged expert call: %lld pairs", (long long)P);
-		for (int i = 0; i < 2; i++) {
-			if (m->mg.y[i])
-				m->be->ops->free(m->be, m->mg.y[i]);
-			m->mg.y[i] = NULL;
-		}
+		const int64_t have = m->mg.cap_pairs * H;
 		m->mg.cap_pairs = 0;
 		for (int i = 0; i < 2; i++)
-			if ((rc = m->be->ops->alloc(m->be, (size_t)(P * H) * sizeof(float),
-						    (void **)&m->mg.y[i])))
+			if ((rc = mg_grow(m, &m->mg.y[i], have, P * H)))
 				return moet_err_prefix(rc, "merged expert call: y");
 		m->mg.cap_pairs = P;
 	}
 	if (n_rows > m->mg.cap_rows) {
-		if (m->mg.h2)
-			m->be->ops->free(m->be, m->mg.h2);
-		m->mg.h2 = NULL;
+		const int64_t have = m->mg.cap_rows * H;
 		m->mg.cap_rows = 0;
-		if ((rc = m->be->ops->alloc(m->be, (size_t)(n_rows * H) * sizeof(float),
-					    (void **)&m->mg.h2)))
+		if ((rc = mg_grow(m, &m->mg.h2, have, n_rows * H)))
 			return moet_err_prefix(rc, "merged expert call: rows");
 		m->mg.cap_rows = n_rows;
 	}
@@ -427,13 +445,9 @@ void moet_mb_merge_end(moet_model *m)
 static void mg_defer(moet_model *m, int64_t l, int64_t P, const float *h, int64_t n,
 		     int32_t *slot, int64_t rows)
 {
-	const int64_t E = m->cfg.n_routed_experts;
-	int64_t cnt = 0;
-	for (int64_t q = 0; q < P; q++)
-		cnt += m->owner[l * E + m->pairs[q].expert] == 0;
-	for (int64_t q = 0, w = m->mg.cap_pairs - cnt; q < P; q++)
-		if (m->owner[l * E + m->pairs[q].expert] == 0)
-			m->mg.pairs[w++] = m->pairs[q];
+	const int64_t cnt = tier_pairs_of(m, l, 0, P, m->tier_list);
+	memcpy(m->mg.pairs + (m->mg.cap_pairs - cnt), m->tier_list,
+	       (size_t)cnt * sizeof(*m->tier_list));
 	memcpy(m->mg.slot_h, m->slot_h, (size_t)P * sizeof(int32_t));
 	m->mg.layer = l;
 	m->mg.n = n;
@@ -451,22 +465,17 @@ static void mg_defer(moet_model *m, int64_t l, int64_t P, const float *h, int64_
 static int mg_run(moet_model *m, int64_t l, int64_t P, int64_t k, const float *h, int64_t n,
 		  float *yb, int64_t row0)
 {
-	const int64_t E = m->cfg.n_routed_experts, H = m->cfg.hidden_size;
-	const int64_t na = m->mg.n, pa = na * k;
+	const int64_t H = m->cfg.hidden_size, na = m->mg.n, pa = na * k;
+	const moet_expert_pair *b = m->tier_list;
+	const int64_t nb = tier_pairs_of(m, l, 0, P, m->tier_list);
 	int64_t ia = m->mg.cap_pairs - m->mg.cnt, w = 0, jb = 0;
-	for (;;) {
-		while (jb < P && m->owner[l * E + m->pairs[jb].expert] != 0)
-			jb++;
-		const int take_a = ia < m->mg.cap_pairs &&
-				   (jb >= P || m->mg.pairs[ia].expert <= m->pairs[jb].expert);
-		if (!take_a && jb >= P)
-			break;
-		if (take_a) {
+	while (ia < m->mg.cap_pairs || jb < nb) {
+		if (ia < m->mg.cap_pairs && (jb >= nb || m->mg.pairs[ia].expert <= b[jb].expert)) {
 			const moet_expert_pair e = m->mg.pairs[ia++];
 			m->mg.slot_h[e.pair] = (int32_t)(row0 + w);
 			m->mg.pairs[w++] = e;
 		} else {
-			const moet_expert_pair e = m->pairs[jb++];
+			const moet_expert_pair e = b[jb++];
 			m->slot_h[e.pair] = (int32_t)(row0 + w);
 			m->mg.pairs[w++] = (moet_expert_pair){ e.expert, e.pair + pa };
 		}
@@ -479,9 +488,8 @@ static int mg_run(moet_model *m, int64_t l, int64_t P, int64_t k, const float *h
 	if (w && !(rc = op->copy(m->be, m->mg.h2, m->mg.h, (size_t)na * rb)))
 		rc = op->copy(m->be, m->mg.h2 + na * H, h, (size_t)n * rb);
 	if (!rc && w)
-		rc = op->experts_grouped(m->be, op->host_memory ? m->sim[0].table + l * E
-								: m->layers[l].experts,
-					 m->mg.pairs, w, k, m->mg.h2, na + n, yb + row0 * H);
+		rc = op->experts_grouped(m->be, tier_table(m, l, 0), m->mg.pairs, w, k, m->mg.h2,
+					 na + n, yb + row0 * H);
 	if (m->tier_pairs)
 		m->tier_pairs[1] += (uint64_t)w;
 	if (!rc)
@@ -598,9 +606,7 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 	else if (mg_second)
 		rc = mg_run(m, l, P, k, h, n, yb, cpu_row + cpu_cnt);
 	for (int g = 0; !mg_first && !mg_second && g < m->n_devices && !rc; g++)
-		rc = run_tier(m, l, g, m->be->ops->host_memory ? m->sim[g].table + l * E
-							       : lw->experts,
-			      P, k, h, n, y, &row);
+		rc = run_tier(m, l, g, tier_table(m, l, g), P, k, h, n, y, &row);
 	if (!rc && st_cnt)
 		rc = moet_hybrid_stage_run(m->hy, m->be, lw->experts_host, m->stage_list, st_cnt,
 					   k, h, n, yb + st_at * c->hidden_size);
