@@ -14,6 +14,7 @@
 #ifndef MOET_GPU_ROWS_INT_H
 #define MOET_GPU_ROWS_INT_H
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -171,6 +172,29 @@ static __device__ __forceinline__ void moet_dec4_f8(uint32_t wd, float w[4])
 	for (int q = 0; q < 4; q++)
 		w[q] = moet_dec_e4m3((uint8_t)(wd >> (8 * q)));
 #endif
+}
+
+/* Two e4m3fn codes (low byte, high byte) to a binary16 pair (low half, high half): exact, as
+ * every e4m3fn value is a binary16 value; then one binary16 to binary32 (exact). Together
+ * they are moet_dec4_f8's two steps, for layouts that keep the 16-bit form in between. */
+static __device__ __forceinline__ uint32_t moet_f8x2_to_h2(uint32_t b2)
+{
+	uint32_t h;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+	asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((unsigned short)b2));
+#else
+	const __half lo = __float2half_rn(moet_dec_e4m3((uint8_t)b2));
+	const __half hi = __float2half_rn(moet_dec_e4m3((uint8_t)(b2 >> 8)));
+	h = (uint32_t)__half_as_ushort(lo) | (uint32_t)__half_as_ushort(hi) << 16;
+#endif
+	return h;
+}
+
+static __device__ __forceinline__ float moet_h_to_f32(unsigned short h)
+{
+	float f;
+	asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+	return f;
 }
 
 /* griddepcontrol (PTX, sm_90+): wait for the prerequisite grid's completion and the visibility

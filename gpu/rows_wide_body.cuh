@@ -12,7 +12,9 @@
 #include "rows_body.cuh"
 
 #define MOET_ROWS_WTHREADS 256
-#define MOET_ROWS_WIDE_NS 3 /* raw stages in flight */
+#ifndef MOET_ROWS_WIDE_NS
+#define MOET_ROWS_WIDE_NS 4 /* raw stages in flight, at most (as many as fit 96 KB) */
+#endif
 /* Blocks per SM for __launch_bounds__: two on sm_90 (128 registers); one on sm_120, whose 100 KB
  * of shared memory per SM holds one block anyway (there a cap of 128 registers only spilled). */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
@@ -26,6 +28,13 @@
 #ifndef MOET_ROWS_WIDE_TR
 #define MOET_ROWS_WIDE_TR 8
 #endif
+/* Decoded weights in shared memory as 16-bit values (1, the default: binary16 for F8_E4M3,
+ * which holds every e4m3fn value exactly, the raw bits for BF16), two rows per 32-bit word,
+ * widened to binary32 in the step; or as binary32 (0, the layout before). Same bits either way
+ * (rows_wide.cu says why). TR 8 only. */
+#ifndef MOET_ROWS_WIDE_W16
+#define MOET_ROWS_WIDE_W16 1
+#endif
 
 template <int DT, int NMAT> struct moet_rows_wcfg {
 	static constexpr int VR = 32;                     /* virtual rows per tile */
@@ -33,11 +42,15 @@ template <int DT, int NMAT> struct moet_rows_wcfg {
 	static constexpr int TB = 16;                     /* tokens per tile */
 	static constexpr int ESZ = DT == MOET_ROWS_F8 ? 1 : 2;
 	static constexpr int TR = MOET_ROWS_WIDE_TR;      /* rows per thread */
-	static constexpr int WS = VR;                     /* floats per (lane, step) in wf */
-	/* Lanes 8..15 of wf / xf start WP / XP floats later: the two half-warps (lanes w and
-	 * w + 8) then read disjoint banks in one LDS.128 (TR 8 only). */
-	static constexpr int WP = TR == 8 ? 4 : 0, XP = TR == 8 ? 16 : 0;
-	static constexpr int WF = 16 * 8 * WS + WP;       /* floats of wf */
+	static constexpr bool W16 = MOET_ROWS_WIDE_W16 != 0 && TR == 8;
+	/* 4-byte words per (lane, step) in wf: 32 binary32 rows, or (W16) 16 words, word i
+	 * holding virtual rows i (low half) and i + 16 (high half) */
+	static constexpr int WS = W16 ? VR / 2 : VR;
+	/* Lanes 8..15 of wf / xf start WP / XP words later: the two half-warps (lanes w and
+	 * w + 8) then read disjoint banks in one LDS.128 (TR 8 only); at W16 the decode's
+	 * stores of lanes q and q + 8 by one warp fall in disjoint banks. */
+	static constexpr int WP = TR == 8 ? (W16 ? 16 : 4) : 0, XP = TR == 8 ? 16 : 0;
+	static constexpr int WF = 16 * 8 * WS + WP;       /* words of wf */
 	static constexpr int XF = 16 * 8 * TB + XP;       /* floats of xf */
 	static constexpr int DEC = (WF + XF) * 4;         /* bytes of the decoded chunk */
 	static constexpr int WRS = 128 * ESZ + 16;        /* bytes per raw weight row */
@@ -45,9 +58,12 @@ template <int DT, int NMAT> struct moet_rows_wcfg {
 	static constexpr int STAGE = VR * WRS + TB * XRS * 4;
 	static constexpr int RS = VR + 1;                 /* floats per (lane pair, token) in red */
 	static constexpr int RED = 8 * TB * RS * 4;
-	static constexpr int SMEM = 2 * DEC + MOET_ROWS_WIDE_NS * STAGE; /* 2 decoded chunks */
+	static constexpr int NS_FIT = (MOET_ROWS_SMEM_BUDGET - 2 * DEC) / STAGE;
+	static constexpr int NS = MOET_ROWS_WIDE_NS < NS_FIT ? MOET_ROWS_WIDE_NS : NS_FIT;
+	static constexpr int SMEM = 2 * DEC + NS * STAGE; /* 2 decoded chunks */
+	static_assert(NS >= 2, "at least two raw stages");
 	static_assert(TR == 4 || TR == 8, "4 or 8 rows per thread");
-	static_assert(RED <= DEC, "the tree's table fits in the decoded chunk");
+	static_assert(RED <= 2 * DEC, "the tree's table fits in the decoded chunks");
 	static_assert((VR * WRS) % 16 == 0 && DEC % 16 == 0 && STAGE % 16 == 0, "16-byte stages");
 	static_assert(TB * 8 <= MOET_ROWS_WTHREADS, "one activation unit per thread at most");
 	static_assert(SMEM + TB * 4 <= MOET_ROWS_SM120_SMEM_MAX,
@@ -67,7 +83,7 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 							   int tok0, int n_e, int pdl)
 {
 	using C = moet_rows_wcfg<DT, NMAT>;
-	constexpr int WTHREADS = MOET_ROWS_WTHREADS, NS = MOET_ROWS_WIDE_NS;
+	constexpr int WTHREADS = MOET_ROWS_WTHREADS, NS = C::NS;
 	extern __shared__ __align__(16) unsigned char smem[];
 	__shared__ int xrow_s[C::TB];
 
@@ -107,16 +123,36 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 		wsrc[i] = (const unsigned char *)g.w(m) +
 			  (wrow_ok[i] ? (size_t)row * K * C::ESZ + q * 16 : 0);
 	}
+	/* a piece not read (past the last row, or a token out of range) points into row 0, so
+	 * that any chunk's offset added to it stays inside the matrix */
 	const float *xsrc[NXP];
+	bool xrow_ok[NXP];
 #pragma unroll
 	for (int i = 0; i < NXP; i++) {
 		const int xr = xrow_s[(tid + i * WTHREADS) >> 5], q = tid & 31;
-		xsrc[i] = xr >= 0 ? a.x + (long long)xr * a.x_stride + q * 4 : NULL;
+		xrow_ok[i] = xr >= 0;
+		xsrc[i] = a.x + (xr >= 0 ? (long long)xr * a.x_stride : 0) + q * 4;
 	}
 	auto fetch = [&](int c, int st) {
 		unsigned char *ws = raw + st * C::STAGE;
 		float *xs = (float *)(ws + C::VR * C::WRS);
 		const int kc0 = c * 128, kcols = min(128, K - kc0);
+		if (kcols == 128) { /* every chunk but a partial last one: no column checks */
+#pragma unroll
+			for (int i = 0; i < NWP; i++) {
+				const int p = tid + i * WTHREADS, vr = p / PPR, q = p % PPR;
+				moet_cp_async16z(ws + vr * C::WRS + q * 16,
+						 wsrc[i] + (size_t)kc0 * C::ESZ, wrow_ok[i]);
+			}
+#pragma unroll
+			for (int i = 0; i < NXP; i++) {
+				const int p = tid + i * WTHREADS, xi = p >> 5, q = p & 31;
+				moet_cp_async16z(xs + xi * C::XRS + q * 4, xsrc[i] + kc0,
+						 xrow_ok[i]);
+			}
+			moet_cp_async_commit();
+			return;
+		}
 #pragma unroll
 		for (int i = 0; i < NWP; i++) {
 			const int p = tid + i * WTHREADS, vr = p / PPR, q = p % PPR;
@@ -127,7 +163,7 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 #pragma unroll
 		for (int i = 0; i < NXP; i++) {
 			const int p = tid + i * WTHREADS, xi = p >> 5, q = p & 31;
-			const bool ok = xsrc[i] != NULL && q * 4 < kcols;
+			const bool ok = xrow_ok[i] && q * 4 < kcols;
 			moet_cp_async16z(xs + xi * C::XRS + q * 4, ok ? xsrc[i] + kc0 : a.x, ok);
 		}
 		moet_cp_async_commit();
@@ -138,14 +174,44 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 	 * padding), activations unit (token xt, step xst). */
 	const int dv = li, dt = w;
 	const int xt = tid % C::TB, xst = tid / C::TB;
+	/* W16: thread (j, gb) of warp w pairs virtual rows j and j + 16 at columns 16w + 8gb ..
+	 * 16w + 8gb + 7 (step w, lanes 8gb .. 8gb + 7); a half-warp's raw loads (rows j of 8, two
+	 * column halves) then cover the 32 banks once. */
+	const int pj = (li & 7) | ((li >> 4) << 3), pgb = (li >> 3) & 1;
 	auto decode = [&](int st, int b) {
 		const unsigned char *ws = raw + st * C::STAGE;
 		float *const wf = (float *)(smem + b * C::DEC), *const xf = wf + C::WF;
 		const float *xs = (const float *)(ws + C::VR * C::WRS);
-		float *d = wf + dt * C::WS + dv;
-		const uint4 *src = (const uint4 *)(ws + dv * C::WRS + 16 * dt * C::ESZ);
-		if constexpr (DT == MOET_ROWS_F8) {
-			const uint4 u = src[0];
+		if constexpr (C::W16) {
+			const unsigned char *ra = ws + pj * C::WRS + (16 * w + 8 * pgb) * C::ESZ;
+			const unsigned char *rb = ra + 16 * C::WRS;
+			/* word of lane 8pgb + q: wd[q * 8 * WS] */
+			uint32_t *wd = (uint32_t *)wf + (8 * pgb * 8 + w) * C::WS + pgb * C::WP + pj;
+			if constexpr (DT == MOET_ROWS_F8) {
+				const uint2 ua = *(const uint2 *)ra, ub = *(const uint2 *)rb;
+#pragma unroll
+				for (int i = 0; i < 2; i++) {
+					const uint32_t x = i ? ua.y : ua.x, y = i ? ub.y : ub.x;
+					/* bytes (a0 b0 a1 b1), (a2 b2 a3 b3): e4m3x2 pairs, row j low */
+					const uint32_t lo = __byte_perm(x, y, 0x5140);
+					const uint32_t hi = __byte_perm(x, y, 0x7362);
+					wd[(4 * i + 0) * 8 * C::WS] = moet_f8x2_to_h2(lo & 0xFFFFu);
+					wd[(4 * i + 1) * 8 * C::WS] = moet_f8x2_to_h2(lo >> 16);
+					wd[(4 * i + 2) * 8 * C::WS] = moet_f8x2_to_h2(hi & 0xFFFFu);
+					wd[(4 * i + 3) * 8 * C::WS] = moet_f8x2_to_h2(hi >> 16);
+				}
+			} else {
+				const uint4 ua = *(const uint4 *)ra, ub = *(const uint4 *)rb;
+#pragma unroll
+				for (int i = 0; i < 4; i++) {
+					const uint32_t x = moet_rows_word_of(ua, i), y = moet_rows_word_of(ub, i);
+					wd[(2 * i) * 8 * C::WS] = __byte_perm(x, y, 0x5410);
+					wd[(2 * i + 1) * 8 * C::WS] = __byte_perm(x, y, 0x7632);
+				}
+			}
+		} else if constexpr (DT == MOET_ROWS_F8) {
+			float *d = wf + dt * C::WS + dv;
+			const uint4 u = *(const uint4 *)(ws + dv * C::WRS + 16 * dt * C::ESZ);
 #pragma unroll
 			for (int i = 0; i < 4; i++) {
 				float v[4];
@@ -155,6 +221,8 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 					d[(4 * i + q) * 8 * C::WS + (i >= 2 ? C::WP : 0)] = v[q];
 			}
 		} else {
+			float *d = wf + dt * C::WS + dv;
+			const uint4 *src = (const uint4 *)(ws + dv * C::WRS + 16 * dt * C::ESZ);
 			const uint4 u[2] = { src[0], src[1] };
 #pragma unroll
 			for (int i = 0; i < 8; i++) {
@@ -179,13 +247,20 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 		}
 	};
 
-	/* My scale: virtual rows TR*rt .. TR*rt+TR-1 are of one matrix (NMAT 2 splits at 16). */
-	const int mm = NMAT == 2 ? (TR * rt >= 16) : 0;
-	const int srow = row0 + (NMAT == 2 ? (TR * rt) & 15 : TR * rt);
-	const float *sp = g.s(mm);
-	const bool has_s = sp && srow < a.rows;
+	/* My scales: virtual rows TR*rt .. TR*rt+TR-1 are of one matrix (NMAT 2 splits at 16);
+	 * at W16 my rows are 4rt .. 4rt+3 (i < 4) and 16+4rt .. 16+4rt+3 (i >= 4): at NMAT 2 the
+	 * gate and the up rows of the same outputs, scale sp0 and sp1. A tile lies in one 128-row
+	 * block of the scales. */
+	const int mm = C::W16 ? 0 : NMAT == 2 ? (TR * rt >= 16) : 0;
+	const int srow = C::W16 ? row0 : row0 + (NMAT == 2 ? (TR * rt) & 15 : TR * rt);
+	const float *sp = g.s(mm), *sp1 = C::W16 && NMAT == 2 ? g.s(1) : sp;
+	const bool has_s = sp && srow < a.rows, has_s1 = sp1 && srow < a.rows;
 	if (has_s)
 		sp += (size_t)(srow / 128) * n_chunk;
+	if (has_s1)
+		sp1 += (size_t)(srow / 128) * n_chunk;
+	/* the virtual row of my tile's row i */
+	auto vrow = [&](int i) { return C::W16 ? 4 * rt + (i & 3) + 16 * (i >> 2) : TR * rt + i; };
 
 	/* NOTE: p is live only inside a chunk, so at TR 4 the thread runs its two lanes one after
 	 * the other (8 steps of lane w, its fold, then lane w + 8): one p tile instead of two. */
@@ -202,13 +277,28 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 	auto step = [&](const float *wf, int h, int t) {
 		const float *xf = wf + C::WF;
 		const int ln = w + 8 * (hh + h), hi = hh + h;
-		const float *wl = wf + (ln * 8 + t) * C::WS + hi * C::WP + TR * rt;
 		const float4 x4 = *(const float4 *)(xf + (ln * 8 + t) * C::TB + hi * C::XP + 4 * tt);
 		float wr[TR];
+		if constexpr (C::W16) {
+			const uint4 u4 = *(const uint4 *)(wf + (ln * 8 + t) * C::WS + hi * C::WP + 4 * rt);
 #pragma unroll
-		for (int i = 0; i < TR; i += 4) {
-			const float4 w4 = *(const float4 *)(wl + i);
-			wr[i] = w4.x, wr[i + 1] = w4.y, wr[i + 2] = w4.z, wr[i + 3] = w4.w;
+			for (int i = 0; i < 4; i++) {
+				const uint32_t u = moet_rows_word_of(u4, i);
+				if constexpr (DT == MOET_ROWS_F8) {
+					wr[i] = moet_h_to_f32((unsigned short)(u & 0xFFFFu));
+					wr[i + 4] = moet_h_to_f32((unsigned short)(u >> 16));
+				} else {
+					wr[i] = __uint_as_float(u << 16);
+					wr[i + 4] = __uint_as_float(u & 0xFFFF0000u);
+				}
+			}
+		} else {
+			const float *wl = wf + (ln * 8 + t) * C::WS + hi * C::WP + TR * rt;
+#pragma unroll
+			for (int i = 0; i < TR; i += 4) {
+				const float4 w4 = *(const float4 *)(wl + i);
+				wr[i] = w4.x, wr[i + 1] = w4.y, wr[i + 2] = w4.z, wr[i + 3] = w4.w;
+			}
 		}
 		const float xv[4] = { x4.x, x4.y, x4.z, x4.w };
 #pragma unroll
@@ -241,6 +331,7 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 		else
 			moet_cp_async_commit();
 		const float sc = has_s ? __ldg(sp + c) : 1.0f;
+		const float sc1 = NMAT == 2 && C::W16 ? (has_s1 ? __ldg(sp1 + c) : 1.0f) : sc;
 		if (c + 1 < n_chunk)
 			decode((c + 1) % NS, (c + 1) & 1);
 		const float *const wfc = (const float *)(smem + (c & 1) * C::DEC);
@@ -265,7 +356,7 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 			for (int i = 0; i < TR; i++)
 #pragma unroll
 				for (int j = 0; j < 4; j++)
-					acc[h][i][j] = fmaf(p[i][j], sc, acc[h][i][j]);
+					acc[h][i][j] = fmaf(p[i][j], i >= 4 ? sc1 : sc, acc[h][i][j]);
 		}
 	}
 	moet_cp_async_wait<0>();
@@ -278,7 +369,7 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 	for (int i = 0; i < TR; i++)
 #pragma unroll
 		for (int j = 0; j < 4; j++) {
-			float *r = &red[(w * C::TB + 4 * tt + j) * C::RS + TR * rt + i];
+			float *r = &red[(w * C::TB + 4 * tt + j) * C::RS + vrow(i)];
 			if constexpr (TR == 4) {
 				*r = acc[0][i][j] + acc[NL - 1][i][j];
 			} else {
