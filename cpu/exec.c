@@ -36,9 +36,11 @@
  * barrier at the end: the last worker to finish marks the batch done; a worker that finds
  * the next batch already queued waits (spinning) for that mark only, since batches share the
  * h scratch.
- * Idle workers spin for a short while (SPIN_ROUNDS) on the published ticket before they sleep
+ * Idle workers spin for a short while (SPIN_ROUNDS, or MOET_CPU_SPIN rounds) on the published
+ * ticket before they sleep
  * on the condition variable: a wake-up costs tens of microseconds per thread, a decode
- * layer's experts a few milliseconds. The caller's moet_cpuexec_wait does not spin: its
+ * layer's experts a few milliseconds. The caller's moet_cpuexec_wait does not spin (unless
+ * MOET_CPU_WAIT_SPIN asks it to, for a caller on a core of its own, as the hybrid engine's): its
  * thread is not pinned and may share a core with a worker (on the 16-core host, a version
  * whose caller spun ran 1-expert batches in 0.57 ms against 0.47 ms). Measured there with
  * the kernel's paired blocks (bench cpu-experts, 16 workers, medians of runs side by side):
@@ -52,6 +54,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #endif
@@ -87,6 +90,8 @@ typedef struct slot {
 	atomic_llong claim1, claim2;
 	atomic_llong *done1;      /* [max_jobs]: finished phase 1 items of job j */
 	atomic_int n_finished;    /* workers done with this batch */
+	atomic_ullong t_first;    /* ns (CLOCK_MONOTONIC): its first worker began, 0 before */
+	uint64_t t_last;          /* ns: its last worker finished (written before the done mark) */
 	atomic_int rc;            /* first worker error, 0 if none */
 	char msg[256];            /* its detail, written by the worker that set rc */
 } slot;
@@ -113,6 +118,8 @@ struct moet_cpuexec {
 	uint64_t next_ticket;
 	atomic_ullong published;  /* the last ticket enqueued (read without mu by spinning workers) */
 	atomic_ullong finished;   /* the last ticket every worker has finished */
+	long spin, wait_spin;     /* pause rounds: an idle worker before it sleeps (MOET_CPU_SPIN),
+				     moet_cpuexec_wait before it sleeps (MOET_CPU_WAIT_SPIN) */
 	int stop, go, n_ready, start_rc;
 	char start_msg[256];
 };
@@ -191,8 +198,18 @@ static void item2(moet_cpuexec *ex, slot *s, int64_t it)
 			jb->y[t * H + r] = moet_canon_nan(jb->y[t * H + r]);
 }
 
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static void run_batch(moet_cpuexec *ex, slot *s, int w)
 {
+	unsigned long long zero_t = 0;
+	if (!atomic_load_explicit(&s->t_first, memory_order_relaxed))
+		atomic_compare_exchange_strong(&s->t_first, &zero_t, (unsigned long long)now_ns());
 	if (s->fn) {
 		s->fn(s->fn_arg, w, ex->n_thr);
 	} else {
@@ -215,6 +232,7 @@ static void run_batch(moet_cpuexec *ex, slot *s, int w)
 	}
 	/* the last worker to finish marks the slot done; no worker touches s after counting */
 	if (atomic_fetch_add(&s->n_finished, 1) == ex->n_thr - 1) {
+		s->t_last = now_ns();
 		atomic_store(&ex->finished, s->ticket);
 		pthread_mutex_lock(&ex->mu);
 		s->state = SLOT_DONE;
@@ -257,7 +275,7 @@ static void *worker_main(void *arg)
 	uint64_t next = 1;
 	for (;;) {
 		slot *s;
-		for (int i = 0; i < SPIN_ROUNDS && atomic_load(&ex->published) < next; i++)
+		for (long i = 0; i < ex->spin && atomic_load(&ex->published) < next; i++)
 			cpu_relax();
 		pthread_mutex_lock(&ex->mu);
 		while (!(s = find_pending(ex, next)) && !ex->stop)
@@ -367,6 +385,24 @@ static int start_team(moet_cpuexec *ex)
 	return rc ? moet_err(rc, "%s", ex->start_msg) : 0;
 }
 
+/* A count of pause rounds from the environment: `def` when unset or empty, else a whole
+ * number 0 .. 2^30 (anything else is refused, naming the variable). */
+static int env_rounds(const char *var, long def, long *out)
+{
+	const char *v = getenv(var);
+	*out = def;
+	if (!v || !*v)
+		return 0;
+	char *end;
+	errno = 0;
+	long long n = strtoll(v, &end, 10);
+	if (errno || *end || end == v || n < 0 || n > (1LL << 30))
+		return moet_err(MOET_EINVAL, "%s='%s': want a whole number of pause rounds, 0 .. "
+				"2^30", var, v);
+	*out = (long)n;
+	return 0;
+}
+
 int moet_cpuexec_create(const moet_cpuexec_opts *opts, moet_cpuexec **out)
 {
 	*out = NULL;
@@ -386,6 +422,9 @@ int moet_cpuexec_create(const moet_cpuexec_opts *opts, moet_cpuexec **out)
 	ex->split = o.split == MOET_CPUEXEC_SPLIT_AUTO ? MOET_CPUEXEC_SPLIT_ROWS : o.split;
 	ex->k = o.kernels ? o.kernels : moet_cpu_kernels_get();
 	ex->next_ticket = 1;
+	if ((rc = env_rounds("MOET_CPU_SPIN", SPIN_ROUNDS, &ex->spin)) ||
+	    (rc = env_rounds("MOET_CPU_WAIT_SPIN", 0, &ex->wait_spin)))
+		goto fail;
 	if (ex->max_tok > ((int64_t)1 << 40) / ex->max_inter) {
 		rc = moet_err(MOET_ERANGE, "CPU executor: max_tok %lld x max_inter %lld is too "
 			      "large a scratch", (long long)ex->max_tok, (long long)ex->max_inter);
@@ -508,6 +547,8 @@ static uint64_t enqueue(moet_cpuexec *ex, slot *s)
 	atomic_store(&s->claim2, 0);
 	atomic_store(&s->rc, 0);
 	atomic_store(&s->n_finished, 0);
+	atomic_store(&s->t_first, 0);
+	s->t_last = 0;
 	s->msg[0] = '\0';
 	s->waited = 0;
 	s->ticket = ex->next_ticket++;
@@ -548,6 +589,16 @@ int moet_cpuexec_submit(moet_cpuexec *ex, const moet_cpuexec_job *jobs, int n_jo
 
 int moet_cpuexec_wait(moet_cpuexec *ex, uint64_t ticket)
 {
+	return moet_cpuexec_wait_span(ex, ticket, NULL, NULL);
+}
+
+int moet_cpuexec_wait_span(moet_cpuexec *ex, uint64_t ticket, uint64_t *t_first,
+			   uint64_t *t_last)
+{
+	/* MOET_CPU_WAIT_SPIN: before taking the lock and sleeping, spin on the finished mark
+	 * (batches finish in ticket order) */
+	for (long i = 0; i < ex->wait_spin && atomic_load(&ex->finished) < ticket; i++)
+		cpu_relax();
 	pthread_mutex_lock(&ex->mu);
 	slot *s = NULL;
 	for (int i = 0; i < ex->max_pending && !s; i++)
@@ -565,6 +616,10 @@ int moet_cpuexec_wait(moet_cpuexec *ex, uint64_t ticket)
 	int rc = atomic_load(&s->rc);
 	if (rc)
 		moet_err(rc, "%s", s->msg);
+	if (t_first)
+		*t_first = atomic_load(&s->t_first);
+	if (t_last)
+		*t_last = s->t_last;
 	s->state = SLOT_FREE;
 	pthread_mutex_unlock(&ex->mu);
 	return rc;

@@ -87,6 +87,11 @@ int moet_cpuexec_submit(moet_cpuexec *ex, const moet_cpuexec_job *jobs, int n_jo
  */
 int moet_cpuexec_wait(moet_cpuexec *ex, uint64_t ticket);
 
+/* moet_cpuexec_wait, and the batch's span on the team (CLOCK_MONOTONIC ns; either pointer may
+ * be NULL): when its first worker began it and when its last worker finished. */
+int moet_cpuexec_wait_span(moet_cpuexec *ex, uint64_t ticket, uint64_t *t_first,
+			   uint64_t *t_last);
+
 /* fn(arg, worker, n_workers) on every worker of the team at once (each on its own core);
  * blocks until all return. For work that must run where the experts are computed: page
  * first-touch, the bandwidth and FMA ceilings of the benches. Same queue as batches:

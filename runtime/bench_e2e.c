@@ -77,6 +77,7 @@ static void on_route(void *ctx, const moet_route_event *ev)
 
 typedef struct step_split {
 	double step_s, cpu_s, wait_s, pcie_s;
+	double cpu_run_s, cpu_start_s, cpu_wake_s; /* per step: moet_hybrid_stats' ns_cpu_* */
 	double cpu_pairs, pcie_bytes; /* per step */
 	double cpu_calls, cpu_bytes;  /* per step: the CPU tier's expert calls, their weights */
 	double cpu_layers;            /* per step: MoE layer calls with work for the CPU tier */
@@ -137,6 +138,9 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int warmup, int steps, 
 		moet_model_hybrid_stats(m, &hs, 1);
 		split->cpu_s = (double)hs.ns_cpu / 1e9 / steps;
 		split->wait_s = (double)hs.ns_wait / 1e9 / steps;
+		split->cpu_run_s = (double)hs.ns_cpu_run / 1e9 / steps;
+		split->cpu_start_s = (double)hs.ns_cpu_start / 1e9 / steps;
+		split->cpu_wake_s = (double)hs.ns_cpu_wake / 1e9 / steps;
 		split->pcie_s = (double)(hs.ns_d2h + hs.ns_h2d) / 1e9 / steps;
 		split->cpu_pairs = (double)hs.cpu_pairs / steps;
 		split->cpu_calls = (double)hs.cpu_calls / steps;
@@ -447,10 +451,13 @@ static void ram_bound_print(FILE *out, const moet_xtier_stats *t, const ram_boun
 
 static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 {
-	return json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i}",
+	return json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
+			 "s:f, s:f, s:i}",
 			 "mode",
 			 mode, "batch", (json_int_t)B, "step_s", sp->step_s, "tokens_per_s",
 			 (double)B / sp->step_s, "cpu_busy_s", sp->cpu_s, "cpu_wait_s", sp->wait_s,
+			 "cpu_run_s", sp->cpu_run_s, "cpu_start_lag_s", sp->cpu_start_s,
+			 "cpu_wake_lag_s", sp->cpu_wake_s,
 			 "pcie_s", sp->pcie_s, "cpu_pairs", sp->cpu_pairs, "cpu_calls",
 			 sp->cpu_calls, "cpu_weight_bytes", sp->cpu_bytes, "pcie_bytes",
 			 sp->pcie_bytes, "split_share", sp->split_share, "merged_calls",
@@ -662,7 +669,14 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 				if (!rc) {
 					moet_bench_stats one;
 					moet_bench_stats_of(ser, o->steps, &one);
-					json_object_set_new(sj, "one_pass_step_s", json_real(one.median_s));
+					json_t *op = json_pack(
+						"{s:f, s:f, s:f, s:f, s:f}", "one_pass_step_s",
+						one.median_s, "one_pass_cpu_wait_s", s1.wait_s,
+						"one_pass_cpu_run_s", s1.cpu_run_s,
+						"one_pass_cpu_start_lag_s", s1.cpu_start_s,
+						"one_pass_cpu_wake_lag_s", s1.cpu_wake_s);
+					json_object_update(sj, op);
+					json_decref(op);
 					rc = moet_model_set_hybrid_overlap(m, 0);
 				}
 				if (!rc)
@@ -683,6 +697,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 					json_object_set_new(sj, "tc_tg_ratio", json_real(tg > 0 ? tc / tg : 0));
 					/* the tier alone: its calls, their weights, and the rate at
 					 * which it went through them (hardware-out's cpu_read_gbps) */
+					json_object_set_new(sj, "tc_cpu_run_s", json_real(ss.cpu_run_s));
 					json_object_set_new(sj, "tc_cpu_calls", json_real(ss.cpu_calls));
 					json_object_set_new(sj, "tc_cpu_pairs", json_real(ss.cpu_pairs));
 					json_object_set_new(sj, "tc_cpu_layer_calls",

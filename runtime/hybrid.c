@@ -68,6 +68,8 @@ typedef struct hy_call {
 	int64_t pending;          /* pairs of the pending call */
 	uint64_t t_submit;        /* ns, begin's submit */
 	uint64_t t_done;          /* ns, the tier's end when begin saw it (serial), else 0 */
+	uint64_t t_first, t_last; /* ns, the team's span of the call's batches (first worker
+				     start, last worker end), 0 before the first is waited for */
 } hy_call;
 
 struct moet_hybrid {
@@ -186,7 +188,12 @@ static int grow(const moet_hybrid *hy, hy_call *cl, moet_backend *be, int64_t ro
 /* Waits for the oldest batch in flight. */
 static int wait_oldest(moet_hybrid *hy, hy_call *cl)
 {
-	int rc = moet_cpuexec_wait(hy->ex, cl->tickets[0]);
+	uint64_t t0 = 0, t1 = 0;
+	int rc = moet_cpuexec_wait_span(hy->ex, cl->tickets[0], &t0, &t1);
+	if (t0 && (!cl->t_first || t0 < cl->t_first))
+		cl->t_first = t0;
+	if (t1 > cl->t_last)
+		cl->t_last = t1;
 	memmove(cl->tickets, cl->tickets + 1, (size_t)(--cl->n_tickets) * sizeof(uint64_t));
 	return rc;
 }
@@ -284,6 +291,7 @@ static int start(moet_hybrid *hy, hy_call *cl, moet_hybrid_stats *st, const moet
 		q += k;
 	}
 	cl->pending = cnt;
+	cl->t_first = cl->t_last = 0;
 	cl->t_submit = moet_now_ns();
 	st->cpu_pairs += (uint64_t)cnt;
 	if (!hy->ex) {
@@ -318,6 +326,15 @@ static int end(moet_hybrid *hy, hy_call *cl, moet_hybrid_stats *st)
 	st->ns_cpu += (cl->t_done ? cl->t_done : t1) - cl->t_submit;
 	cl->t_done = 0;
 	st->ns_wait += t1 - t0;
+	/* the team's own span, and what stood around it: from the submit to its first worker,
+	 * from its last worker to the driver's return when the driver was waiting by then */
+	if (cl->t_first && cl->t_last >= cl->t_first && cl->t_first >= cl->t_submit) {
+		st->ns_cpu_run += cl->t_last - cl->t_first;
+		st->ns_cpu_start += cl->t_first - cl->t_submit;
+		const uint64_t seen = t0 > cl->t_last ? t0 : cl->t_last;
+		st->ns_cpu_wake += t1 > seen ? t1 - seen : 0;
+	}
+	cl->t_first = cl->t_last = 0;
 	st->bytes_h2d += (uint64_t)cl->pending * (uint64_t)hy->H * sizeof(float);
 	st->calls++;
 	return rc;
@@ -443,6 +460,9 @@ void moet_hybrid_dev_collect(moet_hybrid_dev *dc)
 	a->cpu_weight_bytes += b->cpu_weight_bytes;
 	a->ns_cpu += b->ns_cpu;
 	a->ns_wait += b->ns_wait;
+	a->ns_cpu_run += b->ns_cpu_run;
+	a->ns_cpu_start += b->ns_cpu_start;
+	a->ns_cpu_wake += b->ns_cpu_wake;
 	a->bytes_d2h += b->bytes_d2h;
 	a->bytes_h2d += b->bytes_h2d;
 	memset(&dc->st, 0, sizeof(dc->st));

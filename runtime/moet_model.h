@@ -181,6 +181,12 @@ typedef struct moet_hybrid_stats {
 	uint64_t ns_cpu;     /* from the tier's submit to its end: exact when it runs alone
 				(overlap off), else to the moment the driver saw it done */
 	uint64_t ns_wait;    /* the driving thread blocked waiting for the tier */
+	uint64_t ns_cpu_run; /* the executor team's own span of each call (its first worker's
+				start to its last worker's end), summed: the tier's time also
+				when overlapped */
+	uint64_t ns_cpu_start; /* from each call's submit to its first worker's start */
+	uint64_t ns_cpu_wake;  /* from each call's last worker's end to the driving thread's
+				  return from its wait, where it was waiting by then */
 	uint64_t bytes_d2h;  /* hidden rows copied to the host staging */
 	uint64_t bytes_h2d;  /* expert outputs copied back to the backend */
 	uint64_t ns_d2h, ns_h2d;

@@ -542,6 +542,59 @@ static void create_destroy_loop(void)
 	free_batch(&b);
 }
 
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* MOET_CPU_SPIN / MOET_CPU_WAIT_SPIN: bad values refused naming the variable; with spins
+ * off (sleep at once) and long, the bits are the reference's; moet_cpuexec_wait_span's span
+ * lies between the submit and the wait's return. */
+static void spins_and_span(void)
+{
+	const char *bad[] = { "x", "-1", "12a", "2000000000" };
+	const char *var[] = { "MOET_CPU_SPIN", "MOET_CPU_WAIT_SPIN" };
+	for (int v = 0; v < 2; v++)
+		for (int i = 0; i < 4; i++) {
+			setenv(var[v], bad[i], 1);
+			moet_cpuexec *ex = NULL;
+			moet_cpuexec_opts o = { .n_threads = 2 };
+			CHECK(moet_cpuexec_create(&o, &ex) == MOET_EINVAL && !ex, "%s='%s' accepted",
+			      var[v], bad[i]);
+			CHECK(strstr(moet_errmsg(), var[v]) != NULL, "detail: %s", moet_errmsg());
+			unsetenv(var[v]);
+		}
+	const char *spin[][2] = { { "0", "0" }, { "1000000", "1000000" }, { "", "" } };
+	for (int c = 0; c < 3; c++) {
+		setenv("MOET_CPU_SPIN", spin[c][0], 1);
+		setenv("MOET_CPU_WAIT_SPIN", spin[c][1], 1);
+		moet_cpuexec *ex = make_exec(3, MOET_CPUEXEC_SPLIT_ROWS, NULL);
+		unsetenv("MOET_CPU_SPIN");
+		unsetenv("MOET_CPU_WAIT_SPIN");
+		if (!ex)
+			continue;
+		batch b;
+		make_batch(&b, 3, MOET_DT_F8_E4M3, 96, 160, 3);
+		for (int round = 0; round < 3; round++) {
+			clear_outputs(&b);
+			uint64_t tk = 0, f = 0, l = 0, t0 = mono_ns();
+			CHECK(moet_cpuexec_submit(ex, b.jobs, b.n, &tk) == 0, "submit: %s",
+			      moet_errmsg());
+			CHECK(moet_cpuexec_wait_span(ex, tk, &f, &l) == 0, "wait: %s", moet_errmsg());
+			uint64_t t1 = mono_ns();
+			CHECK(t0 <= f && f <= l && l <= t1,
+			      "spins %s/%s: span [%llu, %llu] outside [%llu, %llu]", spin[c][0],
+			      spin[c][1], (unsigned long long)f, (unsigned long long)l,
+			      (unsigned long long)t0, (unsigned long long)t1);
+			check_outputs(&b, "spins");
+		}
+		free_batch(&b);
+		moet_cpuexec_destroy(ex);
+	}
+}
+
 int main(void)
 {
 	identity();
@@ -555,5 +608,6 @@ int main(void)
 	kernel_breaks_mxcsr();
 #endif
 	create_destroy_loop();
+	spins_and_span();
 	return moet_test_done("test_exec");
 }

@@ -104,6 +104,28 @@ int main(void)
 			double hi = tc > tg ? tc : tg, lo = tc > tg ? tg : tc;
 			CHECK(tc > 0 && fabs(bd - (hi + 0.15 * lo)) <= 1e-12 + 1e-9 * bd,
 			      "%s: bound = max + 0.15 min", mode);
+			/* the executor's own span of the tier: inside what the driver saw (busy: submit
+			 * to the driver's return), with the lag before it; nonzero wherever the tier ran */
+			const char *pre[] = { "", "one_pass_" };
+			for (int q = 0; q < 2; q++) {
+				char k_run[48], k_start[48], k_wake[48], k_wait[48];
+				snprintf(k_run, sizeof(k_run), "%scpu_run_s", pre[q]);
+				snprintf(k_start, sizeof(k_start), "%scpu_start_lag_s", pre[q]);
+				snprintf(k_wake, sizeof(k_wake), "%scpu_wake_lag_s", pre[q]);
+				snprintf(k_wait, sizeof(k_wait), "%scpu_wait_s", pre[q]);
+				double run = num(row, k_run), lag = num(row, k_start),
+				       wake = num(row, k_wake), wait = num(row, k_wait);
+				CHECK(run > 0 && lag >= 0 && wake >= 0 && wake <= wait + 1e-9,
+				      "%s batch %lld: %s %g, %s %g, %s %g, %s %g", mode, (long long)B,
+				      k_run, run, k_start, lag, k_wake, wake, k_wait, wait);
+				if (!q)
+					CHECK(run + lag <= num(row, "cpu_busy_s") * (1 + 1e-9) + 1e-9,
+					      "%s batch %lld: run %g + start lag %g > busy %g", mode,
+					      (long long)B, run, lag, num(row, "cpu_busy_s"));
+			}
+			CHECK(num(row, "tc_cpu_run_s") > 0 && num(row, "tc_cpu_run_s") <= tc * (1 + 1e-9),
+			      "%s batch %lld: the serial run's span %g, Tc %g", mode, (long long)B,
+			      num(row, "tc_cpu_run_s"), tc);
 		}
 		const json_t *ready = json_object_get(r, "ready");
 		const char *modes[] = { "gpu", "hybrid", "cpu" };
