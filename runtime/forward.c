@@ -536,8 +536,8 @@ static moet_mb_tune *mb_tune_of(moet_model *m, int64_t n)
  * Where to split the batch (*out_k: split_point) and in which form (*out_form): one pass (0)
  * or two micro-batches (1). MOET_MICROBATCH=0 or 1 forces the form where the batch can split;
  * auto (default; unset or empty) chooses per batch size (rows, in powers of two) the faster as
- * measured: each form MB_TRIALS times, then the one with the lower running mean, the other
- * tried again now and then. The micro-batches hide GPU work behind the CPU tier, but a cold
+ * measured: each form MB_TRIALS times, then the one with the lower median (mb_record), the
+ * other tried again now and then. The micro-batches hide GPU work behind the CPU tier, but a cold
  * expert both halves route to is read twice, which costs more than it hides while the CPU tier
  * is bandwidth-bound (bench e2e records). Both forms give the same bits. Another value:
  * MOET_EINVAL naming it, at every pass (with or without a placement), before any cache grows.
@@ -567,11 +567,27 @@ static int mb_choose(moet_model *m, const moet_seq_step *steps, int n_steps, int
 	return 0;
 }
 
+/* NOTE: a form's trial passes count by their median, not a running mean: the first pass of a
+ * batch size may grow buffers (and run with cold caches) and, weighted most in a running
+ * mean, made the slower form win (bench e2e on the H200, 2026-12-01: two micro-batches chosen
+ * at batch 16 for a 27.9 ms step against 21.7 ms in one pass). After the trials the running
+ * mean goes on from that median. */
 static void mb_record(moet_model *m, int64_t n, int form, double seconds)
 {
+	_Static_assert(sizeof(((moet_mb_tune *)0)->trial[0]) / sizeof(double) == MB_TRIALS,
+		       "one trial slot per trial pass");
 	moet_mb_tune *t = mb_tune_of(m, n);
-	t->mean[form] = t->cnt[form] ? 0.75 * t->mean[form] + 0.25 * seconds : seconds;
-	t->cnt[form]++;
+	const int c = t->cnt[form]++;
+	if (c < MB_TRIALS) {
+		double *v = t->trial[form];
+		v[c] = seconds;
+		if (c == MB_TRIALS - 1) { /* the median of three */
+			double lo = v[0] < v[1] ? v[0] : v[1], hi = v[0] < v[1] ? v[1] : v[0];
+			t->mean[form] = v[2] < lo ? lo : v[2] > hi ? hi : v[2];
+		}
+		return;
+	}
+	t->mean[form] = 0.75 * t->mean[form] + 0.25 * seconds;
 }
 
 static double now_s(void)

@@ -247,6 +247,7 @@ int moet_tp_ffn(moet_tp *tp, const moet_tp_mat *gate, const moet_tp_mat *up,
  * for one batch-size bucket. */
 typedef struct moet_mb_tune {
 	double mean[2];
+	double trial[2][3]; /* each form's trial passes (forward.c MB_TRIALS) */
 	int cnt[2];
 	uint32_t passes;
 } moet_mb_tune;
