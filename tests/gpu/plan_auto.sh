@@ -17,6 +17,8 @@
 #   MOET_PA_DEVICE   cuda (default) or cpu (the script's logic on a machine without a GPU)
 #   MOET_PA_PRESET   kimi-k2 (default) or tiny
 #   MOET_PA_LAYERS   layers, layer 0 dense (default 4: 3 MoE layers of 384 experts, ~56 GB)
+#   MOET_PA_EXPERTS  routed experts per MoE layer (default: the preset's; gen-checkpoint
+#                    --experts), e.g. 10 layers of 128 for a deeper model in the same RAM
 #   MOET_PA_SHARES   hot share per MoE layer (default 0.95,0.55,0.85: concentrated, flat, in
 #                    between; one value per MoE layer)
 #   MOET_PA_HOT      K of the even split (default 120 of 384; the budget holds K x MoE layers)
@@ -55,6 +57,7 @@ device=${MOET_PA_DEVICE:-cuda}
 preset=${MOET_PA_PRESET:-kimi-k2}
 ckpt=${3:-/dev/shm/moet-plan-auto-$preset}
 layers=${MOET_PA_LAYERS:-4}
+experts=${MOET_PA_EXPERTS:-}
 shares=${MOET_PA_SHARES:-0.95,0.55,0.85}
 hot=${MOET_PA_HOT:-120}
 pbatch=${MOET_PA_PLAN_BATCH:-1,4,16,64}
@@ -76,8 +79,10 @@ bin=$build/moet-hybrid
 step() { echo "== $(date +%T) $*" | tee -a "$out/plan_auto.log"; }
 
 if [ ! -f "$ckpt/config.json" ]; then
-	step "gen-checkpoint $preset --layers $layers --hot-share-by-layer $shares -> $ckpt"
-	"$bin" gen-checkpoint --preset "$preset" --layers "$layers" --seed 1 \
+	ex=()
+	[ -z "$experts" ] || ex=(--experts "$experts")
+	step "gen-checkpoint $preset --layers $layers ${ex[*]} --hot-share-by-layer $shares -> $ckpt"
+	"$bin" gen-checkpoint --preset "$preset" --layers "$layers" "${ex[@]}" --seed 1 \
 		--hot-share-by-layer "$shares" --out "$ckpt" --quiet 2>&1 | tee -a "$out/plan_auto.log"
 fi
 cp "$ckpt/generator.json" "$out/generator.json"
