@@ -604,15 +604,24 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			rr = &rrec;
 		}
 		/* tp_ranks, tp_attention: MOET_TP's split of the dense part (moet_model.h) */
+		/* the CPU tier made resident at the bind (MOET_CPU_RESIDENT), inside ready_s */
+		moet_resident_report res;
+		moet_model_resident_report(m, &res);
 		json_object_set_new(ready, mode_name[mode],
-				    json_pack("{s:f, s:f, s:f, s:f, s:i, s:i}", "ready_s", ready_s,
-					      "upload_bytes", up_b, "upload_s", up_s, "upload_GBps",
-					      up_s > 0 ? up_b / up_s / 1e9 : 0.0, "tp_ranks",
-					      moet_model_tp_ranks(m, NULL), "tp_attention",
-					      moet_model_tp_attention(m)));
-		fprintf(out, "%-7s %-9s %6s %11.1f   upload %.2f GB in %.2f s = %.1f GB/s\n",
+				    json_pack("{s:f, s:f, s:f, s:f, s:i, s:i, s:f, s:f, s:i}",
+					      "ready_s", ready_s, "upload_bytes", up_b, "upload_s",
+					      up_s, "upload_GBps", up_s > 0 ? up_b / up_s / 1e9 : 0.0,
+					      "tp_ranks", moet_model_tp_ranks(m, NULL), "tp_attention",
+					      moet_model_tp_attention(m), "cpu_resident_bytes",
+					      (double)res.populated_bytes, "cpu_resident_s",
+					      (double)res.populate_ns / 1e9, "cpu_locked", res.locked));
+		fprintf(out, "%-7s %-9s %6s %11.1f   upload %.2f GB in %.2f s = %.1f GB/s",
 			mode_name[mode], "ready", "-", 1e3 * ready_s, up_b / 1e9, up_s,
 			up_s > 0 ? up_b / up_s / 1e9 : 0.0);
+		if (res.populated_bytes)
+			fprintf(out, "; CPU tier resident %.2f GB in %.2f s%s", res.populated_bytes / 1e9,
+				(double)res.populate_ns / 1e9, res.locked ? ", locked" : "");
+		fputc('\n', out);
 		for (int bi = 0; !rc && !o->ram_only && bi < o->n_batches; bi++) {
 			const int64_t B = o->batches[bi];
 			step_split sp = { 0 };

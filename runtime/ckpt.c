@@ -473,6 +473,11 @@ size_t moet_ckpt_shard_bytes(const moet_ckpt *ck, int i)
 	return (i >= 0 && i < ck->n_shards) ? ck->shards[i].map_bytes : 0;
 }
 
+const void *moet_ckpt_shard_base(const moet_ckpt *ck, int i)
+{
+	return (i >= 0 && i < ck->n_shards) ? ck->shards[i].map : NULL;
+}
+
 const char *moet_ckpt_dir(const moet_ckpt *ck)
 {
 	return ck->dir;

@@ -136,6 +136,8 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 	for (int g = 0; m->sim && g < m->n_devices; g++)
 		sim_free(&m->sim[g]);
 	free(m->sim);
+	moet_resident_release(m);
+	memset(&m->res_report, 0, sizeof(m->res_report));
 	free(m->owner);
 	free(m->tier_pairs);
 	memset(m->mb_tune, 0, sizeof(m->mb_tune)); /* timings of another placement */
@@ -172,7 +174,7 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 	for (int64_t i = 0; i < L * E && !m->cpu_tier; i++) /* forward.c: split_point */
 		m->cpu_tier = m->layers[i / E].is_moe && owner[i] < 0;
 	m->n_devices = n_devices;
-	if ((rc = moet_hybrid_create(m->be, c, &m->hy)))
+	if ((rc = moet_hybrid_create(m->be, c, &m->hy)) || (rc = moet_resident_bind(m, owner)))
 		goto fail;
 	uint64_t expert_bytes = 0; /* every routed expert has one size */
 	for (int64_t l = 0; l < L && !expert_bytes; l++) {

@@ -15,6 +15,7 @@
 #include "moet_backend.h"
 #include "moet_mat.h"
 #include "moet_model.h"
+#include "moet_residency.h"
 #include "moet_upload.h"
 #include "moet_xtier.h"
 
@@ -142,6 +143,11 @@ static inline uint64_t moet_now_ns(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
+
+/* resident.c: at a placement's bind, its CPU-tier experts populated (and locked) per
+ * MOET_CPU_RESIDENT; released with the placement. */
+int moet_resident_bind(moet_model *m, const int16_t *owner);
+void moet_resident_release(moet_model *m);
 
 /* remote.c: the expert tier of a GPU beyond the backend's own (placement device g >= 1). */
 typedef struct moet_remote moet_remote;
@@ -273,6 +279,8 @@ typedef struct moet_fwd_bufs {
 struct moet_model {
 	moet_config cfg;
 	moet_ckpt *ck;
+	moet_res *res;            /* the placement's CPU tier made resident (resident.c) */
+	moet_resident_report res_report;
 	moet_backend *be;
 	moet_mat embed;           /* [V x H] BF16/F16/F32 (bound) */
 	moet_mat lm_head;         /* [V x H] (bound) */

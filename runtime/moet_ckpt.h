@@ -71,6 +71,8 @@ const moet_tensor *moet_ckpt_at(const moet_ckpt *ck, size_t i);
 int moet_ckpt_shard_count(const moet_ckpt *ck);
 const char *moet_ckpt_shard_path(const moet_ckpt *ck, int i);
 size_t moet_ckpt_shard_bytes(const moet_ckpt *ck, int i);
+/* The base of shard i's mapping (page-aligned; NULL for an empty file or i out of range). */
+const void *moet_ckpt_shard_base(const moet_ckpt *ck, int i);
 
 /* The directory given to open. */
 const char *moet_ckpt_dir(const moet_ckpt *ck);

@@ -208,6 +208,20 @@ typedef struct moet_hybrid_stats {
 				    micro-batches' pairs in one (MOET_MB_MERGE=1) */
 } moet_hybrid_stats;
 
+/* What binding a placement made resident of its CPU tier (MOET_CPU_RESIDENT: populate, the
+ * default; lock; off; docs/residency.md "In the engine"). Zeros without a placement, with
+ * off, or with no expert on the CPU. */
+typedef struct moet_resident_report {
+	int64_t experts;         /* CPU-tier experts (layer, expert) */
+	uint64_t bytes;          /* their tensors' bytes (codes and scales) */
+	uint64_t populated_bytes;/* page-rounded bytes read in and mapped */
+	uint64_t populate_ns;    /* the populate's wall time */
+	int locked;              /* 1: every range mlock'd (MOET_CPU_RESIDENT=lock) */
+	uint64_t locked_bytes;
+	char note[512];          /* lock asked and not done: why, with the limit */
+} moet_resident_report;
+void moet_model_resident_report(const moet_model *m, moet_resident_report *out);
+
 /* The CPU tier's counters (zeros without a placement; devgroup_calls counts either way);
  * reset clears them after reading. */
 void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset);

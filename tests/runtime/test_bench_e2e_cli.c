@@ -136,6 +136,13 @@ int main(void)
 			CHECK(json_is_number(json_object_get(rm, "upload_bytes")) &&
 			      num(rm, "upload_bytes") == 0, "%s: upload bytes", modes[k]);
 		}
+		/* MOET_CPU_RESIDENT's populate (the default): none without a CPU tier, more with
+		 * every expert on the CPU than with the hybrid placement's share */
+		const double rg = num(json_object_get(ready, "gpu"), "cpu_resident_bytes"),
+			     rh = num(json_object_get(ready, "hybrid"), "cpu_resident_bytes"),
+			     rcpu = num(json_object_get(ready, "cpu"), "cpu_resident_bytes");
+		CHECK(rg == 0 && rh > 0 && rcpu > rh, "resident bytes: gpu %g, hybrid %g, cpu %g",
+		      rg, rh, rcpu);
 		json_decref(r);
 	}
 	/* --op-times: a table per decode batch with the model's ops and their sum; embed runs
