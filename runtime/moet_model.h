@@ -219,8 +219,19 @@ typedef struct moet_resident_report {
 	int locked;              /* 1: every range mlock'd (MOET_CPU_RESIDENT=lock) */
 	uint64_t locked_bytes;
 	char note[512];          /* lock asked and not done: why, with the limit */
+	/* the last moet_model_resident_check (zeros before the first) */
+	uint64_t checks;         /* checks run */
+	uint64_t pages_checked, pages_resident;
+	uint64_t evicted_ranges; /* tensors with a checked page not in memory */
+	char evicted_example[160]; /* one of them in words (moet_res_describe), or "" */
 } moet_resident_report;
 void moet_model_resident_report(const moet_model *m, moet_resident_report *out);
+
+/* Checks that the CPU tier made resident at the bind still is (mincore over every
+ * stride_pages-th page, the phase advancing per call) and updates the report's check fields.
+ * No-op (0) without a resident set (MOET_CPU_RESIDENT=off, no placement or no CPU expert).
+ * Errors: MOET_EINVAL (stride 0), MOET_ERANGE (a mapping is gone). The engine's thread only. */
+int moet_model_resident_check(moet_model *m, size_t stride_pages);
 
 /* The CPU tier's counters (zeros without a placement; devgroup_calls counts either way);
  * reset clears them after reading. */

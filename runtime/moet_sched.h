@@ -67,6 +67,9 @@ typedef struct moet_sched_opts {
 				      while kv_tokens holds fewer blocks than max_requests */
 	int64_t max_batch_tokens;  /* tokens per forward call; 0: 256 */
 	int n_devices;             /* devices of the placement (for the tier counts); 0: none */
+	double resident_check_s;   /* seconds between checks that the CPU tier is still
+				      resident (moet_model_resident_check, every 64th page); 0:
+				      never */
 	/* NULL, or called by the engine thread after every forward call, without the lock (for
 	 * `bench serve`'s step trace): must not call the scheduler, and should be quick (its
 	 * time counts in the step, not in the forward pass) */
@@ -135,6 +138,7 @@ typedef struct moet_sched_stats {
 	uint64_t tier_pairs[MOET_SCHED_MAX_TIERS]; /* routing pairs: [0] CPU, [1 + g] device g */
 	moet_hybrid_stats hybrid;  /* the hybrid engine's CPU-tier counters (moet_model.h) */
 	moet_shadow_stats shadow;  /* the shadow check's counters (moet_model_set_shadow) */
+	moet_resident_report resident; /* the CPU tier's residency, as of the last check */
 } moet_sched_stats;
 
 /*

@@ -107,6 +107,35 @@ int moet_resident_bind(moet_model *m, const int16_t *owner)
 	return 0;
 }
 
+int moet_model_resident_check(moet_model *m, size_t stride_pages)
+{
+	if (!stride_pages)
+		return moet_err(MOET_EINVAL, "resident check: stride 0");
+	if (!m->res)
+		return 0;
+	moet_res_check_report cr;
+	size_t n_lost = 0;
+	int rc = moet_res_check(m->res, stride_pages, &cr);
+	if (!rc)
+		rc = moet_res_evicted(m->res, NULL, 0, &n_lost);
+	if (rc)
+		return moet_err_prefix(rc, "resident check of the CPU tier");
+	moet_resident_report *r = &m->res_report;
+	r->checks++;
+	r->pages_checked = cr.pages_checked;
+	r->pages_resident = cr.pages_resident;
+	r->evicted_ranges = n_lost;
+	r->evicted_example[0] = '\0';
+	if (n_lost) {
+		int id = -1;
+		size_t n1 = 0;
+		if (!moet_res_evicted(m->res, &id, 1, &n1) && n1 && id >= 0)
+			moet_res_describe(m->res, id, r->evicted_example,
+					  sizeof(r->evicted_example));
+	}
+	return 0;
+}
+
 void moet_model_resident_report(const moet_model *m, moet_resident_report *out)
 {
 	*out = m->res_report;

@@ -54,6 +54,8 @@ struct moet_sched {
 	int64_t block;               /* positions per block */
 	moet_sched_stats st;
 	double rate_t0;              /* tokens/s window */
+	double resident_t0;          /* the last residency check (o.resident_check_s) */
+	int resident_failed;         /* a check failed (said once on stderr) */
 	uint64_t rate_tok0;
 	/* engine-only scratch */
 	moet_seq_step *steps;
@@ -348,7 +350,28 @@ static void *engine(void *arg)
 		moet_model_tier_counts(s->m, tiers, s->st.n_tiers);
 		moet_hybrid_stats hs;
 		moet_model_hybrid_stats(s->m, &hs, 0);
+		/* the CPU tier still resident? (between steps, on the engine's thread; a failed
+		 * check leaves the last report and is said once) */
+		moet_resident_report res;
+		const int check = s->o.resident_check_s > 0 &&
+				  t1 - s->resident_t0 >= s->o.resident_check_s;
+		if (check) {
+			s->resident_t0 = t1;
+			const uint64_t lost0 = s->st.resident.evicted_ranges;
+			if (moet_model_resident_check(s->m, 64) && !s->resident_failed) {
+				s->resident_failed = 1;
+				fprintf(stderr, "serve: %s\n", moet_errmsg());
+			}
+			moet_model_resident_report(s->m, &res);
+			if (res.evicted_ranges && !lost0)
+				fprintf(stderr, "serve: %llu of the CPU tier's expert tensors lost pages "
+					"to the kernel since the start (e.g. %s): their next reads come "
+					"from the file; MOET_CPU_RESIDENT=lock keeps them (docs/residency.md)"
+					"\n", (unsigned long long)res.evicted_ranges, res.evicted_example);
+		}
 		pthread_mutex_lock(&s->mu);
+		if (check)
+			s->st.resident = res;
 		s->st.hybrid = hs;
 		moet_model_shadow_stats(s->m, &s->st.shadow);
 		if (rc)
@@ -402,7 +425,8 @@ int moet_sched_create(moet_model *m, const moet_tokenizer *tok, const moet_sched
 	s->vocab = c->vocab_size;
 	s->max_pos = c->max_position_embeddings;
 	s->st.n_tiers = 1 + s->o.n_devices;
-	s->rate_t0 = now_s();
+	s->rate_t0 = s->resident_t0 = now_s();
+	moet_model_resident_report(m, &s->st.resident);
 	if (mr < 1 || mr > 4096 || s->o.kv_tokens < 2 || s->o.max_batch_tokens < 1 ||
 	    s->o.kv_block < 0 || s->o.n_devices < 0 || s->o.n_devices >= MOET_SCHED_MAX_TIERS) {
 		rc = moet_err(MOET_EINVAL, "scheduler: max_requests %d, kv_tokens %lld, kv_block "

@@ -139,6 +139,22 @@ char *serve_metrics_text(const moet_sched_stats *st, uint64_t http_requests,
 	    (unsigned long long)st->hybrid.bytes_d2h);
 	put(&o, "moet_pcie_bytes_total{direction=\"h2d\"} %llu\n",
 	    (unsigned long long)st->hybrid.bytes_h2d);
+	const moet_resident_report *rr = &st->resident;
+	metric(&o, "moet_cpu_tier_resident_bytes", "gauge",
+	       "CPU-tier expert bytes read in and mapped at the placement's bind "
+	       "(MOET_CPU_RESIDENT; 0 with off or without a CPU tier).");
+	put(&o, "moet_cpu_tier_resident_bytes %llu\n", (unsigned long long)rr->populated_bytes);
+	metric(&o, "moet_cpu_tier_locked", "gauge",
+	       "1 when the CPU tier's experts are mlock'd (MOET_CPU_RESIDENT=lock), else 0.");
+	put(&o, "moet_cpu_tier_locked %d\n", rr->locked);
+	metric(&o, "moet_cpu_tier_resident_share", "gauge",
+	       "Share of the CPU tier's pages in memory at the last check (every 64th page, every "
+	       "10 s; 1 before the first check or without a resident set).");
+	put(&o, "moet_cpu_tier_resident_share %.6f\n",
+	    rr->pages_checked ? (double)rr->pages_resident / (double)rr->pages_checked : 1.0);
+	metric(&o, "moet_cpu_tier_evicted_tensors", "gauge",
+	       "CPU-tier expert tensors with a checked page not in memory at the last check.");
+	put(&o, "moet_cpu_tier_evicted_tensors %llu\n", (unsigned long long)rr->evicted_ranges);
 	metric(&o, "moet_shadow_checks_total", "counter",
 	       "CPU-tier expert calls recomputed by the backend and compared (serve --shadow).");
 	put(&o, "moet_shadow_checks_total %llu\n", (unsigned long long)st->shadow.checks);

@@ -97,6 +97,23 @@ int main(void)
 			      (unsigned long long)r.locked_bytes, r.note);
 		else
 			CHECK(!r.locked && r.locked_bytes == 0, "%s: nothing locked", modes[md]);
+		/* the check: every page, all resident after the populate; nothing without a set */
+		CHECK(moet_model_resident_check(m, 1) == 0, "%s: check: %s", modes[md],
+		      moet_errmsg());
+		CHECK(moet_model_resident_check(m, 0) == MOET_EINVAL, "stride 0 accepted");
+		moet_model_resident_report(m, &r);
+		if (md == 2)
+			CHECK(r.checks == 0 && r.pages_checked == 0, "off: checks %llu",
+			      (unsigned long long)r.checks);
+		else
+			/* a page two tensors share is checked for each of them */
+			CHECK(r.checks == 1 && r.pages_checked * (uint64_t)page >= r.populated_bytes &&
+				      r.pages_resident == r.pages_checked && r.evicted_ranges == 0 &&
+				      !r.evicted_example[0],
+			      "%s: check: %llu of %llu pages resident, %llu evicted", modes[md],
+			      (unsigned long long)r.pages_resident,
+			      (unsigned long long)r.pages_checked,
+			      (unsigned long long)r.evicted_ranges);
 		memset(got, 0xAB, n_logits * sizeof(float));
 		CHECK(moet_test_ragged_run(m, SEQS, STEPS, 1, got) == 0, "%s run: %s", modes[md],
 		      moet_errmsg());

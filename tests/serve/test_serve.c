@@ -479,6 +479,13 @@ static void test_placement(const answer *want, const char *want_body)
 	double sc = st_metric(r.body, "moet_shadow_checks_total");
 	double sm = st_metric(r.body, "moet_shadow_mismatches_total");
 	CHECK(sc > 0 && sm == 0, "shadow: %g checks, %g mismatches", sc, sm);
+	/* MOET_CPU_RESIDENT's populate at the bind: the CPU tier's bytes, all in memory */
+	double rb = st_metric(r.body, "moet_cpu_tier_resident_bytes");
+	double rs = st_metric(r.body, "moet_cpu_tier_resident_share");
+	double ev = st_metric(r.body, "moet_cpu_tier_evicted_tensors");
+	double lk = st_metric(r.body, "moet_cpu_tier_locked");
+	CHECK(rb > 0 && rs == 1 && ev == 0 && lk == 0, "resident: %g bytes, share %g, %g evicted, "
+	      "locked %g", rb, rs, ev, lk);
 	st_resp_free(&r);
 	CHECK(st_stop(&sv) == 0, "placement server exit");
 }
