@@ -306,6 +306,7 @@ struct moet_model {
 	uint64_t split_passes;    /* passes run as two micro-batches (moet_hybrid_stats) */
 	uint64_t merged_calls;    /* home-device expert calls of both micro-batches (the same) */
 	moet_mb_tune mb_tune[32]; /* per batch size, rows in powers of two (forward.c) */
+	double mb_skew[2];        /* MOET_MB_TEST_SKEW (forward.c, tests only) */
 	int experts_unbound;      /* some routed experts are not bound yet (GPU backends bind
 				     them at the placement or the first pass) */
 	uint64_t upload_bytes;    /* routed experts' bytes bound by moet_model_bind_experts */

@@ -8,7 +8,10 @@
  *   - over simulated devices (the CPU backend's test double): a placement whose every routed
  *     expert is on a device (a dense layer's owner -1 does not count) never splits a batch
  *     under auto, and =1 still forces two micro-batches; a placement with CPU-tier experts
- *     under auto tries both forms (some passes split); the bits equal the reference in each.
+ *     under auto tries both forms (some passes split); the bits equal the reference in each;
+ *   - the choice after the trials goes by each form's median of three: with a first trial
+ *     made slow and the split form slower (MOET_MB_TEST_SKEW, tests only) only the trials
+ *     split; malformed skews are refused naming the variable.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +83,37 @@ static unsigned long long ragged(moet_model *m, const char *mb, const float *ref
 	      "differ from the reference", what, mb ? mb : "(unset)");
 	moet_model_hybrid_stats(m, &hs, 1);
 	return (unsigned long long)hs.split_passes;
+}
+
+/* Three sequences prefilled with 2 tokens each, then `steps` decode steps of all three; the
+ * passes that ran as two micro-batches, or ~0ull on an error. */
+static unsigned long long decode_splits(moet_model *m, int steps)
+{
+	const int64_t V = moet_model_config(m)->vocab_size;
+	float *out = malloc((size_t)(3 * V) * sizeof(float));
+	moet_kv *kv[3] = { NULL, NULL, NULL };
+	int64_t tok[3][64];
+	int rc = out ? 0 : MOET_ENOMEM;
+	for (int s = 0; s < 3 && !rc; s++) {
+		rc = moet_kv_create(m, 2 + steps, &kv[s]);
+		for (int i = 0; i < 64; i++)
+			tok[s][i] = (s * 29 + i * 7 + 1) % V;
+	}
+	moet_hybrid_stats hs;
+	moet_model_hybrid_stats(m, &hs, 1);
+	for (int step = 0; step <= steps && !rc; step++) {
+		moet_seq_step st[3];
+		for (int s = 0; s < 3; s++)
+			st[s] = (moet_seq_step){ .kv = kv[s], .tokens = tok[s] + (step ? step + 1 : 0),
+						 .n_tok = step ? 1 : 2, .out_logits = out + s * V,
+						 .last_only = 1 };
+		rc = moet_model_forward_batch(m, st, 3);
+	}
+	moet_model_hybrid_stats(m, &hs, 1);
+	for (int s = 0; s < 3; s++)
+		moet_kv_destroy(kv[s]);
+	free(out);
+	return rc ? ~0ull : (unsigned long long)hs.split_passes;
 }
 
 int main(void)
@@ -154,6 +188,23 @@ int main(void)
 	printf("one CPU-tier expert: auto split %llu of %d passes; bits equal\n", sp, STEPS + 1);
 	sp = ragged(m, "0", ref, got, n_log, "one CPU-tier expert");
 	CHECK(sp == 0, "one CPU-tier expert, =0: %llu passes split", sp);
+
+	/* the choice after the trial passes goes by each form's median: a first one-pass trial
+	 * 1 s slow (MOET_MB_TEST_SKEW's A) and every split pass 0.5 s slower (B) make one pass
+	 * the faster form, so after the 3 + 3 trials nothing splits; a running mean weighting
+	 * the first trial most chose the split (3 + 9 split passes of 15) */
+	CHECK(moet_model_set_placement(m, own, 2) == 0, "fresh timings: %s", moet_errmsg());
+	moet_test_env("MOET_MB_TEST_SKEW", "1,0.5");
+	sp = decode_splits(m, 15);
+	CHECK(sp == MOET_MB_TRIAL_PASSES / 2, "a slow first trial: %llu split passes of 15 decode "
+	      "steps, want the %d trials only", sp, MOET_MB_TRIAL_PASSES / 2);
+	static const char *const bad_skew[] = { "1", "x,1", "1,", "-1,0", "1,2,3", "nan,1" };
+	for (size_t i = 0; i < sizeof(bad_skew) / sizeof(bad_skew[0]); i++) {
+		moet_test_env("MOET_MB_TEST_SKEW", bad_skew[i]);
+		CHECK(decode_splits(m, 1) == ~0ull && strstr(moet_errmsg(), "MOET_MB_TEST_SKEW"),
+		      "MOET_MB_TEST_SKEW='%s' accepted (%s)", bad_skew[i], moet_errmsg());
+	}
+	moet_test_env("MOET_MB_TEST_SKEW", NULL);
 
 	/* and the placement removed: nothing splits, whatever the switch */
 	CHECK(moet_model_set_placement(m, NULL, 0) == 0, "no placement: %s", moet_errmsg());
