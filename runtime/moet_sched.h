@@ -68,7 +68,8 @@ typedef struct moet_sched_opts {
 	int64_t max_batch_tokens;  /* tokens per forward call; 0: 256 */
 	int n_devices;             /* devices of the placement (for the tier counts); 0: none */
 	double resident_check_s;   /* seconds between checks that the CPU tier is still
-				      resident (moet_model_resident_check, every 64th page); 0:
+				      resident (moet_model_resident_check, one page in 4096 of
+				      each tensor, at least one); 0:
 				      never */
 	/* NULL, or called by the engine thread after every forward call, without the lock (for
 	 * `bench serve`'s step trace): must not call the scheduler, and should be quick (its

@@ -64,6 +64,11 @@ struct moet_sched {
 	int64_t *scratch;            /* [vocab] */
 };
 
+/* The residency check's sampling: one page in this many of each expert tensor (at least one
+ * per tensor: a Kimi-K2 CPU tier's ~95,000 tensors, one mincore call each), the phase
+ * advancing per check. */
+#define RESIDENT_STRIDE 4096
+
 static double now_s(void)
 {
 	struct timespec ts;
@@ -358,7 +363,7 @@ static void *engine(void *arg)
 		if (check) {
 			s->resident_t0 = t1;
 			const uint64_t lost0 = s->st.resident.evicted_ranges;
-			if (moet_model_resident_check(s->m, 64) && !s->resident_failed) {
+			if (moet_model_resident_check(s->m, RESIDENT_STRIDE) && !s->resident_failed) {
 				s->resident_failed = 1;
 				fprintf(stderr, "serve: %s\n", moet_errmsg());
 			}

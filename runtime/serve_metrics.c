@@ -148,8 +148,9 @@ char *serve_metrics_text(const moet_sched_stats *st, uint64_t http_requests,
 	       "1 when the CPU tier's experts are mlock'd (MOET_CPU_RESIDENT=lock), else 0.");
 	put(&o, "moet_cpu_tier_locked %d\n", rr->locked);
 	metric(&o, "moet_cpu_tier_resident_share", "gauge",
-	       "Share of the CPU tier's pages in memory at the last check (every 64th page, every "
-	       "10 s; 1 before the first check or without a resident set).");
+	       "Share of the CPU tier's pages in memory at the last check (a sample: one page in "
+	       "4096 of each tensor, at least one, every 60 s; 1 before the first check or without "
+	       "a resident set).");
 	put(&o, "moet_cpu_tier_resident_share %.6f\n",
 	    rr->pages_checked ? (double)rr->pages_resident / (double)rr->pages_checked : 1.0);
 	metric(&o, "moet_cpu_tier_evicted_tensors", "gauge",

@@ -197,8 +197,8 @@ int moet_cli_serve(int argc, char **argv)
 	if (shadow > 0 && (rc = moet_model_set_shadow(m, shadow)))
 		goto out;
 	so.sched.n_devices = n_dev;
-	/* the CPU tier made resident at the bind: every 10 s, is it still? (metrics, a warning) */
-	so.sched.resident_check_s = 10.0;
+	/* the CPU tier made resident at the bind: every 60 s, is it still? (metrics, a warning) */
+	so.sched.resident_check_s = 60.0;
 	if (tok_path && (rc = moet_tokenizer_load(tok_path, &tok)))
 		goto out;
 	if (!tok)

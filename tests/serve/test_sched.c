@@ -479,6 +479,42 @@ static void test_demo_tokenizer(void)
 	CHECK(moet_gen_tokenizer_text(100, &a, &b) == MOET_ERANGE, "vocab 100 refused");
 }
 
+/* resident_check_s: with a placement whose CPU tier was populated at the bind, the engine
+ * checks between steps; the stats show the checks with every sampled page resident. */
+static void test_resident_check(void)
+{
+	const moet_config *c = moet_model_config(M);
+	const int64_t L = c->num_hidden_layers, E = c->n_routed_experts;
+	int16_t *own = malloc((size_t)(L * E) * sizeof(*own));
+	for (int64_t i = 0; own && i < L * E; i++)
+		own[i] = (int16_t)(i % 2 ? -1 : 0);
+	CHECK(own && moet_model_set_placement(M, own, 1) == 0, "placement: %s", moet_errmsg());
+	moet_sched_opts o = { .max_requests = 2, .kv_tokens = 256, .resident_check_s = 1e-9 };
+	moet_sched *s = NULL;
+	CHECK(moet_sched_create(M, TOK, &o, &s) == 0, "create: %s", moet_errmsg());
+	if (s) {
+		int64_t prompt[4] = { 5, 9, 2, 7 };
+		moet_sched_params p = greedy(prompt, 4, 6);
+		moet_sched_req *r = NULL;
+		result got;
+		CHECK(moet_sched_submit(s, &p, &r) == 0 && r && drain(r, &got) == 0, "request");
+		if (r)
+			moet_sched_release(r);
+		moet_sched_stats st;
+		wait_idle(s, &st);
+		const moet_resident_report *rr = &st.resident;
+		CHECK(rr->populated_bytes > 0 && rr->checks >= 2 && rr->pages_checked > 0 &&
+			      rr->pages_resident == rr->pages_checked && rr->evicted_ranges == 0,
+		      "resident: %llu bytes, %llu checks, %llu of %llu pages, %llu evicted",
+		      (unsigned long long)rr->populated_bytes, (unsigned long long)rr->checks,
+		      (unsigned long long)rr->pages_resident, (unsigned long long)rr->pages_checked,
+		      (unsigned long long)rr->evicted_ranges);
+		moet_sched_destroy(s);
+	}
+	CHECK(moet_model_set_placement(M, NULL, 0) == 0, "no placement: %s", moet_errmsg());
+	free(own);
+}
+
 int main(void)
 {
 	moet_gen_params gp;
@@ -501,6 +537,7 @@ int main(void)
 		test_cancel_and_limits();
 		test_pool_overflow();
 		test_logprobs();
+		test_resident_check();
 	}
 	moet_model_close(M);
 	moet_tokenizer_destroy(TOK);
