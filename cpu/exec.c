@@ -37,12 +37,12 @@
  * the next batch already queued waits (spinning) for that mark only, since batches share the
  * h scratch.
  * Idle workers spin for a short while (SPIN_ROUNDS, or MOET_CPU_SPIN rounds) on the published
- * ticket before they sleep
- * on the condition variable: a wake-up costs tens of microseconds per thread, a decode
- * layer's experts a few milliseconds. The caller's moet_cpuexec_wait does not spin (unless
- * MOET_CPU_WAIT_SPIN asks it to, for a caller on a core of its own, as the hybrid engine's): its
- * thread is not pinned and may share a core with a worker (on the 16-core host, a version
- * whose caller spun ran 1-expert batches in 0.57 ms against 0.47 ms). Measured there with
+ * ticket before they sleep on the condition variable: a wake-up costs tens of microseconds per
+ * thread, a decode layer's experts a few milliseconds. The caller's moet_cpuexec_wait does not
+ * spin unless MOET_CPU_WAIT_SPIN asks it to: its thread is not pinned and may share a core
+ * with a worker (on the 16-core host, a version whose caller spun ran 1-expert batches in 0.57
+ * ms against 0.47 ms; beside MOET_GPU_DEVGROUP=1 long spins starved the driving thread,
+ * docs/hybrid.md). Measured there with
  * the kernel's paired blocks (bench cpu-experts, 16 workers, medians of runs side by side):
  * decode-8x1 3.3-3.5 ms before, 3.0-3.25 ms after; one expert at 1 token 0.46-0.52 ms before,
  * 0.41-0.45 ms after.
