@@ -211,7 +211,7 @@ int moet_rows_run(const moet_rows_job *job, moet_rows_get_fn get, const void *ct
 	bool first = true; /* the job's first launch: the only one that may be a dependent */
 	for (int cl = 0; cl < N_CLASS; cl++) {
 		kernel_ent k = pick(job->dt, job->nmat, cl);
-		if (job->wide && job->vec && job->dt != DT_F32 && job->K % 16 == 0 && cl >= 4) {
+		if (job->wide && job->vec && job->dt != DT_F32 && job->K % 16 == 0 && cl >= 3) {
 			kernel_ent t = moet_rows_wide_pick(job->dt, job->nmat, cl);
 			if (t.fn)
 				k = t;

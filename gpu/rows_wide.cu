@@ -58,8 +58,9 @@
  *
  * NOTE (measured, H200, bench gpu-experts, 8 Kimi-K2 experts, docs/gpu.md): 16 tokens per
  * expert 0.37 of the SGEMM rate (ref 0.34), 256 tokens 0.40 (0.37); at 8 tokens this layout is
- * slower than rows_kernel, so classes below 9 tokens keep it. Timing the parts (each part
- * skipped in turn) showed the fmas alone near 41 TFLOP/s and the staging (fetch, decode, syncs)
+ * slower than rows_kernel, so classes below 9 tokens kept it (until the 8-token tiles of the
+ * 16-bit layout, moet_rows_wide_pick: 8 tokens 0.418 against 0.38-0.39). Timing the parts
+ * (each part skipped in turn) showed the fmas alone near 41 TFLOP/s and the staging (fetch, decode, syncs)
  * costing as much again: each 32-row tile re-reads its tokens' activations from L2, and the
  * register budget of the contract's 16 lanes x (p, acc) caps the tile. Larger tiles with 16
  * warps per block (one lane each, 64 x 32 and 32 x 32 tiles) measured slower; see docs/gpu.md.
@@ -83,33 +84,49 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-template <int DT, int NMAT>
+template <int DT, int NMAT, int TBV>
 static __global__ void __launch_bounds__(MOET_ROWS_WTHREADS, MOET_ROWS_WIDE_MINB)
 	rows_wide_kernel(const __grid_constant__ moet_rows_args a)
 {
-	using C = moet_rows_wcfg<DT, NMAT>;
+	using C = moet_rows_wcfg<DT, NMAT, TBV>;
 	int e, row0, tok0;
 	moet_rows_tile(a, blockIdx.x, C::RB, C::TB, &e, &row0, &tok0);
-	moet_rows_wide_body<DT, NMAT>(a, moet_rows_param_group{ a, e }, row0, tok0, a.n[e],
-				      a.pdl);
+	moet_rows_wide_body<DT, NMAT, TBV>(a, moet_rows_param_group{ a, e }, row0, tok0, a.n[e],
+					   a.pdl);
 }
 
-template <int DT, int NMAT> static moet_rows_kernel went(void)
+template <int DT, int NMAT, int TBV> static moet_rows_kernel went(void)
 {
-	using C = moet_rows_wcfg<DT, NMAT>;
-	return moet_rows_kernel{ rows_wide_kernel<DT, NMAT>, C::SMEM, C::RB, C::TB,
+	using C = moet_rows_wcfg<DT, NMAT, TBV>;
+	return moet_rows_kernel{ rows_wide_kernel<DT, NMAT, TBV>, C::SMEM, C::RB, C::TB,
 				 MOET_ROWS_WTHREADS };
 }
 
-/* Classes (rows.cu): 4 = 9-16 tokens and 5 = 17 or more; 3 (5-8) stays with rows_kernel,
- * which is faster there. */
+template <int TBV> static moet_rows_kernel went_dt(int dt, int nmat)
+{
+	if (dt == MOET_ROWS_F8)
+		return nmat == 2 ? went<MOET_ROWS_F8, 2, TBV>() : went<MOET_ROWS_F8, 1, TBV>();
+	if (dt == MOET_ROWS_BF16)
+		return nmat == 2 ? went<MOET_ROWS_BF16, 2, TBV>() : went<MOET_ROWS_BF16, 1, TBV>();
+	return moet_rows_kernel{ NULL, 0, 1, 1, 0 };
+}
+
+/* Classes (rows.cu): 4 = 9-16 tokens and 5 = 17 or more: 16-token tiles; 3 = 5-8 tokens:
+ * 8-token tiles of 64 virtual rows (the 16-bit layout only; MOET_ROWS_WIDE_T8=0 at compile
+ * time keeps rows_kernel there, as before); 0-2 (1-4 tokens) stay with rows_kernel. */
+#ifndef MOET_ROWS_WIDE_T8
+#define MOET_ROWS_WIDE_T8 1
+#endif
 moet_rows_kernel moet_rows_wide_pick(int dt, int nmat, int cl)
 {
-	if (cl < 4 || (nmat != 1 && nmat != 2))
+	if (cl < 3 || (nmat != 1 && nmat != 2))
 		return moet_rows_kernel{ NULL, 0, 1, 1, 0 };
-	if (dt == MOET_ROWS_F8)
-		return nmat == 2 ? went<MOET_ROWS_F8, 2>() : went<MOET_ROWS_F8, 1>();
-	if (dt == MOET_ROWS_BF16)
-		return nmat == 2 ? went<MOET_ROWS_BF16, 2>() : went<MOET_ROWS_BF16, 1>();
-	return moet_rows_kernel{ NULL, 0, 1, 1, 0 };
+#if MOET_ROWS_WIDE_W16 && MOET_ROWS_WIDE_TR == 8 && MOET_ROWS_WIDE_T8
+	if (cl == 3)
+		return went_dt<8>(dt, nmat);
+#else
+	if (cl == 3)
+		return moet_rows_kernel{ NULL, 0, 1, 1, 0 };
+#endif
+	return went_dt<16>(dt, nmat);
 }

@@ -36,15 +36,18 @@
 #define MOET_ROWS_WIDE_W16 1
 #endif
 
-template <int DT, int NMAT> struct moet_rows_wcfg {
-	static constexpr int VR = 32;                     /* virtual rows per tile */
+/* TBV: tokens per tile, 16 (9+ tokens per group) or 8 (5-8: the 16-bit layout only); the
+ * tile is 512 / TBV virtual rows, so that a half-warp's 16 threads of 8 x 4 dots cover it. */
+template <int DT, int NMAT, int TBV = 16> struct moet_rows_wcfg {
+	static constexpr int TB = TBV;                    /* tokens per tile */
+	static constexpr int VR = 512 / TB;               /* virtual rows per tile: 32 or 64 */
 	static constexpr int RB = VR / NMAT;              /* output rows per tile */
-	static constexpr int TB = 16;                     /* tokens per tile */
 	static constexpr int ESZ = DT == MOET_ROWS_F8 ? 1 : 2;
 	static constexpr int TR = MOET_ROWS_WIDE_TR;      /* rows per thread */
 	static constexpr bool W16 = MOET_ROWS_WIDE_W16 != 0 && TR == 8;
-	/* 4-byte words per (lane, step) in wf: 32 binary32 rows, or (W16) 16 words, word i
-	 * holding virtual rows i (low half) and i + 16 (high half) */
+	static_assert(TB == 16 || (TB == 8 && W16), "8-token tiles: the 16-bit layout only");
+	/* 4-byte words per (lane, step) in wf: 32 binary32 rows, or (W16) VR / 2 words, word i
+	 * holding virtual rows i (low half) and i + VR / 2 (high half) */
 	static constexpr int WS = W16 ? VR / 2 : VR;
 	/* Lanes 8..15 of wf / xf start WP / XP words later: the two half-warps (lanes w and
 	 * w + 8) then read disjoint banks in one LDS.128 (TR 8 only); at W16 the decode's
@@ -78,19 +81,21 @@ static __device__ __forceinline__ uint32_t moet_rows_word_of(const uint4 &v, int
 /* One tile of rows_wide_kernel (rows_body.cuh says what A, G, the tile and pdl are; the
  * mapping is at the top of rows_wide.cu). Every thread of the block calls it with the same
  * tile; a caller that runs a second tile syncs first. */
-template <int DT, int NMAT, class A, class G>
+template <int DT, int NMAT, int TBV = 16, class A, class G>
 static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &g, int row0,
 							   int tok0, int n_e, int pdl)
 {
-	using C = moet_rows_wcfg<DT, NMAT>;
+	using C = moet_rows_wcfg<DT, NMAT, TBV>;
 	constexpr int WTHREADS = MOET_ROWS_WTHREADS, NS = C::NS;
 	extern __shared__ __align__(16) unsigned char smem[];
 	__shared__ int xrow_s[C::TB];
 
 	constexpr int TR = C::TR, NL = TR == 4 ? 2 : 1; /* lanes per thread, in turn */
 	const int tid = threadIdx.x, li = tid & 31, w = tid >> 5;
-	/* thread: rows TR*rt .. TR*rt+TR-1, tokens 4tt .. 4tt+3, lanes w + 8(hh + h), h < NL */
-	const int rt = li % (32 / TR), tt = (li / (32 / TR)) & 3, hh = TR == 8 ? li >> 4 : 0;
+	/* thread: rows TR*rt .. TR*rt+TR-1 (W16: vrow below), tokens 4tt .. 4tt+3, lanes
+	 * w + 8(hh + h), h < NL; at TR 8 a half-warp is VR / 8 row groups x TB / 4 token groups */
+	constexpr int RTN = TR == 8 ? C::VR / 8 : 8;
+	const int rt = li % RTN, tt = (li / RTN) % (C::TB / 4), hh = TR == 8 ? li >> 4 : 0;
 	const int n_rows = min(C::RB, a.rows - row0), n_toks = min(C::TB, n_e - tok0);
 	const int K = a.K, n_chunk = (K + 127) / 128;
 
@@ -117,8 +122,8 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 #pragma unroll
 	for (int i = 0; i < NWP; i++) {
 		const int p = tid + i * WTHREADS, vr = p / PPR, q = p % PPR;
-		const int m = NMAT == 2 ? vr >> 4 : 0;
-		const int row = row0 + (NMAT == 2 ? (vr & 15) : vr);
+		const int m = NMAT == 2 ? vr / C::RB : 0;
+		const int row = row0 + (NMAT == 2 ? vr % C::RB : vr);
 		wrow_ok[i] = row < a.rows;
 		wsrc[i] = (const unsigned char *)g.w(m) +
 			  (wrow_ok[i] ? (size_t)row * K * C::ESZ + q * 16 : 0);
@@ -174,19 +179,22 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 	 * padding), activations unit (token xt, step xst). */
 	const int dv = li, dt = w;
 	const int xt = tid % C::TB, xst = tid / C::TB;
-	/* W16: thread (j, gb) of warp w pairs virtual rows j and j + 16 at columns 16w + 8gb ..
-	 * 16w + 8gb + 7 (step w, lanes 8gb .. 8gb + 7); a half-warp's raw loads (rows j of 8, two
-	 * column halves) then cover the 32 banks once. */
+	/* W16: thread (j, gb) of warp w pairs virtual rows j and j + VR / 2 at columns 16w + 8gb ..
+	 * 16w + 8gb + 7 (step w, lanes 8gb .. 8gb + 7), for j = pj + 16 pp (VR / 32 of them); a
+	 * half-warp's raw loads (rows j of 8, two column halves) then cover the 32 banks once. */
 	const int pj = (li & 7) | ((li >> 4) << 3), pgb = (li >> 3) & 1;
 	auto decode = [&](int st, int b) {
 		const unsigned char *ws = raw + st * C::STAGE;
 		float *const wf = (float *)(smem + b * C::DEC), *const xf = wf + C::WF;
 		const float *xs = (const float *)(ws + C::VR * C::WRS);
 		if constexpr (C::W16) {
-			const unsigned char *ra = ws + pj * C::WRS + (16 * w + 8 * pgb) * C::ESZ;
-			const unsigned char *rb = ra + 16 * C::WRS;
+#pragma unroll
+		for (int pp = 0; pp < C::VR / 32; pp++) {
+			const int j = pj + 16 * pp;
+			const unsigned char *ra = ws + j * C::WRS + (16 * w + 8 * pgb) * C::ESZ;
+			const unsigned char *rb = ra + (C::VR / 2) * C::WRS;
 			/* word of lane 8pgb + q: wd[q * 8 * WS] */
-			uint32_t *wd = (uint32_t *)wf + (8 * pgb * 8 + w) * C::WS + pgb * C::WP + pj;
+			uint32_t *wd = (uint32_t *)wf + (8 * pgb * 8 + w) * C::WS + pgb * C::WP + j;
 			if constexpr (DT == MOET_ROWS_F8) {
 				const uint2 ua = *(const uint2 *)ra, ub = *(const uint2 *)rb;
 #pragma unroll
@@ -209,6 +217,7 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 					wd[(2 * i + 1) * 8 * C::WS] = __byte_perm(x, y, 0x7632);
 				}
 			}
+		}
 		} else if constexpr (DT == MOET_ROWS_F8) {
 			float *d = wf + dt * C::WS + dv;
 			const uint4 u = *(const uint4 *)(ws + dv * C::WRS + 16 * dt * C::ESZ);
@@ -248,7 +257,7 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 	};
 
 	/* My scales: virtual rows TR*rt .. TR*rt+TR-1 are of one matrix (NMAT 2 splits at 16);
-	 * at W16 my rows are 4rt .. 4rt+3 (i < 4) and 16+4rt .. 16+4rt+3 (i >= 4): at NMAT 2 the
+	 * at W16 my rows are 4rt .. 4rt+3 (i < 4) and VR/2+4rt .. VR/2+4rt+3 (i >= 4): at NMAT 2 the
 	 * gate and the up rows of the same outputs, scale sp0 and sp1. A tile lies in one 128-row
 	 * block of the scales. */
 	const int mm = C::W16 ? 0 : NMAT == 2 ? (TR * rt >= 16) : 0;
@@ -260,7 +269,9 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 	if (has_s1)
 		sp1 += (size_t)(srow / 128) * n_chunk;
 	/* the virtual row of my tile's row i */
-	auto vrow = [&](int i) { return C::W16 ? 4 * rt + (i & 3) + 16 * (i >> 2) : TR * rt + i; };
+	auto vrow = [&](int i) {
+		return C::W16 ? 4 * rt + (i & 3) + (C::VR / 2) * (i >> 2) : TR * rt + i;
+	};
 
 	/* NOTE: p is live only inside a chunk, so at TR 4 the thread runs its two lanes one after
 	 * the other (8 steps of lane w, its fold, then lane w + 8): one p tile instead of two. */
@@ -392,7 +403,7 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 		if (r < n_rows && tl < n_toks) {
 			float v;
 			if constexpr (NMAT == 2)
-				v = moet_silu_c(tree(tl, r)) * tree(tl, 16 + r);
+				v = moet_silu_c(tree(tl, r)) * tree(tl, C::RB + r);
 			else
 				v = a.canon ? moet_canon_nan(tree(tl, r)) : tree(tl, r);
 			long long pair = (long long)g.pair0() + tok0 + tl;
