@@ -1,6 +1,6 @@
 /*
- * rows_wide.cu: the wide variant of the contract row machinery (rows.cu) for groups of 9 or more
- * tokens, F8_E4M3 or BF16 weights with K a multiple of 16 under 16-byte staging. Same job, same
+ * rows_wide.cu: the wide variant of the contract row machinery (rows.cu) for groups of 5 or more
+ * tokens (8-token tiles for 5-8, 16-token tiles above), F8_E4M3 or BF16 weights with K a multiple of 16 under 16-byte staging. Same job, same
  * bits as rows_kernel (and moet_dot_ref); chosen per call by moet_rows_job.wide (the
  * MOET_GPU_ROWS_KERNEL switch, moet_rows_variant). Interface: rows_int.h.
  *
