@@ -155,28 +155,10 @@ template <int N> static __device__ __forceinline__ void moet_cp_async_wait(void)
 	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-/* Four exactly decoded F8_E4M3 weights from one 32-bit word of codes (columns k..k+3):
- * cvt.rn.f16x2.e4m3x2 then cvt.f32.f16 (sm_89+; both exact, NaN codes give NaN), else
- * moet_dec_e4m3. */
-static __device__ __forceinline__ void moet_dec4_f8(uint32_t wd, float w[4])
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-	uint32_t h01, h23;
-	asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h01) : "h"((unsigned short)(wd & 0xFFFFu)));
-	asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h23) : "h"((unsigned short)(wd >> 16)));
-	asm("cvt.f32.f16 %0, %1;" : "=f"(w[0]) : "h"((unsigned short)(h01 & 0xFFFFu)));
-	asm("cvt.f32.f16 %0, %1;" : "=f"(w[1]) : "h"((unsigned short)(h01 >> 16)));
-	asm("cvt.f32.f16 %0, %1;" : "=f"(w[2]) : "h"((unsigned short)(h23 & 0xFFFFu)));
-	asm("cvt.f32.f16 %0, %1;" : "=f"(w[3]) : "h"((unsigned short)(h23 >> 16)));
-#else
-	for (int q = 0; q < 4; q++)
-		w[q] = moet_dec_e4m3((uint8_t)(wd >> (8 * q)));
-#endif
-}
-
 /* Two e4m3fn codes (low byte, high byte) to a binary16 pair (low half, high half): exact, as
  * every e4m3fn value is a binary16 value; then one binary16 to binary32 (exact). Together
- * they are moet_dec4_f8's two steps, for layouts that keep the 16-bit form in between. */
+ * they are moet_dec4_f8's two steps (below), apart for layouts that keep the 16-bit form in
+ * between. */
 static __device__ __forceinline__ uint32_t moet_f8x2_to_h2(uint32_t b2)
 {
 	uint32_t h;
@@ -195,6 +177,23 @@ static __device__ __forceinline__ float moet_h_to_f32(unsigned short h)
 	float f;
 	asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
 	return f;
+}
+
+/* Four exactly decoded F8_E4M3 weights from one 32-bit word of codes (columns k..k+3):
+ * cvt.rn.f16x2.e4m3x2 then cvt.f32.f16 (sm_89+; both exact, NaN codes give NaN), else
+ * moet_dec_e4m3. */
+static __device__ __forceinline__ void moet_dec4_f8(uint32_t wd, float w[4])
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+	const uint32_t h01 = moet_f8x2_to_h2(wd & 0xFFFFu), h23 = moet_f8x2_to_h2(wd >> 16);
+	w[0] = moet_h_to_f32((unsigned short)(h01 & 0xFFFFu));
+	w[1] = moet_h_to_f32((unsigned short)(h01 >> 16));
+	w[2] = moet_h_to_f32((unsigned short)(h23 & 0xFFFFu));
+	w[3] = moet_h_to_f32((unsigned short)(h23 >> 16));
+#else
+	for (int q = 0; q < 4; q++)
+		w[q] = moet_dec_e4m3((uint8_t)(wd >> (8 * q)));
+#endif
 }
 
 /* griddepcontrol (PTX, sm_90+): wait for the prerequisite grid's completion and the visibility

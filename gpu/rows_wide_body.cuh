@@ -189,35 +189,36 @@ static __device__ __forceinline__ void moet_rows_wide_body(const A &a, const G &
 		const float *xs = (const float *)(ws + C::VR * C::WRS);
 		if constexpr (C::W16) {
 #pragma unroll
-		for (int pp = 0; pp < C::VR / 32; pp++) {
-			const int j = pj + 16 * pp;
-			const unsigned char *ra = ws + j * C::WRS + (16 * w + 8 * pgb) * C::ESZ;
-			const unsigned char *rb = ra + (C::VR / 2) * C::WRS;
-			/* word of lane 8pgb + q: wd[q * 8 * WS] */
-			uint32_t *wd = (uint32_t *)wf + (8 * pgb * 8 + w) * C::WS + pgb * C::WP + j;
-			if constexpr (DT == MOET_ROWS_F8) {
-				const uint2 ua = *(const uint2 *)ra, ub = *(const uint2 *)rb;
+			for (int pp = 0; pp < C::VR / 32; pp++) {
+				const int j = pj + 16 * pp;
+				const unsigned char *ra = ws + j * C::WRS + (16 * w + 8 * pgb) * C::ESZ;
+				const unsigned char *rb = ra + (C::VR / 2) * C::WRS;
+				/* word of lane 8pgb + q: wd[q * 8 * WS] */
+				uint32_t *wd = (uint32_t *)wf + (8 * pgb * 8 + w) * C::WS + pgb * C::WP + j;
+				if constexpr (DT == MOET_ROWS_F8) {
+					const uint2 ua = *(const uint2 *)ra, ub = *(const uint2 *)rb;
 #pragma unroll
-				for (int i = 0; i < 2; i++) {
-					const uint32_t x = i ? ua.y : ua.x, y = i ? ub.y : ub.x;
-					/* bytes (a0 b0 a1 b1), (a2 b2 a3 b3): e4m3x2 pairs, row j low */
-					const uint32_t lo = __byte_perm(x, y, 0x5140);
-					const uint32_t hi = __byte_perm(x, y, 0x7362);
-					wd[(4 * i + 0) * 8 * C::WS] = moet_f8x2_to_h2(lo & 0xFFFFu);
-					wd[(4 * i + 1) * 8 * C::WS] = moet_f8x2_to_h2(lo >> 16);
-					wd[(4 * i + 2) * 8 * C::WS] = moet_f8x2_to_h2(hi & 0xFFFFu);
-					wd[(4 * i + 3) * 8 * C::WS] = moet_f8x2_to_h2(hi >> 16);
-				}
-			} else {
-				const uint4 ua = *(const uint4 *)ra, ub = *(const uint4 *)rb;
+					for (int i = 0; i < 2; i++) {
+						const uint32_t x = i ? ua.y : ua.x, y = i ? ub.y : ub.x;
+						/* bytes (a0 b0 a1 b1), (a2 b2 a3 b3): e4m3x2 pairs, row j low */
+						const uint32_t lo = __byte_perm(x, y, 0x5140);
+						const uint32_t hi = __byte_perm(x, y, 0x7362);
+						wd[(4 * i + 0) * 8 * C::WS] = moet_f8x2_to_h2(lo & 0xFFFFu);
+						wd[(4 * i + 1) * 8 * C::WS] = moet_f8x2_to_h2(lo >> 16);
+						wd[(4 * i + 2) * 8 * C::WS] = moet_f8x2_to_h2(hi & 0xFFFFu);
+						wd[(4 * i + 3) * 8 * C::WS] = moet_f8x2_to_h2(hi >> 16);
+					}
+				} else {
+					const uint4 ua = *(const uint4 *)ra, ub = *(const uint4 *)rb;
 #pragma unroll
-				for (int i = 0; i < 4; i++) {
-					const uint32_t x = moet_rows_word_of(ua, i), y = moet_rows_word_of(ub, i);
-					wd[(2 * i) * 8 * C::WS] = __byte_perm(x, y, 0x5410);
-					wd[(2 * i + 1) * 8 * C::WS] = __byte_perm(x, y, 0x7632);
+					for (int i = 0; i < 4; i++) {
+						const uint32_t x = moet_rows_word_of(ua, i);
+						const uint32_t y = moet_rows_word_of(ub, i);
+						wd[(2 * i) * 8 * C::WS] = __byte_perm(x, y, 0x5410);
+						wd[(2 * i + 1) * 8 * C::WS] = __byte_perm(x, y, 0x7632);
+					}
 				}
 			}
-		}
 		} else if constexpr (DT == MOET_ROWS_F8) {
 			float *d = wf + dt * C::WS + dv;
 			const uint4 u = *(const uint4 *)(ws + dv * C::WRS + 16 * dt * C::ESZ);

@@ -137,7 +137,6 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 		sim_free(&m->sim[g]);
 	free(m->sim);
 	moet_resident_release(m);
-	memset(&m->res_report, 0, sizeof(m->res_report));
 	free(m->owner);
 	free(m->tier_pairs);
 	memset(m->mb_tune, 0, sizeof(m->mb_tune)); /* timings of another placement */

@@ -145,7 +145,7 @@ static inline uint64_t moet_now_ns(void)
 }
 
 /* resident.c: at a placement's bind, its CPU-tier experts populated (and locked) per
- * MOET_CPU_RESIDENT; released with the placement. */
+ * MOET_CPU_RESIDENT; released (set and report) with the placement. */
 int moet_resident_bind(moet_model *m, const int16_t *owner);
 void moet_resident_release(moet_model *m);
 

@@ -35,6 +35,7 @@ void moet_resident_release(moet_model *m)
 {
 	moet_res_destroy(m->res);
 	m->res = NULL;
+	memset(&m->res_report, 0, sizeof(m->res_report));
 }
 
 /* Adds the ranges of one expert matrix (its codes and, where present, its block scales). */
@@ -53,7 +54,7 @@ int moet_resident_bind(moet_model *m, const int16_t *owner)
 {
 	static const char *const modes[] = { "populate", "off", "lock" };
 	int mode = 0, rc = moet_env_choice("MOET_CPU_RESIDENT", modes, 3, &mode);
-	memset(&m->res_report, 0, sizeof(m->res_report));
+	moet_resident_release(m); /* the report too */
 	if (rc || mode == 1 || !owner || !m->ck)
 		return rc;
 	const int64_t L = m->cfg.num_hidden_layers, E = m->cfg.n_routed_experts;
