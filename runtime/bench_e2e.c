@@ -672,6 +672,11 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 				 * micro-batches add */
 				double *ser = malloc((size_t)o->steps * sizeof(double));
 				step_split ss = { 0 }, s1 = { 0 };
+				/* the caller's MOET_MICROBATCH, put back for the next batch (a
+				 * value this long is refused by the engine whole or cut) */
+				char mb_user[64];
+				const int had_mb = mbv != NULL;
+				snprintf(mb_user, sizeof(mb_user), "%s", mbv ? mbv : "");
 				setenv("MOET_MICROBATCH", "0", 1);
 				rc = ser ? decode_run(m, B, o->ctx, o->warmup, o->steps, ser, &s1, NULL)
 					 : moet_err(MOET_ENOMEM, "samples");
@@ -690,7 +695,10 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 				}
 				if (!rc)
 					rc = decode_run(m, B, o->ctx, o->warmup, o->steps, ser, &ss, NULL);
-				unsetenv("MOET_MICROBATCH");
+				if (had_mb)
+					setenv("MOET_MICROBATCH", mb_user, 1);
+				else
+					unsetenv("MOET_MICROBATCH");
 				int r2 = moet_model_set_hybrid_overlap(m, 1);
 				if (!rc)
 					rc = r2;
