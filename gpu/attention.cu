@@ -15,7 +15,9 @@
  * position: a row's bits never depend on the other rows, the batch size or the launch shape.
  * No atomics; repeated calls give the same bits.
  *
- * Two passes over the positions in tiles of TILE: the first finds mx, the second recomputes
+ * The reference kernel (attention_kernel, MOET_GPU_ATTN=ref; the default kernels below, the
+ * decode one and the grouped one, do the same operations with other loads):
+ * two passes over the positions in tiles of TILE: the first finds mx, the second recomputes
  * each score, e[p] into shared memory, then thread 0 extends the softmax sum and every thread
  * its output dimensions (V rows read coalesced). Paged caches (moet_gpu_pages): each tile
  * first looks up the cache rows of its positions (row[TILE] in shared memory); only where a
@@ -145,6 +147,170 @@ attention_kernel(const float *q, long long q_stride, int d_qk, int d_v, float *c
 		if (d < d_v)
 			o[d] = (float)(acc[k] / sum);
 	}
+}
+
+/*
+ * The decode kernel (the default for rows without a run of GR / 2 rows of one sequence, as a
+ * decode batch has): one block of DTHREADS threads per (row, head), the reference kernel's
+ * operations in its order (so the same bits as attention_kernel and moet_attend_ref):
+ *   scores: thread p of a tile, position p0 + p: the binary64 dot in index order (fma: a
+ *           binary32 product is exact in binary64), s = (float)dot * scale; kept in shared
+ *           memory for contexts of up to DS_MAX positions (else recomputed per tile in the
+ *           second pass, as the reference always does: the same values);
+ *   max:    order-free (as the reference's: a zero's sign cannot reach the output);
+ *   e[p] = exp_c(s[p] - mx); one thread adds the softmax sum in position order, thread d its
+ *   output dimension's sum in position order (fma again: e * v is exact in binary64).
+ * What changes is who loads: the reference's 64 threads stage each K tile with one dependent
+ * load at a time per thread and read V straight from global memory inside the position loop
+ * (a load's latency per position), which made it 0.23 ms per Kimi-K2 layer call at batch 16
+ * and 0.89 at 64 on the H200 (Nsight Compute, base clocks, context 64). Here DTHREADS threads
+ * stage every K and V tile with their loads issued before any is used (stage_rows_ilp).
+ * shared: q [d_qk] | tile [TILE][max(d_qk, d_v) + 1] | s [DS_MAX]   (+ row [TILE], static)
+ */
+#define DTHREADS 256
+#define DS_MAX 1024 /* scores kept in shared memory: contexts of up to this many positions */
+
+static size_t dec_smem(int d_qk, int d_v)
+{
+	const int dm = d_qk > d_v ? d_qk : d_v;
+	return (size_t)(d_qk + TILE * (dm + 1) + DS_MAX) * sizeof(float);
+}
+
+static_assert((ATT_MAX_D + TILE * (ATT_MAX_D + 1) + DS_MAX) * 4 + TILE * 8 + 64 <=
+		      SM120_SMEM_MAX,
+	      "sm_120: 99 KB of shared memory per block");
+static_assert(ATT_MAX_D <= DTHREADS, "one output dimension per thread");
+
+/* As stage_rows, with each warp's loads of RPW rows issued before any store (a warp per row,
+ * lane d + 32k of a row), so that a tile costs a few load latencies instead of one per load. */
+static __device__ __forceinline__ void stage_rows_ilp(float *dst, int ts, const float *base,
+						      const long long *row, long long stride,
+						      int n_p, int d_n, int tid, int n_threads)
+{
+	constexpr int RPW = 4, KD = ATT_MAX_D / 32;
+	const int lane = tid & 31, nw = n_threads >> 5;
+	for (int i0 = tid >> 5; i0 < n_p; i0 += RPW * nw) {
+		float v[RPW][KD];
+#pragma unroll
+		for (int r = 0; r < RPW; r++) {
+			const int i = i0 + r * nw;
+			const float *src = base + (i < n_p ? row[i] : 0) * stride;
+#pragma unroll
+			for (int k = 0; k < KD; k++) {
+				const int d = lane + 32 * k;
+				v[r][k] = i < n_p && d < d_n ? __ldg(src + d) : 0.0f;
+			}
+		}
+#pragma unroll
+		for (int r = 0; r < RPW; r++) {
+			const int i = i0 + r * nw;
+#pragma unroll
+			for (int k = 0; k < KD; k++) {
+				const int d = lane + 32 * k;
+				if (i < n_p && d < d_n)
+					dst[i * ts + d] = v[r][k];
+			}
+		}
+	}
+}
+
+/* NOTE: 3 blocks per SM: 79 registers on sm_90 (98 uncapped: 2 blocks), 64 on sm_120; no spill */
+static __global__ void __launch_bounds__(DTHREADS, 3)
+attention_dec_kernel(const float *q, long long q_stride, int d_qk, int d_v, float *const *k_base,
+		     float *const *v_base, long long k_pos_stride, long long v_pos_stride,
+		     const int32_t *pos, const moet_gpu_pages pg, float scale, float *out,
+		     long long out_stride)
+{
+	extern __shared__ float sm[];
+	const int ts = (d_qk > d_v ? d_qk : d_v) + 1;
+	float *qs = sm, *kt = sm + d_qk, *ss = kt + TILE * ts;
+	__shared__ long long row[TILE];
+	__shared__ float mx_w[DTHREADS / 32];
+	__shared__ double sum_s;
+	const int tid = threadIdx.x, h = blockIdx.x, t = blockIdx.y;
+	const int n_pos = pos[t] + 1;
+	const bool kept = n_pos <= DS_MAX; /* every score in ss[p], else the tile's in ss[i] */
+	const float *kb = k_base[t] + (long long)h * d_qk;
+	const float *vb = v_base[t] + (long long)h * d_v;
+	for (int d = tid; d < d_qk; d += DTHREADS)
+		qs[d] = q[t * q_stride + (long long)h * d_qk + d];
+
+	/* the tile at p0: its cache rows (the caller syncs first), then n_p rows of K or V */
+	auto stage = [&](int p0, int n_p, bool v) {
+		if (tid < n_p)
+			row[tid] = moet_gpu_page_row(pg, t, p0 + tid);
+		__syncthreads();
+		if (v)
+			stage_rows_ilp(kt, ts, vb, row, v_pos_stride, n_p, d_v, tid, DTHREADS);
+		else
+			stage_rows_ilp(kt, ts, kb, row, k_pos_stride, n_p, d_qk, tid, DTHREADS);
+		__syncthreads();
+	};
+	/* the score of the staged tile's position i (thread i < n_p) */
+	auto score = [&](int i) -> float {
+		const float *kr = kt + i * ts;
+		double dot = 0.0;
+		for (int d = 0; d < d_qk; d++)
+			dot = __fma_rn((double)qs[d], (double)kr[d], dot);
+		return (float)dot * scale;
+	};
+
+	float mx = -INFINITY;
+	for (int p0 = 0; p0 < n_pos; p0 += TILE) {
+		const int n_p = min(TILE, n_pos - p0);
+		__syncthreads(); /* q staged; the previous tile consumed */
+		stage(p0, n_p, false);
+		if (tid < n_p) {
+			const float s = score(tid);
+			if (kept)
+				ss[p0 + tid] = s;
+			if (s > mx) /* NaN never is */
+				mx = s;
+		}
+	}
+	/* the block's max: order-free */
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) {
+		const float x = __shfl_xor_sync(0xFFFFFFFFu, mx, o);
+		if (x > mx)
+			mx = x;
+	}
+	if ((tid & 31) == 0)
+		mx_w[tid >> 5] = mx;
+	__syncthreads();
+	for (int i = 0; i < DTHREADS / 32; i++)
+		if (mx_w[i] > mx)
+			mx = mx_w[i];
+
+	/* the softmax sum by the last thread (no output dimension of its own below ATT_MAX_D),
+	 * the output sums by threads d < d_v; both in position order */
+	const int sum_tid = DTHREADS - 1;
+	double sum = 0.0, acc = 0.0;
+	for (int p0 = 0; p0 < n_pos; p0 += TILE) {
+		const int n_p = min(TILE, n_pos - p0);
+		float *e = kept ? ss + p0 : ss;
+		__syncthreads(); /* the previous tile consumed */
+		if (!kept) {
+			stage(p0, n_p, false);
+			if (tid < n_p)
+				e[tid] = score(tid);
+			__syncthreads(); /* the scores written; the K tile consumed */
+		}
+		if (tid < n_p)
+			e[tid] = moet_exp_c(e[tid] - mx);
+		stage(p0, n_p, true); /* (its first sync orders e) */
+		if (tid == sum_tid)
+			for (int i = 0; i < n_p; i++)
+				sum = sum + (double)e[i];
+		if (tid < d_v)
+			for (int i = 0; i < n_p; i++)
+				acc = __fma_rn((double)e[i], (double)kt[i * ts + tid], acc);
+	}
+	if (tid == sum_tid)
+		sum_s = sum;
+	__syncthreads();
+	if (tid < d_v)
+		out[t * out_stride + (long long)h * d_v + tid] = (float)(acc / sum_s);
 }
 
 /*
@@ -366,7 +532,8 @@ template <int CH, bool QD> static int group_launch(dim3 grid, size_t smem, cudaS
 	return 0;
 }
 
-/* MOET_GPU_ATTN: 1 for the grouped kernel where the call has runs (default), 0: per row. */
+/* MOET_GPU_ATTN: 1 (grouped, the default) for the grouped kernel where the call has runs and
+ * the decode kernel elsewhere, 0 (ref) for the reference kernel (attention_kernel) always. */
 static int attn_grouped(int *out)
 {
 	static const char *const names[] = { "grouped", "ref" };
@@ -403,7 +570,8 @@ extern "C" int moet_gpu_attention(const float *q, int64_t q_stride, int64_t n_ro
 		return rc;
 	const moet_gpu_pages pg = pages ? *pages : moet_gpu_pages{ NULL, NULL, NULL };
 	/* NOTE: runs of fewer rows gain little from the grouped kernel, and a decode batch of
-	 * distinct sequences (runs of one) would have each block work its rows one by one */
+	 * distinct sequences (runs of one) would have each block work its rows one by one: they
+	 * take the decode kernel */
 	if (grouped && run >= GR / 2) {
 		/* q in binary64 where it fits (99 KB: sm_120's limit per block) */
 		const bool qd = group_smem((int)d_qk, (int)d_v, true) <= 96 * 1024;
@@ -421,6 +589,18 @@ extern "C" int moet_gpu_attention(const float *q, int64_t q_stride, int64_t n_ro
 			return qd ? group_launch<8, true>(GROUP_ARGS) : group_launch<8, false>(GROUP_ARGS);
 		return qd ? group_launch<16, true>(GROUP_ARGS) : group_launch<16, false>(GROUP_ARGS);
 #undef GROUP_ARGS
+	}
+	if (grouped) { /* the decode kernel (above) */
+		const size_t dsm = dec_smem((int)d_qk, (int)d_v);
+		MOET_CUDA_TRY(cudaFuncSetAttribute(attention_dec_kernel,
+						   cudaFuncAttributeMaxDynamicSharedMemorySize,
+						   (int)dsm));
+		dim3 grid((unsigned)n_heads, (unsigned)n_rows);
+		attention_dec_kernel<<<grid, DTHREADS, dsm, moet_stream(stream)>>>(
+			q, q_stride, (int)d_qk, (int)d_v, k_base, v_base, k_pos_stride, v_pos_stride,
+			pos, pg, scale, out, out_stride);
+		MOET_CUDA_TRY(cudaGetLastError());
+		return 0;
 	}
 	const size_t smem = (size_t)(d_qk + TILE * (d_qk + 1) + TILE) * sizeof(float);
 	MOET_CUDA_TRY(cudaFuncSetAttribute(attention_kernel,
