@@ -162,20 +162,29 @@ static void linear_case(const char *name, moet_dtype dt, int64_t R, int64_t K, i
 	if (!dw || (s && !ds) || !dx || !dy)
 		goto out;
 	moet_mat hm = { dt, R, K, w, s }, dm = { dt, R, K, dw, ds };
-	/* The reference variant of the row kernels (MOET_GPU_ROWS_KERNEL=ref) and the default
-	 * (wide where it applies), twice: all three bit-identical, and checked below. */
-	static const char *const var[3] = { "ref", "", "" };
-	for (int v = 0; v < 3; v++) {
-		setenv("MOET_GPU_ROWS_KERNEL", var[v], 1);
+	/* The reference variant of the row kernels (MOET_GPU_ROWS_KERNEL=ref), the default (wide
+	 * where it applies, split per token where the grid is small), twice, and the split
+	 * forced off and on (MOET_GPU_LINEAR_SPLIT; on only where the weights read once per
+	 * token stay under 8 GB): all bit-identical, and checked below. */
+	static const struct {
+		const char *var, *val, *what;
+	} var[5] = { { "MOET_GPU_ROWS_KERNEL", "ref", "ref" },
+		     { "MOET_GPU_ROWS_KERNEL", "", "default" },
+		     { "MOET_GPU_ROWS_KERNEL", "", "repeated default" },
+		     { "MOET_GPU_LINEAR_SPLIT", "off", "split off" },
+		     { "MOET_GPU_LINEAR_SPLIT", "token", "split per token" } };
+	for (int v = 0; v < 5; v++) {
+		if (v == 4 && (double)n_tok * (double)(R * K) * (double)esz > 8e9)
+			continue;
+		setenv(var[v].var, var[v].val, 1);
 		int bad = dev_fail(moet_gpu_linear(&dm, dx, xs, n_tok, dy, ys, NULL), name) ||
 			  down(v ? y2 : y, dy, (size_t)(n_tok * ys) * sizeof(float));
-		unsetenv("MOET_GPU_ROWS_KERNEL");
+		unsetenv(var[v].var);
 		if (bad)
 			goto out;
 		if (v)
 			CHECK(!memcmp(y, y2, (size_t)(n_tok * ys) * sizeof(float)),
-			      "%s: %s run differs from the ref variant", name,
-			      v == 1 ? "default" : "repeated default");
+			      "%s: %s run differs from the ref variant", name, var[v].what);
 	}
 	/* Rows to check: all within the budget, else a sample with the first and the last. */
 	int64_t n_rows = R;
@@ -239,6 +248,11 @@ static void test_linear(void)
 	linear_case("kimi-mlp-gate", MOET_DT_F8_E4M3, 18432, 7168, 4, 0, 0, 3e8);
 	linear_case("kimi-mlp-down", MOET_DT_F8_E4M3, 7168, 18432, 16, 0, 0, 3e8);
 	linear_case("kimi-router", MOET_DT_BF16, 384, 7168, 64, 0, 0, 3e8);
+	/* small matrices at a decode batch (the default splits them per token: rows.cu) */
+	linear_case("kimi-kv_a", MOET_DT_F8_E4M3, 576, 7168, 16, 0, 1, 3e8);
+	linear_case("kimi-q_a", MOET_DT_F8_E4M3, 1536, 7168, 16, 0, 0, 3e8);
+	linear_case("router-128", MOET_DT_BF16, 128, 7168, 16, 0, 0, 3e8);
+	linear_case("kimi-kv_a", MOET_DT_F8_E4M3, 576, 7168, 64, 0, 0, 3e8);
 	linear_case("kimi-lm_head", MOET_DT_BF16, 163840, 7168, 1, 0, 0, 3e8);
 	linear_case("kimi-lm_head", MOET_DT_BF16, 163840, 7168, 512, 0, 0, 3e8);
 	linear_case("f32-wide", MOET_DT_F32, 1000, 7168, 9, 0, 1, 3e8);
@@ -596,6 +610,14 @@ static void test_attention(void)
 	const attn_row deep[2] = { { 0, 4095 }, { 1, 63 } };
 	const int32_t dlen[2] = { 4096, 64 };
 	attention_case("kimi-k2-4k", (attn_dims){ 64, 128, 64, 128 }, 2, dlen, deep, 2);
+	/* a decode batch (runs of one row: the decode kernel by default): contexts of 1, 64, 65
+	 * (a tile edge), 1024 (every score kept in shared memory) and 1025, 1500 (scores
+	 * recomputed per tile) positions */
+	const attn_row dec[6] = { { 0, 1023 }, { 1, 0 }, { 2, 1024 }, { 3, 63 }, { 4, 64 },
+				  { 5, 1499 } };
+	const int32_t declen[6] = { 1024, 1, 1025, 64, 65, 1500 };
+	attention_case("kimi-k2-decode", (attn_dims){ 64, 128, 64, 128 }, 6, declen, dec, 6);
+	attention_case("tiny-decode", (attn_dims){ 4, 32, 16, 32 }, 6, declen, dec, 6);
 	/* prefill chunks: 40 rows of seq 0 (positions 100..139: runs across three 16-row groups
 	 * and three 64-position tiles), a decode row of seq 1, 19 rows of seq 2 (0..18) */
 	attn_row pre[60];
@@ -848,6 +870,11 @@ static void test_bad_input(void)
 				 NULL, 1, 1.0f, d, 8, NULL) == MOET_EINVAL, "attention d_qk");
 	CHECK(moet_gpu_attention(d, 64, 1, 1, 64, 8, NULL, (float **)di, 64, 8, di, NULL, 1, 1.0f,
 				 d, 8, NULL) == MOET_EINVAL, "attention NULL");
+	setenv("MOET_GPU_LINEAR_SPLIT", "yes", 1);
+	CHECK(moet_gpu_linear(&m, d, 16, 4, d, 16, NULL) == MOET_EINVAL &&
+		      strstr(moet_errmsg(), "MOET_GPU_LINEAR_SPLIT"),
+	      "MOET_GPU_LINEAR_SPLIT=yes refused by name: %s", moet_errmsg());
+	unsetenv("MOET_GPU_LINEAR_SPLIT");
 	setenv("MOET_GPU_ATTN", "fast", 1);
 	CHECK(moet_gpu_attention(d, 64, 1, 1, 64, 8, (float **)di, (float **)di, 64, 8, di, NULL,
 				 16, 1.0f, d, 8, NULL) == MOET_EINVAL &&
