@@ -29,14 +29,6 @@ static void get_one(const void *ctx, int64_t i, moet_rows_group *g)
 	*g = moet_rows_group{ { c->w->data, NULL }, { c->w->scale_inv, NULL }, c->n_tok };
 }
 
-/* Group i of the split job: token i alone (pair i, activation row i). */
-static void get_token(const void *ctx, int64_t i, moet_rows_group *g)
-{
-	const linear_ctx *c = (const linear_ctx *)ctx;
-	(void)i;
-	*g = moet_rows_group{ { c->w->data, NULL }, { c->w->scale_inv, NULL }, 1 };
-}
-
 static bool aligned16(const void *p)
 {
 	return ((uintptr_t)p & 15u) == 0;
@@ -84,13 +76,9 @@ extern "C" int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stri
 	j.vec = (K * (int64_t)esz) % 16 == 0 && K % 4 == 0 && x_stride % 4 == 0 &&
 		aligned16(w->data) && aligned16(x);
 	j.canon = 0;
-	int per_token = 0, rc = moet_rows_variant(&j.wide);
-	if (!rc)
-		rc = moet_rows_linear_split(&j, n_tok, &per_token);
+	int rc = moet_rows_variant(&j.wide);
 	if (rc)
 		return rc;
 	linear_ctx c = { w, n_tok };
-	if (per_token) /* a grid that would leave most SMs idle (rows.cu) */
-		return moet_rows_run(&j, get_token, &c, n_tok, moet_stream(stream));
 	return moet_rows_run(&j, get_one, &c, 1, moet_stream(stream));
 }

@@ -127,28 +127,24 @@ int moet_rows_variant(int *out_wide)
 #define DEFAULT_PDL 1
 #define PDL_DEV_MAX 64
 
-/* Device properties per device, + 1 (0: not asked yet). NOTE: a cache, the one mutable static
- * of the row machinery: the properties cannot change while the process runs, racing writers
- * store the same value, accesses are atomic. Devices past PDL_DEV_MAX ask each call. */
-enum { ATTR_CC_MAJOR, ATTR_SMS, ATTR_L2, N_ATTR };
-static int attr_p1[N_ATTR][PDL_DEV_MAX];
+/* Compute capability major per device, + 1 (0: not asked yet). NOTE: a cache, the one mutable
+ * static of the row machinery: the property cannot change while the process runs, racing
+ * writers store the same value, accesses are atomic. Devices past PDL_DEV_MAX ask each call. */
+static int cc_major_p1[PDL_DEV_MAX];
 
-static int dev_attr(int which, int *out)
+static int cc_major(int *out_major)
 {
-	static const cudaDeviceAttr ids[N_ATTR] = { cudaDevAttrComputeCapabilityMajor,
-						    cudaDevAttrMultiProcessorCount,
-						    cudaDevAttrL2CacheSize };
 	int dev = 0, v = 0;
 	MOET_CUDA_TRY(cudaGetDevice(&dev));
 	const bool cached = dev >= 0 && dev < PDL_DEV_MAX;
-	if (cached && (v = __atomic_load_n(&attr_p1[which][dev], __ATOMIC_RELAXED)) > 0) {
-		*out = v - 1;
+	if (cached && (v = __atomic_load_n(&cc_major_p1[dev], __ATOMIC_RELAXED)) > 0) {
+		*out_major = v - 1;
 		return 0;
 	}
-	MOET_CUDA_TRY(cudaDeviceGetAttribute(&v, ids[which], dev));
+	MOET_CUDA_TRY(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev));
 	if (cached)
-		__atomic_store_n(&attr_p1[which][dev], v + 1, __ATOMIC_RELAXED);
-	*out = v;
+		__atomic_store_n(&cc_major_p1[dev], v + 1, __ATOMIC_RELAXED);
+	*out_major = v;
 	return 0;
 }
 
@@ -165,7 +161,7 @@ int moet_rows_pdl(int *out_pdl)
 	else
 		return moet_err(MOET_EINVAL, "MOET_GPU_PDL=%.40s (want 0 or 1)", v);
 	if (want) {
-		int rc = dev_attr(ATTR_CC_MAJOR, &major);
+		int rc = cc_major(&major);
 		if (rc)
 			return rc;
 	}
@@ -198,67 +194,6 @@ static kernel_ent pick(int dt, int nmat, int cl)
 	return nmat == 1 ? class_ent<DT_F32, 1>(cl) : kernel_ent{ NULL, 0, 1, 1, 0 };
 }
 
-/* The kernel of class cl for the job: the wide variant where the job allows it (9+ tokens). */
-static kernel_ent job_kernel(const moet_rows_job *job, int cl)
-{
-	kernel_ent k = pick(job->dt, job->nmat, cl);
-	if (job->wide && job->vec && job->dt != DT_F32 && job->K % 16 == 0 && cl >= 3) {
-		kernel_ent t = moet_rows_wide_pick(job->dt, job->nmat, cl);
-		if (t.fn)
-			k = t;
-	}
-	return k;
-}
-
-/*
- * NOTE (the split's estimate). A launch of T tiles on S SMs runs in ceil(T / 2S) waves (about
- * two blocks of these kernels per SM), each as long as a tile's work: its rows x tokens dots of
- * length K, which the one-group instances (the wide kernel from 9 tokens) do at the fma rate
- * and the one-token instance at the rate its weights stream from L2, taken as half of that
- * per dot (TOKEN_PEN). So the split wins where the group's few tiles are large (a small matrix
- * and many tokens: Kimi-K2's router and kv_a at batch 16 ran 4 and 18 tiles of 32 rows x 16
- * tokens on an H200 of 132 SMs). It reads the weights once per token, so it is taken only for
- * matrices of at most a quarter of L2 and where its tiles fit in one wave: q_a at batch 16
- * (384 one-token tiles, two waves) measured no faster split (docs/gpu.md).
- */
-#define TOKEN_PEN 2
-
-static long long tiles_of(const kernel_ent &k, int64_t rows, int64_t groups, int64_t g)
-{
-	return (rows + k.rb - 1) / k.rb * groups * ((g + k.tb - 1) / k.tb);
-}
-
-static long long wave_cost(const kernel_ent &k, int64_t rows, int64_t groups, int64_t g,
-			   int slots, int pen)
-{
-	const long long tiles = tiles_of(k, rows, groups, g);
-	return (tiles + slots - 1) / slots * k.rb * (g < k.tb ? g : k.tb) * pen;
-}
-
-int moet_rows_linear_split(const moet_rows_job *job, int64_t n, int *out_per_token)
-{
-	static const char *const names[] = { "auto", "off", "token" };
-	int mode = 0, rc = moet_env_choice("MOET_GPU_LINEAR_SPLIT", names, 3, &mode);
-	*out_per_token = 0;
-	if (rc || n <= 1 || mode == 1)
-		return rc;
-	if (mode == 2) {
-		*out_per_token = 1;
-		return 0;
-	}
-	int sms = 0, l2 = 0;
-	if ((rc = dev_attr(ATTR_SMS, &sms)) || (rc = dev_attr(ATTR_L2, &l2)))
-		return rc;
-	const int64_t esz = job->dt == DT_F8 ? 1 : job->dt == DT_BF16 ? 2 : 4;
-	if ((int64_t)job->nmat * job->rows * job->K * esz > l2 / 4 || sms < 1)
-		return 0;
-	const kernel_ent one = job_kernel(job, class_of(n)), tok = job_kernel(job, 0);
-	*out_per_token = tiles_of(tok, job->rows, n, 1) <= 2 * sms &&
-			 wave_cost(tok, job->rows, n, 1, 2 * sms, TOKEN_PEN) <
-				 wave_cost(one, job->rows, 1, n, 2 * sms, 1);
-	return 0;
-}
-
 int moet_rows_run(const moet_rows_job *job, moet_rows_get_fn get, const void *ctx,
 		  int64_t n_groups, cudaStream_t stream)
 {
@@ -275,7 +210,12 @@ int moet_rows_run(const moet_rows_job *job, moet_rows_get_fn get, const void *ct
 	base.canon = job->canon;
 	bool first = true; /* the job's first launch: the only one that may be a dependent */
 	for (int cl = 0; cl < N_CLASS; cl++) {
-		const kernel_ent k = job_kernel(job, cl);
+		kernel_ent k = pick(job->dt, job->nmat, cl);
+		if (job->wide && job->vec && job->dt != DT_F32 && job->K % 16 == 0 && cl >= 3) {
+			kernel_ent t = moet_rows_wide_pick(job->dt, job->nmat, cl);
+			if (t.fn)
+				k = t;
+		}
 		if (!k.fn)
 			return moet_err(MOET_EINVAL, "rows: dtype %d with %d matrices", job->dt,
 					job->nmat);

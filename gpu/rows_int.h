@@ -89,17 +89,6 @@ int moet_rows_variant(int *out_wide);
  */
 int moet_rows_pdl(int *out_pdl);
 
-/*
- * How a job of one group of n tokens (a linear layer) runs: *out_per_token = 1 to run it as n
- * groups of one token each (each token's dots by the one-token kernel, the weights read once
- * per token, from L2), 0 as one group. The switch MOET_GPU_LINEAR_SPLIT, read at every call:
- * `auto` (or unset or empty: the default) splits where the one group's grid would leave most
- * SMs idle and the split's estimated time is lower (rows.cu says how), `off` never, `token`
- * always (n > 1). Same bits either way (the classes only decide who computes a dot). MOET_EINVAL
- * (recorded) for other text, MOET_EDEVICE if the device cannot be queried.
- */
-int moet_rows_linear_split(const moet_rows_job *job, int64_t n, int *out_per_token);
-
 /* ---- shared by rows.cu and rows_wide.cu ------------------------------------------------- */
 
 #define MOET_ROWS_THREADS 256

@@ -162,29 +162,20 @@ static void linear_case(const char *name, moet_dtype dt, int64_t R, int64_t K, i
 	if (!dw || (s && !ds) || !dx || !dy)
 		goto out;
 	moet_mat hm = { dt, R, K, w, s }, dm = { dt, R, K, dw, ds };
-	/* The reference variant of the row kernels (MOET_GPU_ROWS_KERNEL=ref), the default (wide
-	 * where it applies, split per token where the grid is small), twice, and the split
-	 * forced off and on (MOET_GPU_LINEAR_SPLIT; on only where the weights read once per
-	 * token stay under 8 GB): all bit-identical, and checked below. */
-	static const struct {
-		const char *var, *val, *what;
-	} var[5] = { { "MOET_GPU_ROWS_KERNEL", "ref", "ref" },
-		     { "MOET_GPU_ROWS_KERNEL", "", "default" },
-		     { "MOET_GPU_ROWS_KERNEL", "", "repeated default" },
-		     { "MOET_GPU_LINEAR_SPLIT", "off", "split off" },
-		     { "MOET_GPU_LINEAR_SPLIT", "token", "split per token" } };
-	for (int v = 0; v < 5; v++) {
-		if (v == 4 && (double)n_tok * (double)(R * K) * (double)esz > 8e9)
-			continue;
-		setenv(var[v].var, var[v].val, 1);
+	/* The reference variant of the row kernels (MOET_GPU_ROWS_KERNEL=ref) and the default
+	 * (wide where it applies), twice: all three bit-identical, and checked below. */
+	static const char *const var[3] = { "ref", "", "" };
+	for (int v = 0; v < 3; v++) {
+		setenv("MOET_GPU_ROWS_KERNEL", var[v], 1);
 		int bad = dev_fail(moet_gpu_linear(&dm, dx, xs, n_tok, dy, ys, NULL), name) ||
 			  down(v ? y2 : y, dy, (size_t)(n_tok * ys) * sizeof(float));
-		unsetenv(var[v].var);
+		unsetenv("MOET_GPU_ROWS_KERNEL");
 		if (bad)
 			goto out;
 		if (v)
 			CHECK(!memcmp(y, y2, (size_t)(n_tok * ys) * sizeof(float)),
-			      "%s: %s run differs from the ref variant", name, var[v].what);
+			      "%s: %s run differs from the ref variant", name,
+			      v == 1 ? "default" : "repeated default");
 	}
 	/* Rows to check: all within the budget, else a sample with the first and the last. */
 	int64_t n_rows = R;
@@ -248,7 +239,7 @@ static void test_linear(void)
 	linear_case("kimi-mlp-gate", MOET_DT_F8_E4M3, 18432, 7168, 4, 0, 0, 3e8);
 	linear_case("kimi-mlp-down", MOET_DT_F8_E4M3, 7168, 18432, 16, 0, 0, 3e8);
 	linear_case("kimi-router", MOET_DT_BF16, 384, 7168, 64, 0, 0, 3e8);
-	/* small matrices at a decode batch (the default splits them per token: rows.cu) */
+	/* small matrices at decode batches */
 	linear_case("kimi-kv_a", MOET_DT_F8_E4M3, 576, 7168, 16, 0, 1, 3e8);
 	linear_case("kimi-q_a", MOET_DT_F8_E4M3, 1536, 7168, 16, 0, 0, 3e8);
 	linear_case("router-128", MOET_DT_BF16, 128, 7168, 16, 0, 0, 3e8);
@@ -870,11 +861,6 @@ static void test_bad_input(void)
 				 NULL, 1, 1.0f, d, 8, NULL) == MOET_EINVAL, "attention d_qk");
 	CHECK(moet_gpu_attention(d, 64, 1, 1, 64, 8, NULL, (float **)di, 64, 8, di, NULL, 1, 1.0f,
 				 d, 8, NULL) == MOET_EINVAL, "attention NULL");
-	setenv("MOET_GPU_LINEAR_SPLIT", "yes", 1);
-	CHECK(moet_gpu_linear(&m, d, 16, 4, d, 16, NULL) == MOET_EINVAL &&
-		      strstr(moet_errmsg(), "MOET_GPU_LINEAR_SPLIT"),
-	      "MOET_GPU_LINEAR_SPLIT=yes refused by name: %s", moet_errmsg());
-	unsetenv("MOET_GPU_LINEAR_SPLIT");
 	setenv("MOET_GPU_ATTN", "fast", 1);
 	CHECK(moet_gpu_attention(d, 64, 1, 1, 64, 8, (float **)di, (float **)di, 64, 8, di, NULL,
 				 16, 1.0f, d, 8, NULL) == MOET_EINVAL &&
