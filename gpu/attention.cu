@@ -153,122 +153,113 @@ attention_kernel(const float *q, long long q_stride, int d_qk, int d_v, float *c
  * The decode kernel (the default for rows without a run of GR / 2 rows of one sequence, as a
  * decode batch has): one block of DTHREADS threads per (row, head), the reference kernel's
  * operations in its order (so the same bits as attention_kernel and moet_attend_ref):
- *   scores: thread p of a tile, position p0 + p: the binary64 dot in index order (fma: a
- *           binary32 product is exact in binary64), s = (float)dot * scale; kept in shared
- *           memory for contexts of up to DS_MAX positions (else recomputed per tile in the
- *           second pass, as the reference always does: the same values);
+ *   scores: thread p, position p (p += DTHREADS): the binary64 dot in index order (fma: a
+ *           binary32 product is exact in binary64), s = (float)dot * scale, its K row read
+ *           straight from global memory, DKV float4 loads in flight; scores and cache rows of
+ *           up to DKEEP positions kept in shared memory (longer contexts: chunks of DKEEP
+ *           positions whose scores the second pass recomputes, as the reference always does);
  *   max:    order-free (as the reference's: a zero's sign cannot reach the output);
- *   e[p] = exp_c(s[p] - mx); one thread adds the softmax sum in position order, thread d its
- *   output dimension's sum in position order (fma again: e * v is exact in binary64).
- * What changes is who loads: the reference's 64 threads stage each K tile with one dependent
- * load at a time per thread and read V straight from global memory inside the position loop
- * (a load's latency per position), which made it 0.23 ms per Kimi-K2 layer call at batch 16
- * and 0.89 at 64 on the H200 (Nsight Compute, base clocks, context 64). Here DTHREADS threads
- * stage every K and V tile with their loads issued before any is used (stage_rows_ilp).
- * shared: q [d_qk] | tile [TILE][max(d_qk, d_v) + 1] | s [DS_MAX]   (+ row [TILE], static)
+ *   e[p] = exp_c(s[p] - mx); the last thread adds the softmax sum in position order, thread d
+ *   output d's sum in position order (fma again: e * v is exact in binary64), V rows read
+ *   straight, DVV positions' loads in flight.
+ * What changed against the reference kernel is who loads: its 64 threads staged each K tile
+ * one dependent load at a time and read V inside the position loop, a load's latency per
+ * position (0.23 ms per Kimi-K2 layer call at batch 16, 0.89 ms at 64; H200, Nsight Compute at
+ * base clocks, context 64). A first version of this kernel staged K and V tiles in shared
+ * memory with 256 threads and was bound by its barriers (the staging threads waiting for the
+ * 64 score threads): 0.09 / 0.32 ms; this one needs no staging (docs/gpu.md has the steps).
+ * shared: rows [DKEEP] (long long) | q [d_qk] | s [DKEEP]
  */
-#define DTHREADS 256
-#define DS_MAX 1024 /* scores kept in shared memory: contexts of up to this many positions */
+#define DTHREADS 128
+#define DKEEP 1024
+#define DND (ATT_MAX_D / DTHREADS) /* output dimensions per thread */
+#define DKV 8 /* float4 K loads in flight per thread */
+#define DVV 8 /* positions' V loads in flight per thread */
 
-static size_t dec_smem(int d_qk, int d_v)
+static size_t dec_smem(int d_qk)
 {
-	const int dm = d_qk > d_v ? d_qk : d_v;
-	return (size_t)(d_qk + TILE * (dm + 1) + DS_MAX) * sizeof(float);
+	return (size_t)DKEEP * sizeof(long long) + (size_t)(d_qk + DKEEP) * sizeof(float);
 }
 
-static_assert((ATT_MAX_D + TILE * (ATT_MAX_D + 1) + DS_MAX) * 4 + TILE * 8 + 64 <=
-		      SM120_SMEM_MAX,
+static_assert(DKEEP * 8 + (ATT_MAX_D + DKEEP) * 4 + DTHREADS / 32 * 4 + 8 <= SM120_SMEM_MAX,
 	      "sm_120: 99 KB of shared memory per block");
-static_assert(ATT_MAX_D <= DTHREADS, "one output dimension per thread");
 
-/* As stage_rows, with each warp's loads of RPW rows issued before any store (a warp per row,
- * lane d + 32k of a row), so that a tile costs a few load latencies instead of one per load. */
-static __device__ __forceinline__ void stage_rows_ilp(float *dst, int ts, const float *base,
-						      const long long *row, long long stride,
-						      int n_p, int d_n, int tid, int n_threads)
+/* NOTE: 6 blocks per SM on sm_90: 80 registers, no spill (uncapped: 110, 4 blocks); 4 on sm_120
+ * (whose binary64 rate is 1/64 anyway), where 80 registers spilled */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+#define DMINB 4
+#else
+#define DMINB 6
+#endif
+static __global__ void __launch_bounds__(DTHREADS, DMINB)
+attention_dec_kernel(const float *q, long long q_stride, int d_qk, int d_v,
+		      float *const *k_base, float *const *v_base, long long k_pos_stride,
+		      long long v_pos_stride, const int32_t *pos, const moet_gpu_pages pg,
+		      float scale, float *out, long long out_stride)
 {
-	constexpr int RPW = 4, KD = ATT_MAX_D / 32;
-	const int lane = tid & 31, nw = n_threads >> 5;
-	for (int i0 = tid >> 5; i0 < n_p; i0 += RPW * nw) {
-		float v[RPW][KD];
-#pragma unroll
-		for (int r = 0; r < RPW; r++) {
-			const int i = i0 + r * nw;
-			const float *src = base + (i < n_p ? row[i] : 0) * stride;
-#pragma unroll
-			for (int k = 0; k < KD; k++) {
-				const int d = lane + 32 * k;
-				v[r][k] = i < n_p && d < d_n ? __ldg(src + d) : 0.0f;
-			}
-		}
-#pragma unroll
-		for (int r = 0; r < RPW; r++) {
-			const int i = i0 + r * nw;
-#pragma unroll
-			for (int k = 0; k < KD; k++) {
-				const int d = lane + 32 * k;
-				if (i < n_p && d < d_n)
-					dst[i * ts + d] = v[r][k];
-			}
-		}
-	}
-}
-
-/* NOTE: 3 blocks per SM: 79 registers on sm_90 (98 uncapped: 2 blocks), 64 on sm_120; no spill */
-static __global__ void __launch_bounds__(DTHREADS, 3)
-attention_dec_kernel(const float *q, long long q_stride, int d_qk, int d_v, float *const *k_base,
-		     float *const *v_base, long long k_pos_stride, long long v_pos_stride,
-		     const int32_t *pos, const moet_gpu_pages pg, float scale, float *out,
-		     long long out_stride)
-{
-	extern __shared__ float sm[];
-	const int ts = (d_qk > d_v ? d_qk : d_v) + 1;
-	float *qs = sm, *kt = sm + d_qk, *ss = kt + TILE * ts;
-	__shared__ long long row[TILE];
+	extern __shared__ long long smr[];
+	long long *rw = smr;
+	float *qs = (float *)(rw + DKEEP), *ss = qs + d_qk;
 	__shared__ float mx_w[DTHREADS / 32];
 	__shared__ double sum_s;
 	const int tid = threadIdx.x, h = blockIdx.x, t = blockIdx.y;
 	const int n_pos = pos[t] + 1;
-	const bool kept = n_pos <= DS_MAX; /* every score in ss[p], else the tile's in ss[i] */
+	const bool kept = n_pos <= DKEEP;
 	const float *kb = k_base[t] + (long long)h * d_qk;
 	const float *vb = v_base[t] + (long long)h * d_v;
+	const bool vec = d_qk % 4 == 0 && k_pos_stride % 4 == 0 && ((uintptr_t)kb & 15) == 0;
 	for (int d = tid; d < d_qk; d += DTHREADS)
 		qs[d] = q[t * q_stride + (long long)h * d_qk + d];
+	__syncthreads();
 
-	/* the tile at p0: its cache rows (the caller syncs first), then n_p rows of K or V */
-	auto stage = [&](int p0, int n_p, bool v) {
-		if (tid < n_p)
-			row[tid] = moet_gpu_page_row(pg, t, p0 + tid);
-		__syncthreads();
-		if (v)
-			stage_rows_ilp(kt, ts, vb, row, v_pos_stride, n_p, d_v, tid, DTHREADS);
-		else
-			stage_rows_ilp(kt, ts, kb, row, k_pos_stride, n_p, d_qk, tid, DTHREADS);
-		__syncthreads();
-	};
-	/* the score of the staged tile's position i (thread i < n_p) */
-	auto score = [&](int i) -> float {
-		const float *kr = kt + i * ts;
+	/* position p's score, its K row at cache row r */
+	auto score = [&](long long r) -> float {
+		const float *kr = kb + r * k_pos_stride;
 		double dot = 0.0;
-		for (int d = 0; d < d_qk; d++)
-			dot = __fma_rn((double)qs[d], (double)kr[d], dot);
+		if (vec) {
+			for (int d0 = 0; d0 < d_qk; d0 += 4 * DKV) {
+				float4 kv[DKV];
+#pragma unroll
+				for (int j = 0; j < DKV; j++)
+					kv[j] = d0 + 4 * j < d_qk ? __ldg((const float4 *)(kr + d0) + j)
+								  : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+				for (int j = 0; j < DKV; j++) {
+					const int d = d0 + 4 * j;
+					if (d < d_qk) {
+						dot = __fma_rn((double)qs[d], (double)kv[j].x, dot);
+						dot = __fma_rn((double)qs[d + 1], (double)kv[j].y, dot);
+						dot = __fma_rn((double)qs[d + 2], (double)kv[j].z, dot);
+						dot = __fma_rn((double)qs[d + 3], (double)kv[j].w, dot);
+					}
+				}
+			}
+		} else {
+			for (int d0 = 0; d0 < d_qk; d0 += 16) {
+				float kv[16];
+#pragma unroll
+				for (int j = 0; j < 16; j++)
+					kv[j] = d0 + j < d_qk ? __ldg(kr + d0 + j) : 0.0f;
+#pragma unroll
+				for (int j = 0; j < 16; j++)
+					if (d0 + j < d_qk)
+						dot = __fma_rn((double)qs[d0 + j], (double)kv[j], dot);
+			}
+		}
 		return (float)dot * scale;
 	};
 
 	float mx = -INFINITY;
-	for (int p0 = 0; p0 < n_pos; p0 += TILE) {
-		const int n_p = min(TILE, n_pos - p0);
-		__syncthreads(); /* q staged; the previous tile consumed */
-		stage(p0, n_p, false);
-		if (tid < n_p) {
-			const float s = score(tid);
-			if (kept)
-				ss[p0 + tid] = s;
-			if (s > mx) /* NaN never is */
-				mx = s;
+	for (int p = tid; p < n_pos; p += DTHREADS) {
+		const long long r = moet_gpu_page_row(pg, t, p);
+		const float s = score(r);
+		if (kept) {
+			rw[p] = r;
+			ss[p] = s;
 		}
+		if (s > mx)
+			mx = s;
 	}
-	/* the block's max: order-free */
 #pragma unroll
 	for (int o = 16; o > 0; o >>= 1) {
 		const float x = __shfl_xor_sync(0xFFFFFFFFu, mx, o);
@@ -282,35 +273,55 @@ attention_dec_kernel(const float *q, long long q_stride, int d_qk, int d_v, floa
 		if (mx_w[i] > mx)
 			mx = mx_w[i];
 
-	/* the softmax sum by the last thread (no output dimension of its own below ATT_MAX_D),
-	 * the output sums by threads d < d_v; both in position order */
 	const int sum_tid = DTHREADS - 1;
-	double sum = 0.0, acc = 0.0;
-	for (int p0 = 0; p0 < n_pos; p0 += TILE) {
-		const int n_p = min(TILE, n_pos - p0);
-		float *e = kept ? ss + p0 : ss;
-		__syncthreads(); /* the previous tile consumed */
-		if (!kept) {
-			stage(p0, n_p, false);
-			if (tid < n_p)
-				e[tid] = score(tid);
-			__syncthreads(); /* the scores written; the K tile consumed */
+	double sum = 0.0, acc[DND];
+#pragma unroll
+	for (int k = 0; k < DND; k++)
+		acc[k] = 0.0;
+	for (int c0 = 0; c0 < n_pos; c0 += DKEEP) {
+		const int n_c = min(DKEEP, n_pos - c0);
+		__syncthreads(); /* the previous chunk consumed (and mx_w read) */
+		for (int i = tid; i < n_c; i += DTHREADS) {
+			if (!kept) {
+				rw[i] = moet_gpu_page_row(pg, t, c0 + i);
+				ss[i] = score(rw[i]);
+			}
+			ss[i] = moet_exp_c(ss[i] - mx);
 		}
-		if (tid < n_p)
-			e[tid] = moet_exp_c(e[tid] - mx);
-		stage(p0, n_p, true); /* (its first sync orders e) */
+		__syncthreads();
 		if (tid == sum_tid)
-			for (int i = 0; i < n_p; i++)
-				sum = sum + (double)e[i];
-		if (tid < d_v)
-			for (int i = 0; i < n_p; i++)
-				acc = __fma_rn((double)e[i], (double)kt[i * ts + tid], acc);
+			for (int i = 0; i < n_c; i++)
+				sum = sum + (double)ss[i];
+		for (int i0 = 0; i0 < n_c; i0 += DVV) {
+			float v[DVV][DND];
+#pragma unroll
+			for (int j = 0; j < DVV; j++) {
+				const int i = i0 + j;
+				const float *vr = vb + (i < n_c ? rw[i] : 0) * v_pos_stride;
+#pragma unroll
+				for (int k = 0; k < DND; k++) {
+					const int d = tid + k * DTHREADS;
+					v[j][k] = i < n_c && d < d_v ? __ldg(vr + d) : 0.0f;
+				}
+			}
+#pragma unroll
+			for (int j = 0; j < DVV; j++)
+				if (i0 + j < n_c)
+#pragma unroll
+					for (int k = 0; k < DND; k++)
+						acc[k] = __fma_rn((double)ss[i0 + j], (double)v[j][k],
+								  acc[k]);
+		}
 	}
 	if (tid == sum_tid)
 		sum_s = sum;
 	__syncthreads();
-	if (tid < d_v)
-		out[t * out_stride + (long long)h * d_v + tid] = (float)(acc / sum_s);
+#pragma unroll
+	for (int k = 0; k < DND; k++) {
+		const int d = tid + k * DTHREADS;
+		if (d < d_v)
+			out[t * out_stride + (long long)h * d_v + d] = (float)(acc[k] / sum_s);
+	}
 }
 
 /*
@@ -591,7 +602,7 @@ extern "C" int moet_gpu_attention(const float *q, int64_t q_stride, int64_t n_ro
 #undef GROUP_ARGS
 	}
 	if (grouped) { /* the decode kernel (above) */
-		const size_t dsm = dec_smem((int)d_qk, (int)d_v);
+		const size_t dsm = dec_smem((int)d_qk);
 		MOET_CUDA_TRY(cudaFuncSetAttribute(attention_dec_kernel,
 						   cudaFuncAttributeMaxDynamicSharedMemorySize,
 						   (int)dsm));
