@@ -59,6 +59,7 @@
 #include <xmmintrin.h>
 #endif
 
+#include "moet_clock.h"
 #include "moet_cpuexec.h"
 #include "moet_err.h"
 #include "moet_hd.h"
@@ -198,18 +199,11 @@ static void item2(moet_cpuexec *ex, slot *s, int64_t it)
 			jb->y[t * H + r] = moet_canon_nan(jb->y[t * H + r]);
 }
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static void run_batch(moet_cpuexec *ex, slot *s, int w)
 {
 	unsigned long long zero_t = 0;
 	if (!atomic_load_explicit(&s->t_first, memory_order_relaxed))
-		atomic_compare_exchange_strong(&s->t_first, &zero_t, (unsigned long long)now_ns());
+		atomic_compare_exchange_strong(&s->t_first, &zero_t, (unsigned long long)moet_now_ns());
 	if (s->fn) {
 		s->fn(s->fn_arg, w, ex->n_thr);
 	} else {
@@ -232,7 +226,7 @@ static void run_batch(moet_cpuexec *ex, slot *s, int w)
 	}
 	/* the last worker to finish marks the slot done; no worker touches s after counting */
 	if (atomic_fetch_add(&s->n_finished, 1) == ex->n_thr - 1) {
-		s->t_last = now_ns();
+		s->t_last = moet_now_ns();
 		atomic_store(&ex->finished, s->ticket);
 		pthread_mutex_lock(&ex->mu);
 		s->state = SLOT_DONE;

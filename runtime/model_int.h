@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "moet_backend.h"
+#include "moet_clock.h"
 #include "moet_mat.h"
 #include "moet_model.h"
 #include "moet_residency.h"
@@ -63,8 +64,12 @@ void moet_hybrid_destroy(moet_hybrid *hy, moet_backend *be);
 int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moet_ffn_w *table,
 			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
 			  const float *h, int64_t n, float *y_dst);
-/* Waits for the call in flight (if any) and copies its rows to the backend. */
-int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be);
+/* dispatch.c: the idle time marked in the pass just run (moet_model_set_gpu_idle), added to
+ * ns_gpu_idle; call after the pass's last download. */
+int moet_model_gpu_idle_take(moet_model *m);
+/* Waits for the call in flight (if any) and copies its rows to the backend; with idle_marks,
+ * the backend's idle marks around the wait (moet_backend_ops.idle_mark). */
+int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be, int idle_marks);
 /*
  * The device-grouped form (runtime/devgroup.c, CUDA): the device writes the CPU tier's pairs,
  * their count and their rows (in tier order, in place for the jobs) into the slot's pinned
@@ -136,13 +141,6 @@ int moet_stage_run(moet_stage *s, moet_backend *be, const moet_ffn_w *host,
 		   const moet_expert_pair *pairs, int64_t cnt, int64_t top_k, const float *h,
 		   int64_t n, float *y, int64_t H, moet_stage_counts *ct);
 
-/* A monotonic clock in ns (the engine's counters). */
-static inline uint64_t moet_now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* resident.c: at a placement's bind, its CPU-tier experts populated (and locked) per
  * MOET_CPU_RESIDENT; released (set and report) with the placement. */
@@ -305,6 +303,9 @@ struct moet_model {
 	moet_shadow *shadow;      /* online check of the CPU tier (moet_model_set_shadow) */
 	uint64_t split_passes;    /* passes run as two micro-batches (moet_hybrid_stats) */
 	uint64_t merged_calls;    /* home-device expert calls of both micro-batches (the same) */
+	int idle_on;              /* the backend's idle marks around the driver's waits (dispatch.c,
+				     moet_model_set_gpu_idle) */
+	uint64_t ns_gpu_idle;     /* their time, taken after each pass (moet_hybrid_stats) */
 	moet_mb_tune mb_tune[32]; /* per batch size, rows in powers of two (forward.c) */
 	double mb_skew[2];        /* MOET_MB_TEST_SKEW (forward.c, tests only) */
 	int experts_unbound;      /* some routed experts are not bound yet (GPU backends bind
