@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "moet_backend.h"
+#include "moet_clock.h"
 #include "moet_cpu.h"
 #include "moet_cpuexec.h"
 #include "moet_err.h"
@@ -41,6 +42,10 @@ typedef struct cpu_be {
 	float *scratch;
 	size_t scratch_elems;
 	moet_rows rows[2];    /* the current batch's row tables (a slot per micro-batch) */
+	/* idle_mark / idle_take: this backend runs each op on the calling thread, so its idle
+	 * time is the driver's wait itself (clock at the open mark, the sum since the take) */
+	uint64_t idle_t0, idle_ns;
+	int idle_open;
 } cpu_be;
 
 static cpu_be *impl(moet_backend *be)
@@ -519,6 +524,29 @@ static int cpu_combine(moet_backend *be, const float *y, int64_t n_y, const int3
 	return 0;
 }
 
+static int cpu_idle_mark(moet_backend *be, int resume)
+{
+	cpu_be *c = impl(be);
+	if (c->idle_open != !!resume)
+		return 0; /* a mark out of turn: dropped, as the CUDA backend's */
+	const uint64_t t = moet_now_ns();
+	if (resume)
+		c->idle_ns += t - c->idle_t0;
+	else
+		c->idle_t0 = t;
+	c->idle_open = !resume;
+	return 0;
+}
+
+static int cpu_idle_take(moet_backend *be, double *out_s)
+{
+	cpu_be *c = impl(be);
+	*out_s = 1e-9 * (double)c->idle_ns;
+	c->idle_ns = 0;
+	c->idle_open = 0;
+	return 0;
+}
+
 static const moet_backend_ops cpu_ops = {
 	.name = "cpu",
 	.host_memory = 1,
@@ -547,6 +575,8 @@ static const moet_backend_ops cpu_ops = {
 	.ffn = cpu_ffn,
 	.gate_up = cpu_gate_up,
 	.combine = cpu_combine,
+	.idle_mark = cpu_idle_mark,
+	.idle_take = cpu_idle_take,
 };
 
 int moet_backend_cpu_create(int n_threads, int64_t max_inter, moet_backend **out)

@@ -29,6 +29,8 @@
 #include "moet_gpu_host.h"
 #include "moet_upload.h"
 
+#define CU_IDLE_PAIRS 256 /* idle marks kept between two takes (a pass has a few per layer) */
+
 struct moet_rows {
 	int32_t *tok;        /* device [n] */
 	int32_t *pos;        /* device [n] */
@@ -71,6 +73,10 @@ typedef struct cuda_be {
 	moet_gpu_fast *fast; /* created at the first fast call */
 	void *fast_scratch;
 	size_t fast_bytes;
+	/* idle_mark / idle_take: event pairs (created at the first mark, kept), the pairs
+	 * recorded since the last take, whether a pair is open, whether a capture is */
+	void *idle_ev[2][CU_IDLE_PAIRS];
+	int idle_n, idle_open, capturing;
 } cuda_be;
 
 static cuda_be *impl(moet_backend *be)
@@ -126,6 +132,9 @@ static void cu_destroy(moet_backend *be)
 	moet_gpu_host_free(c->tok_pin);
 	free(c->ge);
 	moet_gpu_event_destroy(c->tok_ev);
+	for (int i = 0; i < 2; i++)
+		for (int j = 0; j < CU_IDLE_PAIRS; j++)
+			moet_gpu_event_destroy(c->idle_ev[i][j]);
 	moet_gpu_free(c->smp_scratch); /* issue 4 */
 	moet_gpu_free(c->smp_ids);
 	moet_gpu_fast_destroy(c->fast);
@@ -592,6 +601,41 @@ static int cu_combine(moet_backend *be, const float *y, int64_t n_y, const int32
 	return moet_gpu_combine(y, n_y, slot, weights, top_k, shared, n, dim, out, NULL);
 }
 
+/* ---- idle time around the driver's waits (moet_backend_ops.idle_mark) ------------------------ */
+
+static int cu_idle_mark(moet_backend *be, int resume)
+{
+	cuda_be *c = impl(be);
+	if (c->capturing || c->idle_n == CU_IDLE_PAIRS || c->idle_open != !!resume)
+		return 0; /* inside a capture, the pairs full, or a mark out of turn: dropped */
+	void **ev = &c->idle_ev[!!resume][c->idle_n];
+	int rc = *ev ? 0 : moet_gpu_event_create(ev);
+	if (!rc)
+		rc = moet_gpu_event_record(*ev, c->stream);
+	if (rc)
+		return rc;
+	c->idle_open = !resume;
+	c->idle_n += !!resume;
+	return 0;
+}
+
+static int cu_idle_take(moet_backend *be, double *out_s)
+{
+	cuda_be *c = impl(be);
+	double s = 0;
+	int rc = 0;
+	for (int i = 0; i < c->idle_n && !rc; i++) {
+		float ms = 0;
+		if (!(rc = moet_gpu_event_sync(c->idle_ev[1][i])) &&
+		    !(rc = moet_gpu_event_elapsed_ms(c->idle_ev[0][i], c->idle_ev[1][i], &ms)))
+			s += ms > 0 ? 1e-3 * ms : 0;
+	}
+	c->idle_n = 0;
+	c->idle_open = 0;
+	*out_s = s;
+	return rc;
+}
+
 /* ---- CUDA graphs of a pass (runtime/graph.c) ------------------------------------------------ */
 
 static int cu_capture_begin(moet_backend *be)
@@ -600,11 +644,14 @@ static int cu_capture_begin(moet_backend *be)
 	if (!c->stream)
 		return moet_err(MOET_EUNSUP, "CUDA graphs need MOET_GPU_STREAM=own (the legacy "
 				"stream cannot be captured)");
-	return moet_gpu_capture_begin(c->stream);
+	int rc = moet_gpu_capture_begin(c->stream);
+	c->capturing = !rc;
+	return rc;
 }
 
 static int cu_capture_end(moet_backend *be, void **out_graph)
 {
+	impl(be)->capturing = 0;
 	return moet_gpu_capture_end(impl(be)->stream, out_graph);
 }
 
@@ -658,6 +705,8 @@ static const moet_backend_ops cuda_ops = {
 	.graph_launch = cu_graph_launch,
 	.graph_free = cu_graph_free,
 	.mem_epoch = cu_mem_epoch,
+	.idle_mark = cu_idle_mark,
+	.idle_take = cu_idle_take,
 };
 
 /* MOET_GPU_STREAM: legacy (default: the passes' work on the legacy default stream, as

@@ -265,6 +265,15 @@ int moet_backend_timed_create(moet_backend *inner, moet_backend **out)
 	t->ops.gate_up = in->gate_up ? td_gate_up : NULL;
 	t->ops.combine = td_combine;
 	t->ops.sample = in->sample ? td_sample : NULL;
+	/* NOTE: the inner backend's other optional ops take the inner be, which the wrapper's
+	 * callers do not hold: not offered (a timed run captures no graph, tells no idle time) */
+	t->ops.capture_begin = NULL;
+	t->ops.capture_end = NULL;
+	t->ops.graph_launch = NULL;
+	t->ops.graph_free = NULL;
+	t->ops.mem_epoch = NULL;
+	t->ops.idle_mark = NULL;
+	t->ops.idle_take = NULL;
 	t->be = (moet_backend){ .ops = &t->ops, .impl = t };
 	int rc = in->alloc(inner, 64, &t->probe);
 	if (rc) {

@@ -77,10 +77,12 @@ static void on_route(void *ctx, const moet_route_event *ev)
 
 typedef struct step_split {
 	double step_s, cpu_s, wait_s, pcie_s;
+	double mean_s;                /* the mean step (step_s is the median) */
 	double cpu_run_s, cpu_start_s, cpu_wake_s; /* per step: moet_hybrid_stats' ns_cpu_* */
 	double cpu_pairs, pcie_bytes; /* per step */
 	double cpu_calls, cpu_bytes;  /* per step: the CPU tier's expert calls, their weights */
 	double cpu_layers;            /* per step: MoE layer calls with work for the CPU tier */
+	double gpu_idle_s;            /* per step: moet_hybrid_stats' ns_gpu_idle */
 	double split_share;           /* timed passes run as two micro-batches / all */
 	double merged_calls;          /* per step: GPU expert calls of both halves (MOET_MB_MERGE) */
 	int warmup;                   /* untimed steps before them */
@@ -142,6 +144,7 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int warmup, int steps, 
 		split->cpu_start_s = (double)hs.ns_cpu_start / 1e9 / steps;
 		split->cpu_wake_s = (double)hs.ns_cpu_wake / 1e9 / steps;
 		split->pcie_s = (double)(hs.ns_d2h + hs.ns_h2d) / 1e9 / steps;
+		split->gpu_idle_s = (double)hs.ns_gpu_idle / 1e9 / steps;
 		split->cpu_pairs = (double)hs.cpu_pairs / steps;
 		split->cpu_calls = (double)hs.cpu_calls / steps;
 		split->cpu_bytes = (double)hs.cpu_weight_bytes / steps;
@@ -196,6 +199,12 @@ static int open_mode(const moet_bench_e2e_opts *o, int mode, moet_model **out, d
 		unsetenv("MOET_OP_TIMES");
 	if (rc)
 		return rc;
+	/* the steps' split: the device's idle time around the driver's waits (not with
+	 * --op-times, whose backend waits for every op) */
+	if (!o->op_times && (rc = moet_model_set_gpu_idle(m, 1))) {
+		moet_model_close(m);
+		return rc;
+	}
 	const moet_config *c = moet_model_config(m);
 	const int64_t LE = c->num_hidden_layers * c->n_routed_experts;
 	int16_t *own = malloc((size_t)LE * sizeof(*own));
@@ -452,7 +461,7 @@ static void ram_bound_print(FILE *out, const moet_xtier_stats *t, const ram_boun
 static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 {
 	return json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
-			 "s:f, s:f, s:i}",
+			 "s:f, s:f, s:i, s:f, s:f}",
 			 "mode",
 			 mode, "batch", (json_int_t)B, "step_s", sp->step_s, "tokens_per_s",
 			 (double)B / sp->step_s, "cpu_busy_s", sp->cpu_s, "cpu_wait_s", sp->wait_s,
@@ -461,7 +470,8 @@ static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 			 "pcie_s", sp->pcie_s, "cpu_pairs", sp->cpu_pairs, "cpu_calls",
 			 sp->cpu_calls, "cpu_weight_bytes", sp->cpu_bytes, "pcie_bytes",
 			 sp->pcie_bytes, "split_share", sp->split_share, "merged_calls",
-			 sp->merged_calls, "warmup_steps", sp->warmup);
+			 sp->merged_calls, "warmup_steps", sp->warmup, "gpu_idle_s", sp->gpu_idle_s,
+			 "gpu_busy_s", sp->mean_s - sp->gpu_idle_s);
 }
 
 /* --graph: what MOET_CUDA_GRAPH=1 needs, set where unset (bits of what was set), and undone. */
@@ -513,6 +523,7 @@ static int graph_row(const moet_bench_e2e_opts *o, moet_model *m, int mode, int6
 	r.mean_s = moet_bench_mean(samples, o->steps);
 	moet_bench_stats_of(samples, o->steps, &r.st);
 	sp.step_s = r.st.median_s;
+	sp.mean_s = r.mean_s;
 	json_t *sj = split_json(tag, B, &sp);
 	json_object_set_new(sj, "graphs_captured", json_integer((json_int_t)gs.captured));
 	json_object_set_new(sj, "graphs_replayed", json_integer((json_int_t)gs.replayed));
@@ -658,6 +669,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			r.mean_s = moet_bench_mean(samples, o->steps);
 			moet_bench_stats_of(samples, o->steps, &r.st);
 			sp.step_s = r.st.median_s;
+			sp.mean_s = r.mean_s;
 			all_s[bi] = sp.step_s;
 			double bound = 0;
 			json_t *sj = split_json(mode_name[mode], B, &sp);
@@ -738,9 +750,10 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 				1e3 * sp.cpu_s, 1e3 * sp.wait_s, 1e3 * sp.pcie_s);
 			if (bound > 0)
 				fprintf(out, " %10.3f", 1e3 * bound);
-			/* the throughput's step (the mean), last: tests/gpu/ram_budget.sh reads it */
-			fprintf(out, "   mean step %.3f ms = %.1f tok/s\n", 1e3 * r.mean_s,
-				(double)B / r.mean_s);
+			/* the device's idle time per step, then the throughput's step (the mean),
+			 * last: tests/gpu/ram_budget.sh reads it */
+			fprintf(out, "   GPU idle %.3f ms   mean step %.3f ms = %.1f tok/s\n",
+				1e3 * sp.gpu_idle_s, 1e3 * r.mean_s, (double)B / r.mean_s);
 			fflush(out);
 			if (!rc && mode != MOET_E2E_CPU && o->graph)
 				rc = graph_row(o, m, mode, B, samples, rec, steps_arr, out);

@@ -122,7 +122,7 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 	moet_devgroup_reset(m); /* the device expert tables follow the placement */
 	if (m->hy) {
 		for (int i = 0; i < MOET_HYBRID_SLOTS; i++)
-			moet_hybrid_cpu_finish(m->hy, i, m->be);
+			moet_hybrid_cpu_finish(m->hy, i, m->be, 0);
 		moet_hybrid_destroy(m->hy, m->be);
 		m->hy = NULL;
 	}
@@ -238,11 +238,13 @@ void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset)
 	moet_hybrid_get_stats(m->hy, out);
 	out->split_passes = m->split_passes;
 	out->merged_calls = m->merged_calls;
+	out->ns_gpu_idle = m->ns_gpu_idle;
 	out->devgroup_calls = moet_devgroup_calls(m, reset);
 	if (reset) {
 		moet_hybrid_reset_stats(m->hy);
 		m->split_passes = 0;
 		m->merged_calls = 0;
+		m->ns_gpu_idle = 0;
 	}
 }
 
@@ -512,7 +514,7 @@ static int cpu_tier_xtier(moet_model *m, int64_t l, int64_t cnt, int64_t top_k, 
 		if (!rc)
 			rc = moet_hybrid_cpu_begin(m->hy, m->mb_slot, m->be, xt, m->tier_list + q,
 						   got, top_k, h, n, y + q * H);
-		int rf = moet_hybrid_cpu_finish(m->hy, m->mb_slot, m->be);
+		int rf = moet_hybrid_cpu_finish(m->hy, m->mb_slot, m->be, 0);
 		if (!rc)
 			rc = rf;
 		moet_xtier_release(m->xtier, l);
@@ -529,6 +531,33 @@ static int run_all(moet_model *m, int64_t l, int64_t P, int64_t k, const float *
 	return rc ? rc : m->be->ops->upload(m->be, slot, m->slot_h, (size_t)P * sizeof(int32_t));
 }
 
+/* The backend's idle mark (moet_model_set_gpu_idle): 0 before the driver blocks, 1 before it
+ * queues work again. */
+static int idle_mark(moet_model *m, int resume)
+{
+	return m->idle_on && m->be->ops->idle_mark ? m->be->ops->idle_mark(m->be, resume) : 0;
+}
+
+int moet_model_set_gpu_idle(moet_model *m, int on)
+{
+	if (on && !m->be->ops->idle_mark)
+		return moet_err(MOET_EUNSUP, "GPU idle time: the %s backend cannot tell it",
+				m->be->ops->name);
+	m->idle_on = on != 0;
+	return 0;
+}
+
+int moet_model_gpu_idle_take(moet_model *m)
+{
+	double s = 0;
+	if (!m->idle_on || !m->be->ops->idle_take)
+		return 0;
+	int rc = m->be->ops->idle_take(m->be, &s);
+	if (!rc)
+		m->ns_gpu_idle += (uint64_t)(s * 1e9);
+	return rc;
+}
+
 int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, const float *h,
 		      float *y, int32_t *slot)
 {
@@ -541,7 +570,9 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 	/* MOET_GPU_DEVGROUP=1 and every expert of the layer on GPU 0: no ids to the host */
 	if ((rc = moet_devgroup_dispatch(m, l, ids, n, h, y, slot, &on_device)) || on_device)
 		return rc;
-	if ((rc = ensure_pairs_h(m, P)) ||
+	/* NOTE: the device may idle from the ids' download until the driver has grouped the
+	 * pairs and started the CPU tier (idle marks, moet_model_set_gpu_idle) */
+	if ((rc = ensure_pairs_h(m, P)) || (rc = idle_mark(m, 0)) ||
 	    (rc = m->be->ops->download(m->be, m->ids_h, ids, (size_t)P * sizeof(int32_t))))
 		return rc;
 	for (int64_t p = 0; p < P; p++)
@@ -551,7 +582,7 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 	if ((rc = moet_expert_pairs_sort(m->ids_h, P, m->pairs)))
 		return rc;
 	if (!m->owner)
-		return run_all(m, l, P, k, h, n, y, slot);
+		return (rc = idle_mark(m, 1)) ? rc : run_all(m, l, P, k, h, n, y, slot);
 	/* The cold pairs' rows come last in y, the staged ones first: count the devices' pairs
 	 * and the staged pairs first. A cold expert's pairs are one run of the sorted pairs. */
 	const int64_t st_min = m->xtier ? 0 : moet_hybrid_stage_min(m->hy);
@@ -599,6 +630,10 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 			moet_shadow_pick(m->shadow, m->mb_slot, l, m->tier_list, cpu_cnt, cpu_row, h,
 					 n, yb);
 	}
+	if ((rc = idle_mark(m, 1))) {
+		moet_moe_dispatch_finish(m);
+		return rc;
+	}
 	/* NOTE: the device tiers reuse tier_list from its start; the CPU tier's copy of its
 	 * pairs was taken at begin (its jobs). */
 	m->tier_pairs[0] += (uint64_t)(cpu_cnt + st_cnt); /* the cold pairs, staged or not */
@@ -632,7 +667,7 @@ int moet_moe_dispatch_finish(moet_model *m)
 	 * in the hybrid engine's finish on this thread */
 	int r = moet_devgroup_finish(m, &grouped);
 	if (!r && !grouped && m->hy)
-		r = moet_hybrid_cpu_finish(m->hy, m->mb_slot, m->be);
+		r = moet_hybrid_cpu_finish(m->hy, m->mb_slot, m->be, m->idle_on);
 	if (!rc && !r && m->shadow)
 		r = moet_shadow_check(m, m->mb_slot);
 	return rc ? rc : r;

@@ -367,12 +367,21 @@ int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moe
 	return start(hy, cl, &hy->st, table, pairs, cnt);
 }
 
-int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be)
+int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be, int idle_marks)
 {
 	if (!hy || slot < 0 || slot >= MOET_HYBRID_SLOTS || !hy->call[slot].pending)
 		return 0;
 	hy_call *cl = &hy->call[slot];
+	/* the device may run out of work while the driver waits here; it resumes before the
+	 * rows' copy (PCIe time of its own) */
+	const int marks = idle_marks && be->ops->idle_mark;
+	int rm = marks ? be->ops->idle_mark(be, 0) : 0;
 	int rc = end(hy, cl, &hy->st);
+	if (marks) {
+		int r1 = be->ops->idle_mark(be, 1);
+		rm = rm ? rm : r1;
+	}
+	rc = rc ? rc : rm;
 	uint64_t t1 = moet_now_ns();
 	if (!rc)
 		rc = be->ops->upload(be, cl->y_dst, cl->y_stage,

@@ -186,6 +186,16 @@ typedef struct moet_backend_ops {
 	int (*graph_launch)(moet_backend *be, void *graph);
 	void (*graph_free)(moet_backend *be, void *graph);
 	uint64_t (*mem_epoch)(moet_backend *be);
+	/* Optional (NULL: the backend cannot tell): the device's idle time around the driving
+	 * thread's waits. idle_mark(be, 0) where the driver is about to block (for the routing
+	 * ids, for the CPU tier): its queue may run dry; idle_mark(be, 1) where it resumes, before
+	 * it queues more work. idle_take, after a point where everything queued has run (a
+	 * download), adds up, since the last take, the time from each pair's first mark being
+	 * reached (the work queued before it done) to its second (queued when the driver came
+	 * back): the time the device had nothing queued. Unpaired or surplus marks are dropped;
+	 * marks while a capture is open are ignored. */
+	int (*idle_mark)(moet_backend *be, int resume);
+	int (*idle_take)(moet_backend *be, double *out_s);
 } moet_backend_ops;
 
 /*

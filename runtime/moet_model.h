@@ -206,6 +206,10 @@ typedef struct moet_hybrid_stats {
 				    no id download, no host grouping; with or without placement) */
 	uint64_t merged_calls;   /* MoE layer calls of the home device that computed both
 				    micro-batches' pairs in one (MOET_MB_MERGE=1) */
+	uint64_t ns_gpu_idle;    /* with moet_model_set_gpu_idle: the home device's time with
+				    nothing queued while the driver waited (for each MoE layer's
+				    routing ids, their grouping and the CPU tier's start; for the
+				    CPU tier's end): its idle marks, taken after each pass */
 } moet_hybrid_stats;
 
 /* What binding a placement made resident of its CPU tier (MOET_CPU_RESIDENT: populate, the
@@ -298,6 +302,12 @@ void moet_model_shadow_stats(const moet_model *m, moet_shadow_stats *out);
  * runs alone, the reference path; MOET_HYBRID_OVERLAP=0 at set_placement does the same).
  * Same bits either way. MOET_EINVAL without a placement. */
 int moet_model_set_hybrid_overlap(moet_model *m, int on);
+
+/* The home backend's idle marks around the driving thread's waits on (1) or off (0, the
+ * default): moet_hybrid_stats.ns_gpu_idle. Each pass then records a few CUDA events per MoE
+ * layer (a few microseconds of host time each). MOET_EUNSUP if the backend cannot tell. The
+ * host-grouped path only: device-grouped layers (MOET_GPU_DEVGROUP=1) wait on the stream. */
+int moet_model_set_gpu_idle(moet_model *m, int on);
 
 /*
  * Keeps the CPU tier's experts on disk behind a host-RAM expert cache of `bytes` (the NVMe

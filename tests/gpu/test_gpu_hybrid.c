@@ -11,6 +11,9 @@
  *     same bits, one merged call per MoE layer of every split pass;
  *   - the tier counts add up, the random placement sends >= 25% of routings to the CPU;
  *   - the CPU tier's counters agree with the tier counts (pairs, bytes copied back);
+ *   - the GPU's idle marks (moet_model_set_gpu_idle, CUDA events) on for the all-CPU and the
+ *     serial placements: the same bits, the GPU idle at least the driver's waits for the CPU
+ *     tier (serial: at least the tier's whole time), none counted with the marks off;
  *   - prefill staging of cold experts (MOET_PREFILL_STAGE=0, 1, auto at 4 tokens, auto on
  *     the cost model, unset: as many staged as auto, the default on a GPU; all through the
  *     pinned uploader's waves, the default; 1 with the driver's copies, MOET_STAGE_COPY=
@@ -206,6 +209,9 @@ int main(void)
 		      moet_errmsg());
 		unsetenv("MOET_HYBRID_OVERLAP");
 		unsetenv("MOET_PREFILL_STAGE");
+		const int idle = pl == 1 || pl == 4; /* the GPU has nothing queued meanwhile */
+		CHECK(moet_model_set_gpu_idle(gpu, idle) == 0, "%s: idle marks: %s", names[pl],
+		      moet_errmsg());
 		/* two micro-batches forced; pl 5: batched calls in one pass (forward.c) */
 		setenv("MOET_MICROBATCH", pl == 5 ? "0" : "1", 1);
 		if (pl >= 6)
@@ -225,6 +231,16 @@ int main(void)
 		moet_model_hybrid_stats(gpu, &hs, 1);
 		const uint64_t total = cnt[0] + cnt[1];
 		CHECK(total > 0, "%s: routings counted", names[pl]);
+		/* the waits lie inside the marked windows: the CPU tier's end in finish; serial, its
+		 * whole run inside the dispatch's window (its begin waits); the event clock and the
+		 * host's may differ by a microsecond per window */
+		const uint64_t in_window = pl == 4 ? hs.ns_cpu : hs.ns_wait;
+		const uint64_t slack = 2000 * (hs.calls + 1);
+		CHECK(idle ? hs.ns_gpu_idle + slack >= in_window && hs.ns_gpu_idle > 0
+			   : hs.ns_gpu_idle == 0,
+		      "%s: GPU idle %llu ns, marks %s, the CPU tier's %s %llu ns", names[pl],
+		      (unsigned long long)hs.ns_gpu_idle, idle ? "on" : "off",
+		      pl == 4 ? "time" : "wait", (unsigned long long)in_window);
 		CHECK(hs.cpu_pairs + hs.staged_pairs == cnt[0], "%s: CPU tier %llu pairs, %llu "
 		      "staged, tier count %llu", names[pl], (unsigned long long)hs.cpu_pairs,
 		      (unsigned long long)hs.staged_pairs, (unsigned long long)cnt[0]);
@@ -244,9 +260,10 @@ int main(void)
 			CHECK(cnt[0] * 4 >= total && cnt[1], "%s: CPU share %llu of %llu", names[pl],
 			      (unsigned long long)cnt[0], (unsigned long long)total);
 		printf("%-14s CPU %llu, GPU %llu routings; CPU tier %.2f ms, waited %.2f ms, "
-		       "%.1f KB down, %.1f KB up: logits equal the CPU reference\n", names[pl],
-		       (unsigned long long)cnt[0], (unsigned long long)cnt[1], hs.ns_cpu / 1e6,
-		       hs.ns_wait / 1e6, hs.bytes_d2h / 1e3, hs.bytes_h2d / 1e3);
+		       "GPU idle %.2f ms, %.1f KB down, %.1f KB up: logits equal the CPU "
+		       "reference\n", names[pl], (unsigned long long)cnt[0],
+		       (unsigned long long)cnt[1], hs.ns_cpu / 1e6, hs.ns_wait / 1e6,
+		       hs.ns_gpu_idle / 1e6, hs.bytes_d2h / 1e3, hs.bytes_h2d / 1e3);
 	}
 	/* the shadow check on the GPU: CPU-tier experts staged into a device slot, recomputed by
 	 * the GPU kernel and compared bit for bit */

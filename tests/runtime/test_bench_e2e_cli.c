@@ -76,6 +76,13 @@ int main(void)
 			double pairs = num(row, "cpu_pairs"), bytes = num(row, "pcie_bytes");
 			if (!mode)
 				continue;
+			/* the device's idle time around the driver's waits (routing ids every MoE
+			 * layer; the CPU tier's end, so at least the driver's wait for it) and the
+			 * rest of the mean step */
+			const double idle = num(row, "gpu_idle_s"), busy = num(row, "gpu_busy_s");
+			CHECK(idle > 0 && busy >= 0 && idle >= num(row, "cpu_wait_s") * (1 - 1e-9),
+			      "%s batch %lld: GPU idle %g s, busy %g s, CPU wait %g s", mode,
+			      (long long)B, idle, busy, num(row, "cpu_wait_s"));
 			if (!strcmp(mode, "gpu")) {
 				CHECK(pairs == 0 && bytes == 0, "gpu mode: no CPU tier work");
 				CHECK(json_integer_value(json_object_get(row, "warmup_steps")) == 1,

@@ -7,7 +7,10 @@
  * at batch sizes 1 and 3. The tier counters add up to the routings. Bad owners are refused.
  * One device and the CPU tier in two micro-batches with MOET_MB_MERGE=1 (the home device's
  * calls of both halves as one, dispatch.c), also with staged cold experts: the same bits, and
- * one merged call per MoE layer of every split pass.
+ * one merged call per MoE layer of every split pass. The backend's idle marks
+ * (moet_model_set_gpu_idle) on for the all-CPU and the serial placements: the same bits, the
+ * idle time at least the driver's waits for the CPU tier (serial: the tier's whole time), none
+ * counted with the marks off.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -119,6 +122,9 @@ int main(void)
 		unsetenv("MOET_PREFILL_STAGE");
 		unsetenv("MOET_PREFILL_STAGE_MIN");
 		memset(got, 0xAB, n_logits * sizeof(float));
+		const int idle = pl == 0 || pl == 5; /* the device has nothing queued meanwhile */
+		CHECK(moet_model_set_gpu_idle(m, idle) == 0, "%s: idle marks: %s", names[pl],
+		      moet_errmsg());
 		/* two micro-batches forced, except: pl 3 the automatic choice (forward.c tries
 		 * both forms), pl 7 batched calls in one pass */
 		if (pl != 3)
@@ -140,6 +146,13 @@ int main(void)
 		      (unsigned long long)total, (unsigned long long)want);
 		moet_hybrid_stats hs;
 		moet_model_hybrid_stats(m, &hs, 1);
+		/* the waits lie inside the marked windows: the CPU tier's end in finish; serial, its
+		 * whole run inside the dispatch's window (begin waits) */
+		const uint64_t in_window = pl == 5 ? hs.ns_cpu : hs.ns_wait;
+		CHECK(idle ? hs.ns_gpu_idle >= in_window && hs.ns_gpu_idle > 0 : hs.ns_gpu_idle == 0,
+		      "%s: idle %llu ns, marks %s, the CPU tier's %s %llu ns", names[pl],
+		      (unsigned long long)hs.ns_gpu_idle, idle ? "on" : "off",
+		      pl == 5 ? "time" : "wait", (unsigned long long)in_window);
 		/* the cold pairs: the CPU tier's and (staged) the backend's from a staging slot */
 		CHECK(hs.cpu_pairs + hs.staged_pairs == cnt[0], "%s: the CPU tier computed %llu "
 		      "pairs, %llu staged, counted %llu", names[pl],
@@ -181,6 +194,7 @@ int main(void)
 		       (unsigned long long)cnt[2], (unsigned long long)cnt[3],
 		       (unsigned long long)total);
 	}
+	CHECK(moet_model_set_gpu_idle(m, 0) == 0, "idle marks off");
 	/* the shadow check: every CPU-tier call recomputed by the backend, bits compared (the
 	 * last placement again, without staging: every cold pair on the CPU tier) */
 	CHECK(moet_model_set_placement(m, own, 1) == 0, "placement: %s", moet_errmsg());
