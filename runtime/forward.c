@@ -666,8 +666,10 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 		use(m, &p[i]);
 		rc = logits_deliver(m, p[i].steps, p[i].n_steps);
 	}
-	if (!rc) /* after the logits' download: every idle mark of the pass was reached */
-		rc = moet_model_gpu_idle_take(m);
+	/* after the logits' download every idle mark of the pass was reached; a failed pass's
+	 * marks are dropped (an open one would pair with the next pass's) */
+	const int ri = moet_model_gpu_idle_take(m);
+	rc = rc ? rc : ri;
 	/* MOET_GPU_DEVGROUP=1: the device's error words, after the logits' download */
 	const int rd = moet_devgroup_check(m, rc != 0);
 	rc = rc ? rc : rd;

@@ -65,7 +65,7 @@ int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moe
 			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
 			  const float *h, int64_t n, float *y_dst);
 /* dispatch.c: the idle time marked in the pass just run (moet_model_set_gpu_idle), added to
- * ns_gpu_idle; call after the pass's last download. */
+ * ns_gpu_idle, the marks cleared; call after the pass's last download (or its failure). */
 int moet_model_gpu_idle_take(moet_model *m);
 /* Waits for the call in flight (if any) and copies its rows to the backend; with idle_marks,
  * the backend's idle marks around the wait (moet_backend_ops.idle_mark). */
