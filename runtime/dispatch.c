@@ -395,6 +395,15 @@ static int mg_grow(moet_model *m, float **p, int64_t have, int64_t floats)
 	return m->be->ops->alloc(m->be, (size_t)floats * sizeof(float), (void **)p);
 }
 
+int moet_tier_order_set(moet_model *m, int n_mb)
+{
+	static const char *const modes[] = { "auto", "cpu", "gpu" };
+	int mode = 0, rc = moet_env_choice("MOET_TIER_ORDER", modes, 3, &mode);
+	m->gpu_first = !rc && moet_hybrid_overlapped(m->hy) &&
+		       (mode == 2 || (mode == 0 && n_mb == 2));
+	return rc;
+}
+
 int moet_mb_merge_begin(moet_model *m, int64_t n_rows, int *out)
 {
 	static const char *const modes[] = { "0", "1" };
@@ -619,11 +628,16 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 			}
 		}
 	}
+	/* the CPU tier's rows come down now; its jobs start here or after the device tiers'
+	 * launches (MOET_TIER_ORDER: m->gpu_first) */
+	const int go_late = cpu_cnt && !m->xtier && m->gpu_first;
 	if (cpu_cnt) {
 		rc = m->xtier ? cpu_tier_xtier(m, l, cpu_cnt, k, h, n, y + cpu_row * c->hidden_size)
-			      : moet_hybrid_cpu_begin(m->hy, m->mb_slot, m->be, lw->experts_host,
+			      : moet_hybrid_cpu_fetch(m->hy, m->mb_slot, m->be, lw->experts_host,
 						      m->tier_list, cpu_cnt, k, h, n,
 						      yb + cpu_row * c->hidden_size);
+		if (!rc && !m->xtier && !go_late)
+			rc = moet_hybrid_cpu_go(m->hy, m->mb_slot);
 		if (rc)
 			return rc;
 		if (m->shadow)
@@ -648,6 +662,8 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 					   k, h, n, yb + st_at * c->hidden_size);
 	if (!rc && !mg_first) /* the first's table goes up with the second's (mg_run) */
 		rc = m->be->ops->upload(m->be, slot, m->slot_h, (size_t)P * sizeof(int32_t));
+	if (!rc && go_late)
+		rc = moet_hybrid_cpu_go(m->hy, m->mb_slot);
 	if (!rc && (mg_first || mg_second))
 		m->mg.ycur[m->mb_slot] = yb;
 	if (rc)

@@ -62,6 +62,9 @@ typedef struct hy_call {
 	moet_expert_pair *pairs_stage; /* [cap_pstage] host_alloc: the device-grouped form's */
 	int64_t cap_pstage;
 	int32_t *count_stage;     /* [1] host_alloc: its pair count, written by the device */
+	moet_expert_pair *pairs;  /* [cap_pairs]: a fetched call's pairs (moet_hybrid_cpu_fetch) */
+	const moet_ffn_w *table;  /* its expert table */
+	int64_t fetched, top_k;   /* its pair count (0: none fetched) and top_k */
 	uint64_t tickets[HY_MAX_PENDING];
 	int n_tickets;
 	float *y_dst;             /* backend y rows of the pending call */
@@ -145,6 +148,7 @@ void moet_hybrid_destroy(moet_hybrid *hy, moet_backend *be)
 		be->ops->host_free(be, hy->call[i].pairs_stage);
 		be->ops->host_free(be, hy->call[i].count_stage);
 		free(hy->call[i].jobs);
+		free(hy->call[i].pairs);
 		free(hy->call[i].mark);
 	}
 	free(hy->scratch);
@@ -172,9 +176,12 @@ static int grow(const moet_hybrid *hy, hy_call *cl, moet_backend *be, int64_t ro
 	if (pairs > cl->cap_pairs) {
 		be->ops->host_free(be, cl->y_stage);
 		free(cl->jobs);
+		free(cl->pairs);
 		cl->y_stage = NULL;
+		cl->pairs = NULL;
 		cl->cap_pairs = 0;
-		if (!(cl->jobs = malloc((size_t)pairs * sizeof(*cl->jobs))))
+		if (!(cl->jobs = malloc((size_t)pairs * sizeof(*cl->jobs))) ||
+		    !(cl->pairs = malloc((size_t)pairs * sizeof(*cl->pairs))))
 			return moet_err(MOET_ENOMEM, "hybrid engine: %lld jobs", (long long)pairs);
 		if ((rc = be->ops->host_alloc(be, (size_t)pairs * row_bytes,
 					      (void **)&cl->y_stage)))
@@ -340,18 +347,17 @@ static int end(moet_hybrid *hy, hy_call *cl, moet_hybrid_stats *st)
 	return rc;
 }
 
-int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moet_ffn_w *table,
+int moet_hybrid_cpu_fetch(moet_hybrid *hy, int slot, moet_backend *be, const moet_ffn_w *table,
 			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
 			  const float *h, int64_t n, float *y_dst)
 {
 	if (slot < 0 || slot >= MOET_HYBRID_SLOTS)
 		return moet_err(MOET_EINVAL, "hybrid engine: slot %d", slot);
 	hy_call *cl = &hy->call[slot];
-	const int64_t H = hy->H;
-	const size_t row_bytes = (size_t)H * sizeof(float);
 	int rc;
 	if (cl->pending)
 		return moet_err(MOET_EINVAL, "hybrid engine: begin with a call still in flight");
+	cl->fetched = 0;
 	if (cnt <= 0)
 		return 0;
 	if ((rc = grow(hy, cl, be, n, cnt)))
@@ -359,19 +365,47 @@ int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moe
 	uint64_t t0 = moet_now_ns();
 	if ((rc = download_rows(hy, cl, be, pairs, cnt, top_k, h, n)))
 		return rc;
-	uint64_t t1 = moet_now_ns();
-	hy->st.ns_d2h += t1 - t0;
-	for (int64_t i = 0; i < cnt; i++)
-		memcpy(cl->y_stage + i * H, cl->h_stage + (pairs[i].pair / top_k) * H, row_bytes);
+	hy->st.ns_d2h += moet_now_ns() - t0;
+	memcpy(cl->pairs, pairs, (size_t)cnt * sizeof(*pairs));
+	cl->table = table;
+	cl->top_k = top_k;
 	cl->y_dst = y_dst;
-	return start(hy, cl, &hy->st, table, pairs, cnt);
+	cl->fetched = cnt;
+	return 0;
+}
+
+int moet_hybrid_cpu_go(moet_hybrid *hy, int slot)
+{
+	if (slot < 0 || slot >= MOET_HYBRID_SLOTS)
+		return moet_err(MOET_EINVAL, "hybrid engine: slot %d", slot);
+	hy_call *cl = &hy->call[slot];
+	const int64_t H = hy->H, cnt = cl->fetched;
+	const size_t row_bytes = (size_t)H * sizeof(float);
+	if (!cnt)
+		return 0;
+	cl->fetched = 0;
+	for (int64_t i = 0; i < cnt; i++)
+		memcpy(cl->y_stage + i * H, cl->h_stage + (cl->pairs[i].pair / cl->top_k) * H,
+		       row_bytes);
+	return start(hy, cl, &hy->st, cl->table, cl->pairs, cnt);
+}
+
+int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moet_ffn_w *table,
+			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
+			  const float *h, int64_t n, float *y_dst)
+{
+	int rc = moet_hybrid_cpu_fetch(hy, slot, be, table, pairs, cnt, top_k, h, n, y_dst);
+	return rc ? rc : moet_hybrid_cpu_go(hy, slot);
 }
 
 int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be, int idle_marks)
 {
-	if (!hy || slot < 0 || slot >= MOET_HYBRID_SLOTS || !hy->call[slot].pending)
+	if (!hy || slot < 0 || slot >= MOET_HYBRID_SLOTS)
 		return 0;
 	hy_call *cl = &hy->call[slot];
+	cl->fetched = 0; /* fetched and never started: a failed dispatch */
+	if (!cl->pending)
+		return 0;
 	/* the device may run out of work while the driver waits here; it resumes before the
 	 * rows' copy (PCIe time of its own) */
 	const int marks = idle_marks && be->ops->idle_mark;
@@ -480,6 +514,11 @@ void moet_hybrid_dev_collect(moet_hybrid_dev *dc)
 void moet_hybrid_set_overlap(moet_hybrid *hy, int on)
 {
 	hy->overlap = on != 0;
+}
+
+int moet_hybrid_overlapped(const moet_hybrid *hy)
+{
+	return hy && hy->overlap;
 }
 
 void moet_hybrid_get_stats(const moet_hybrid *hy, moet_hybrid_stats *out)

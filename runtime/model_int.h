@@ -64,6 +64,14 @@ void moet_hybrid_destroy(moet_hybrid *hy, moet_backend *be);
 int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moet_ffn_w *table,
 			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
 			  const float *h, int64_t n, float *y_dst);
+/* The same in two steps, so that the driver can launch the device tiers in between: fetch
+ * copies the rows the pairs use to host staging (and keeps the pairs), go gathers them by
+ * expert and starts the jobs; begin is fetch then go. A fetched call never started is dropped
+ * by finish. */
+int moet_hybrid_cpu_fetch(moet_hybrid *hy, int slot, moet_backend *be, const moet_ffn_w *table,
+			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
+			  const float *h, int64_t n, float *y_dst);
+int moet_hybrid_cpu_go(moet_hybrid *hy, int slot);
 /* dispatch.c: the idle time marked in the pass just run (moet_model_set_gpu_idle), added to
  * ns_gpu_idle, the marks cleared; call after the pass's last download (or its failure). */
 int moet_model_gpu_idle_take(moet_model *m);
@@ -109,6 +117,8 @@ int moet_hybrid_stage_run(moet_hybrid *hy, moet_backend *be, const moet_ffn_w *t
 			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
 			  const float *h, int64_t n, float *y);
 void moet_hybrid_set_overlap(moet_hybrid *hy, int on);
+/* Whether the tier runs beside the caller (0: begin waits for it; also without an engine). */
+int moet_hybrid_overlapped(const moet_hybrid *hy);
 void moet_hybrid_reset_stats(moet_hybrid *hy);
 
 /* stage.c: experts computed by the backend from staging slots (copies of their host bytes
@@ -331,6 +341,7 @@ struct moet_model {
 	moet_expert_pair *stage_list; /* the cold pairs staged to the backend (hybrid.c) */
 	int32_t *ids_h, *slot_h;
 	int64_t cap_pairs;
+	int gpu_first;            /* this pass starts the CPU tier after the device tiers */
 	/* Two micro-batches' home-device experts as one call (MOET_MB_MERGE, dispatch.c): the
 	 * first micro-batch's dispatch of a layer defers its pairs, the second's computes both. */
 	struct {
@@ -428,6 +439,12 @@ int moet_moe_dispatch(struct moet_model *m, int64_t l, const int32_t *ids, int64
 /* Completes a dispatch whose CPU tier may still be running (the hybrid engine overlaps it
  * with whatever the caller queues on the backend in between). */
 int moet_moe_dispatch_finish(struct moet_model *m);
+/* The order of a pass's dispatches (MOET_TIER_ORDER, dispatch.c): whether the CPU tier's jobs
+ * start after the device tiers' launches (m->gpu_first): "gpu", "cpu", or "auto" (unset):
+ * after them in a pass of two micro-batches (n_mb 2), before them in one pass; always before
+ * them when the tier does not overlap (MOET_HYBRID_OVERLAP=0: it runs alone, the reference of
+ * bench e2e's Tc). Same bits either way. MOET_EINVAL for a bad value. */
+int moet_tier_order_set(struct moet_model *m, int n_mb);
 /* Whether a pass of two micro-batches merges their home-device expert calls (MOET_MB_MERGE,
  * dispatch.c): *out 1 if asked for and the placement allows it (one device, no NVMe tier, a
  * backend with copy); then m->mg is ready for n_rows rows (both micro-batches) of top_k pairs

@@ -9,6 +9,8 @@
  *   - two micro-batches with the GPU's expert calls of both halves merged (MOET_MB_MERGE=1,
  *     runtime/dispatch.c), also with every cold expert staged (MOET_PREFILL_STAGE=1): the
  *     same bits, one merged call per MoE layer of every split pass;
+ *   - the CPU tier's jobs started before the GPU's launches in two micro-batches and after
+ *     them in one pass (MOET_TIER_ORDER=cpu / gpu, the opposite of the default): the same bits;
  *   - the tier counts add up, the random placement sends >= 25% of routings to the CPU;
  *   - the CPU tier's counters agree with the tier counts (pairs, bytes copied back);
  *   - the GPU's idle marks (moet_model_set_gpu_idle, CUDA events) on for the all-CPU and the
@@ -190,11 +192,13 @@ int main(void)
 	CHECK(run(cpu, 1, ref) == 0, "reference: %s", moet_errmsg());
 
 	const char *names[] = { "all-gpu", "all-cpu", "random-half", "per-layer", "random serial",
-				"random one pass", "random merged", "random merged staged" };
+				"random one pass", "random merged", "random merged staged",
+				"random cpu-first", "random one pass gpu-first" };
 	int64_t moe_layers = 0;
 	for (int64_t l = 0; l < L; l++)
 		moe_layers += moet_config_is_moe_layer(c, l);
-	for (int pl = 0; pl < 8; pl++) {
+	for (int pl = 0; pl < 10; pl++) {
+		const int merged = pl == 6 || pl == 7;
 		for (int64_t i = 0; i < L * E; i++) {
 			int64_t l = i / E, e = i % E;
 			own[i] = pl == 0 ? 0 : pl == 1 ? -1 : pl == 3 ? (int16_t)((l % 2) ? 0 : -1)
@@ -212,10 +216,14 @@ int main(void)
 		const int idle = pl == 1 || pl == 4; /* the GPU has nothing queued meanwhile */
 		CHECK(moet_model_set_gpu_idle(gpu, idle) == 0, "%s: idle marks: %s", names[pl],
 		      moet_errmsg());
-		/* two micro-batches forced; pl 5: batched calls in one pass (forward.c) */
-		setenv("MOET_MICROBATCH", pl == 5 ? "0" : "1", 1);
-		if (pl >= 6)
+		/* two micro-batches forced; pl 5 and 9: batched calls in one pass (forward.c) */
+		setenv("MOET_MICROBATCH", pl == 5 || pl == 9 ? "0" : "1", 1);
+		if (merged)
 			setenv("MOET_MB_MERGE", "1", 1);
+		/* the CPU tier's jobs started before the GPU's launches in two micro-batches, after
+		 * them in one pass (the opposite of the default, MOET_TIER_ORDER=auto) */
+		if (pl >= 8)
+			setenv("MOET_TIER_ORDER", pl == 8 ? "cpu" : "gpu", 1);
 		for (int batched = 0; batched < 2; batched++) {
 			memset(got, 0xCD, n_log * sizeof(float));
 			CHECK(run(gpu, batched, got) == 0, "%s: %s", names[pl], moet_errmsg());
@@ -225,6 +233,7 @@ int main(void)
 		}
 		unsetenv("MOET_MICROBATCH");
 		unsetenv("MOET_MB_MERGE");
+		unsetenv("MOET_TIER_ORDER");
 		uint64_t cnt[2];
 		moet_model_tier_counts(gpu, cnt, 2);
 		moet_hybrid_stats hs;
@@ -248,8 +257,8 @@ int main(void)
 		      (unsigned long long)hs.staged_pairs);
 		CHECK(hs.bytes_h2d == hs.cpu_pairs * (uint64_t)c->hidden_size * sizeof(float),
 		      "%s: bytes copied back", names[pl]);
-		CHECK(hs.merged_calls == (pl >= 6 ? hs.split_passes * (uint64_t)moe_layers : 0) &&
-		      (pl < 6 || hs.split_passes > 0), "%s: %llu merged calls, %llu split passes",
+		CHECK(hs.merged_calls == (merged ? hs.split_passes * (uint64_t)moe_layers : 0) &&
+		      (!merged || hs.split_passes > 0), "%s: %llu merged calls, %llu split passes",
 		      names[pl], (unsigned long long)hs.merged_calls,
 		      (unsigned long long)hs.split_passes);
 		if (pl == 0)

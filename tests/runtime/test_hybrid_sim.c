@@ -10,7 +10,9 @@
  * one merged call per MoE layer of every split pass. The backend's idle marks
  * (moet_model_set_gpu_idle) on for the all-CPU and the serial placements: the same bits, the
  * idle time at least the driver's waits for the CPU tier (serial: the tier's whole time), none
- * counted with the marks off.
+ * counted with the marks off. The CPU tier started after the devices' launches in one pass and
+ * before them in two micro-batches (MOET_TIER_ORDER, the opposite of the default): the same
+ * bits; a bad value refused by name.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -84,12 +86,14 @@ int main(void)
 	 * thread, and batched calls in one pass instead of two micro-batches (forward.c) */
 	const char *names[] = { "all-cpu", "all-device", "random-3", "per-layer", "random-3 solo",
 				"random-3 serial", "random-3 1-thread", "random-3 one pass",
-				"random-1 merged", "random-1 merged staged", "random-1 merged all staged" };
+				"random-1 merged", "random-1 merged staged", "random-1 merged all staged",
+				"random-3 cpu-first", "random-3 one pass gpu-first" };
 	int64_t moe_layers = 0;
 	for (int64_t l = 0; l < L; l++)
 		moe_layers += moet_config_is_moe_layer(c, l);
-	for (int pl = 0; pl < 11; pl++) {
-		int n_dev = pl == 0 ? 0 : pl == 1 || pl >= 8 ? 1 : 3;
+	for (int pl = 0; pl < 13; pl++) {
+		const int merged = pl >= 8 && pl <= 10;
+		int n_dev = pl == 0 ? 0 : pl == 1 || merged ? 1 : 3;
 		for (int64_t l = 0; l < L; l++)
 			for (int64_t e = 0; e < E; e++) {
 				int16_t o;
@@ -128,12 +132,17 @@ int main(void)
 		/* two micro-batches forced, except: pl 3 the automatic choice (forward.c tries
 		 * both forms), pl 7 batched calls in one pass */
 		if (pl != 3)
-			setenv("MOET_MICROBATCH", pl == 7 ? "0" : "1", 1);
-		if (pl >= 8)
+			setenv("MOET_MICROBATCH", pl == 7 || pl == 12 ? "0" : "1", 1);
+		if (merged)
 			setenv("MOET_MB_MERGE", "1", 1);
+		/* the CPU tier's jobs started before the device tiers' launches in a split pass,
+		 * after them in one pass (the opposite of the default, MOET_TIER_ORDER=auto) */
+		if (pl >= 11)
+			setenv("MOET_TIER_ORDER", pl == 11 ? "cpu" : "gpu", 1);
 		run(m, pl != 4, got);
 		unsetenv("MOET_MICROBATCH");
 		unsetenv("MOET_MB_MERGE");
+		unsetenv("MOET_TIER_ORDER");
 		CHECK(memcmp(ref, got, n_logits * sizeof(float)) == 0,
 		      "%s: logits differ from the run without placement", names[pl]);
 		uint64_t cnt[4];
@@ -160,7 +169,7 @@ int main(void)
 		      (unsigned long long)cnt[0]);
 		CHECK(hs.bytes_h2d == hs.cpu_pairs * (uint64_t)c->hidden_size * sizeof(float),
 		      "%s: output bytes copied back", names[pl]);
-		if (pl == 4 || pl == 7)
+		if (pl == 4 || pl == 7 || pl == 12)
 			CHECK(hs.split_passes == 0, "%s: no pass in two micro-batches", names[pl]);
 		else if (pl == 3)
 			CHECK(hs.split_passes >= 1 && hs.split_passes <= STEPS, "%s: auto: %llu of %d "
@@ -170,10 +179,10 @@ int main(void)
 			CHECK(hs.split_passes == STEPS + 1, "%s: %llu of %d batched passes in two "
 			      "micro-batches", names[pl], (unsigned long long)hs.split_passes,
 			      STEPS + 1);
-		CHECK(hs.merged_calls == (pl >= 8 ? hs.split_passes * (uint64_t)moe_layers : 0),
+		CHECK(hs.merged_calls == (merged ? hs.split_passes * (uint64_t)moe_layers : 0),
 		      "%s: %llu merged device calls for %llu split passes", names[pl],
 		      (unsigned long long)hs.merged_calls, (unsigned long long)hs.split_passes);
-		if (pl >= 9)
+		if (pl == 9 || pl == 10)
 			CHECK(hs.staged_pairs > 0 && (hs.cpu_pairs > 0) == (pl == 9), "%s: %llu "
 			      "staged pairs, %llu on the CPU tier", names[pl],
 			      (unsigned long long)hs.staged_pairs, (unsigned long long)hs.cpu_pairs);
@@ -181,7 +190,7 @@ int main(void)
 			CHECK(cnt[0] == total, "all-cpu: every pair on the CPU tier");
 		if (pl == 1)
 			CHECK(cnt[1] == total, "all-device: every pair on device 0");
-		if (pl >= 8)
+		if (merged)
 			CHECK(cnt[0] * 4 >= total && cnt[1], "%s: CPU share %llu of %llu (>= 25%%), "
 			      "the device used", names[pl], (unsigned long long)cnt[0],
 			      (unsigned long long)total);
@@ -195,8 +204,24 @@ int main(void)
 		       (unsigned long long)total);
 	}
 	CHECK(moet_model_set_gpu_idle(m, 0) == 0, "idle marks off");
+	{ /* a bad tier order is refused by name, nothing computed */
+		moet_kv *kv = NULL;
+		const int64_t t1[1] = { 1 };
+		CHECK(moet_kv_create(m, 4, &kv) == 0, "kv");
+		moet_seq_step st = { .kv = kv, .tokens = t1, .n_tok = 1, .out_logits = got };
+		setenv("MOET_TIER_ORDER", "sideways", 1);
+		int r = moet_model_forward_batch(m, &st, 1);
+		unsetenv("MOET_TIER_ORDER");
+		CHECK(r == MOET_EINVAL && strstr(moet_errmsg(), "MOET_TIER_ORDER") &&
+		      moet_kv_len(kv) == 0, "MOET_TIER_ORDER=sideways: rc %d (%s)", r,
+		      moet_errmsg());
+		moet_kv_destroy(kv);
+	}
 	/* the shadow check: every CPU-tier call recomputed by the backend, bits compared (the
-	 * last placement again, without staging: every cold pair on the CPU tier) */
+	 * last placement with its devices' experts on one, without staging: every cold pair on
+	 * the CPU tier) */
+	for (int64_t i = 0; i < L * E; i++)
+		own[i] = own[i] > 0 ? 0 : own[i];
 	CHECK(moet_model_set_placement(m, own, 1) == 0, "placement: %s", moet_errmsg());
 	CHECK(moet_model_set_shadow(m, 1.0) == 0, "shadow on: %s", moet_errmsg());
 	CHECK(moet_model_set_shadow(m, 1.5) == MOET_EINVAL, "rate 1.5 refused");
