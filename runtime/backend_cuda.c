@@ -161,6 +161,11 @@ static int cu_upload(moet_backend *be, void *dst, const void *src, size_t bytes)
 	return bytes ? moet_gpu_copy_h2d(dst, src, bytes) : 0;
 }
 
+static int cu_upload_async(moet_backend *be, void *dst, const void *src, size_t bytes)
+{
+	return moet_gpu_copy_h2d_async(dst, src, bytes, impl(be)->stream);
+}
+
 static int cu_download(moet_backend *be, void *dst, const void *src, size_t bytes)
 {
 	(void)be;
@@ -678,6 +683,7 @@ static const moet_backend_ops cuda_ops = {
 	.alloc = cu_alloc,
 	.free = cu_free,
 	.upload = cu_upload,
+	.upload_async = cu_upload_async,
 	.download = cu_download,
 	.copy = cu_copy,
 	.host_alloc = cu_host_alloc,

@@ -122,7 +122,7 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 	moet_devgroup_reset(m); /* the device expert tables follow the placement */
 	if (m->hy) {
 		for (int i = 0; i < MOET_HYBRID_SLOTS; i++)
-			moet_hybrid_cpu_finish(m->hy, i, m->be, 0);
+			moet_hybrid_cpu_finish(m->hy, i, m->be, 0, 0);
 		moet_hybrid_destroy(m->hy, m->be);
 		m->hy = NULL;
 	}
@@ -297,6 +297,11 @@ void moet_model_free_dispatch(moet_model *m)
 	m->pairs = m->tier_list = m->stage_list = NULL;
 	m->ids_h = m->slot_h = NULL;
 	m->cap_pairs = 0;
+	for (int i = 0; i < 2 && m->be; i++) {
+		m->be->ops->host_free(m->be, m->slot_pin[i]);
+		m->slot_pin[i] = NULL;
+		m->cap_slot_pin[i] = 0;
+	}
 	free(m->mg.pairs);
 	free(m->mg.slot_h);
 	for (int i = 0; i < 2; i++)
@@ -395,13 +400,40 @@ static int mg_grow(moet_model *m, float **p, int64_t have, int64_t floats)
 	return m->be->ops->alloc(m->be, (size_t)floats * sizeof(float), (void **)p);
 }
 
-int moet_tier_order_set(moet_model *m, int n_mb)
+int moet_pass_switches(moet_model *m, int n_mb)
 {
 	static const char *const modes[] = { "auto", "cpu", "gpu" };
-	int mode = 0, rc = moet_env_choice("MOET_TIER_ORDER", modes, 3, &mode);
+	static const char *const ups[] = { "async", "sync" };
+	int mode = 0, sync = 0, rc = moet_env_choice("MOET_TIER_ORDER", modes, 3, &mode);
+	if (!rc)
+		rc = moet_env_choice("MOET_STEP_UPLOAD", ups, 2, &sync);
 	m->gpu_first = !rc && moet_hybrid_overlapped(m->hy) &&
 		       (mode == 2 || (mode == 0 && n_mb == 2));
+	m->up_async = !rc && !sync && m->be->ops->upload_async;
 	return rc;
+}
+
+/* The backend's slot table of a dispatch (slot_h, P entries): queued from a pinned copy of
+ * this micro-batch's own (MOET_STEP_UPLOAD=async), or copied at once. NOTE: the pinned copy
+ * is rewritten at the micro-batch's next dispatch, after its ids' download has returned. */
+static int slot_upload(moet_model *m, int32_t *slot, int64_t P)
+{
+	const size_t bytes = (size_t)P * sizeof(int32_t);
+	if (!m->up_async)
+		return m->be->ops->upload(m->be, slot, m->slot_h, bytes);
+	const int i = m->mb_slot & 1;
+	if (P > m->cap_slot_pin[i]) {
+		m->be->ops->host_free(m->be, m->slot_pin[i]);
+		m->slot_pin[i] = NULL;
+		m->cap_slot_pin[i] = 0;
+		int rc = m->be->ops->host_alloc(m->be, bytes, (void **)&m->slot_pin[i]);
+		if (rc)
+			return moet_err_prefix(rc, "dispatch: pinned slot table of %lld pairs",
+					       (long long)P);
+		m->cap_slot_pin[i] = P;
+	}
+	memcpy(m->slot_pin[i], m->slot_h, bytes);
+	return m->be->ops->upload_async(m->be, slot, m->slot_pin[i], bytes);
 }
 
 int moet_mb_merge_begin(moet_model *m, int64_t n_rows, int *out)
@@ -523,7 +555,7 @@ static int cpu_tier_xtier(moet_model *m, int64_t l, int64_t cnt, int64_t top_k, 
 		if (!rc)
 			rc = moet_hybrid_cpu_begin(m->hy, m->mb_slot, m->be, xt, m->tier_list + q,
 						   got, top_k, h, n, y + q * H);
-		int rf = moet_hybrid_cpu_finish(m->hy, m->mb_slot, m->be, 0);
+		int rf = moet_hybrid_cpu_finish(m->hy, m->mb_slot, m->be, 0, 0);
 		if (!rc)
 			rc = rf;
 		moet_xtier_release(m->xtier, l);
@@ -537,7 +569,7 @@ static int run_all(moet_model *m, int64_t l, int64_t P, int64_t k, const float *
 {
 	int64_t row = 0;
 	int rc = run_tier(m, l, 0, m->layers[l].experts, P, k, h, n, y, &row);
-	return rc ? rc : m->be->ops->upload(m->be, slot, m->slot_h, (size_t)P * sizeof(int32_t));
+	return rc ? rc : slot_upload(m, slot, P);
 }
 
 /* The backend's idle mark (moet_model_set_gpu_idle): 0 before the driver blocks, 1 before it
@@ -661,7 +693,7 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 		rc = moet_hybrid_stage_run(m->hy, m->be, lw->experts_host, m->stage_list, st_cnt,
 					   k, h, n, yb + st_at * c->hidden_size);
 	if (!rc && !mg_first) /* the first's table goes up with the second's (mg_run) */
-		rc = m->be->ops->upload(m->be, slot, m->slot_h, (size_t)P * sizeof(int32_t));
+		rc = slot_upload(m, slot, P);
 	if (!rc && go_late)
 		rc = moet_hybrid_cpu_go(m->hy, m->mb_slot);
 	if (!rc && (mg_first || mg_second))
@@ -683,7 +715,7 @@ int moet_moe_dispatch_finish(moet_model *m)
 	 * in the hybrid engine's finish on this thread */
 	int r = moet_devgroup_finish(m, &grouped);
 	if (!r && !grouped && m->hy)
-		r = moet_hybrid_cpu_finish(m->hy, m->mb_slot, m->be, m->idle_on);
+		r = moet_hybrid_cpu_finish(m->hy, m->mb_slot, m->be, m->idle_on, m->up_async);
 	if (!rc && !r && m->shadow)
 		r = moet_shadow_check(m, m->mb_slot);
 	return rc ? rc : r;

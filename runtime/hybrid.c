@@ -398,7 +398,8 @@ int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moe
 	return rc ? rc : moet_hybrid_cpu_go(hy, slot);
 }
 
-int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be, int idle_marks)
+int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be, int idle_marks,
+			   int async)
 {
 	if (!hy || slot < 0 || slot >= MOET_HYBRID_SLOTS)
 		return 0;
@@ -417,9 +418,13 @@ int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be, int idle
 	}
 	rc = rc ? rc : rm;
 	uint64_t t1 = moet_now_ns();
+	/* NOTE: queued (async), y_stage is next written at this slot's next go, after its
+	 * fetch's download has returned */
+	const size_t bytes = (size_t)cl->pending * (size_t)hy->H * sizeof(float);
 	if (!rc)
-		rc = be->ops->upload(be, cl->y_dst, cl->y_stage,
-				     (size_t)cl->pending * (size_t)hy->H * sizeof(float));
+		rc = async && be->ops->upload_async
+			     ? be->ops->upload_async(be, cl->y_dst, cl->y_stage, bytes)
+			     : be->ops->upload(be, cl->y_dst, cl->y_stage, bytes);
 	hy->st.ns_h2d += moet_now_ns() - t1;
 	cl->pending = 0;
 	return rc;

@@ -75,9 +75,11 @@ int moet_hybrid_cpu_go(moet_hybrid *hy, int slot);
 /* dispatch.c: the idle time marked in the pass just run (moet_model_set_gpu_idle), added to
  * ns_gpu_idle, the marks cleared; call after the pass's last download (or its failure). */
 int moet_model_gpu_idle_take(moet_model *m);
-/* Waits for the call in flight (if any) and copies its rows to the backend; with idle_marks,
- * the backend's idle marks around the wait (moet_backend_ops.idle_mark). */
-int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be, int idle_marks);
+/* Waits for the call in flight (if any) and copies its rows to the backend, queued with
+ * async (moet_backend_ops.upload_async) where the backend can; with idle_marks, the backend's
+ * idle marks around the wait (moet_backend_ops.idle_mark). */
+int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be, int idle_marks,
+			   int async);
 /*
  * The device-grouped form (runtime/devgroup.c, CUDA): the device writes the CPU tier's pairs,
  * their count and their rows (in tier order, in place for the jobs) into the slot's pinned
@@ -342,6 +344,9 @@ struct moet_model {
 	int32_t *ids_h, *slot_h;
 	int64_t cap_pairs;
 	int gpu_first;            /* this pass starts the CPU tier after the device tiers */
+	int up_async;             /* this pass queues its slot tables and CPU-tier rows */
+	int32_t *slot_pin[2];     /* host_alloc: per micro-batch, the queued slot table */
+	int64_t cap_slot_pin[2];
 	/* Two micro-batches' home-device experts as one call (MOET_MB_MERGE, dispatch.c): the
 	 * first micro-batch's dispatch of a layer defers its pairs, the second's computes both. */
 	struct {
@@ -439,12 +444,16 @@ int moet_moe_dispatch(struct moet_model *m, int64_t l, const int32_t *ids, int64
 /* Completes a dispatch whose CPU tier may still be running (the hybrid engine overlaps it
  * with whatever the caller queues on the backend in between). */
 int moet_moe_dispatch_finish(struct moet_model *m);
-/* The order of a pass's dispatches (MOET_TIER_ORDER, dispatch.c): whether the CPU tier's jobs
- * start after the device tiers' launches (m->gpu_first): "gpu", "cpu", or "auto" (unset):
- * after them in a pass of two micro-batches (n_mb 2), before them in one pass; always before
- * them when the tier does not overlap (MOET_HYBRID_OVERLAP=0: it runs alone, the reference of
- * bench e2e's Tc). Same bits either way. MOET_EINVAL for a bad value. */
-int moet_tier_order_set(struct moet_model *m, int n_mb);
+/* A pass's dispatch switches (dispatch.c), read at every pass; the same bits either way;
+ * MOET_EINVAL for a bad value, naming it.
+ * MOET_TIER_ORDER: whether the CPU tier's jobs start after the device tiers' launches
+ * (m->gpu_first): "gpu", "cpu", or "auto" (unset): after them in a pass of two micro-batches
+ * (n_mb 2), before them in one pass; always before them when the tier does not overlap
+ * (MOET_HYBRID_OVERLAP=0: it runs alone, the reference of bench e2e's Tc).
+ * MOET_STEP_UPLOAD: "async" (unset) queues the slot tables and the CPU tier's rows on the
+ * backend (moet_backend_ops.upload_async) where it can, so that the driver does not wait for
+ * the work queued before them (m->up_async); "sync" copies them at once. */
+int moet_pass_switches(struct moet_model *m, int n_mb);
 /* Whether a pass of two micro-batches merges their home-device expert calls (MOET_MB_MERGE,
  * dispatch.c): *out 1 if asked for and the placement allows it (one device, no NVMe tier, a
  * backend with copy); then m->mg is ready for n_rows rows (both micro-batches) of top_k pairs

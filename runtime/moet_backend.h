@@ -91,6 +91,10 @@ typedef struct moet_backend_ops {
 	void (*free)(moet_backend *be, void *p);
 	int (*upload)(moet_backend *be, void *dst, const void *src, size_t bytes);
 	int (*download)(moet_backend *be, void *dst, const void *src, size_t bytes);
+	/* Optional (NULL: upload instead): host_alloc memory to backend memory, queued in order
+	 * with the ops and returning at once; the caller leaves src unchanged until a later
+	 * download has returned (downloads wait for the ops queued before them). */
+	int (*upload_async)(moet_backend *be, void *dst, const void *src, size_t bytes);
 	/* Optional (NULL: not offered): backend memory to backend memory, queued in order with
 	 * the ops (the two micro-batches' merged expert call, dispatch.c). */
 	int (*copy)(moet_backend *be, void *dst, const void *src, size_t bytes);

@@ -10,7 +10,9 @@
  *     runtime/dispatch.c), also with every cold expert staged (MOET_PREFILL_STAGE=1): the
  *     same bits, one merged call per MoE layer of every split pass;
  *   - the CPU tier's jobs started before the GPU's launches in two micro-batches and after
- *     them in one pass (MOET_TIER_ORDER=cpu / gpu, the opposite of the default): the same bits;
+ *     them in one pass (MOET_TIER_ORDER=cpu / gpu, the opposite of the default), and the slot
+ *     tables and the CPU tier's rows copied at once instead of queued (MOET_STEP_UPLOAD=
+ *     sync): the same bits;
  *   - the tier counts add up, the random placement sends >= 25% of routings to the CPU;
  *   - the CPU tier's counters agree with the tier counts (pairs, bytes copied back);
  *   - the GPU's idle marks (moet_model_set_gpu_idle, CUDA events) on for the all-CPU and the
@@ -193,11 +195,12 @@ int main(void)
 
 	const char *names[] = { "all-gpu", "all-cpu", "random-half", "per-layer", "random serial",
 				"random one pass", "random merged", "random merged staged",
-				"random cpu-first", "random one pass gpu-first" };
+				"random cpu-first", "random one pass gpu-first", "random sync uploads",
+				"random one pass sync uploads" };
 	int64_t moe_layers = 0;
 	for (int64_t l = 0; l < L; l++)
 		moe_layers += moet_config_is_moe_layer(c, l);
-	for (int pl = 0; pl < 10; pl++) {
+	for (int pl = 0; pl < 12; pl++) {
 		const int merged = pl == 6 || pl == 7;
 		for (int64_t i = 0; i < L * E; i++) {
 			int64_t l = i / E, e = i % E;
@@ -217,13 +220,16 @@ int main(void)
 		CHECK(moet_model_set_gpu_idle(gpu, idle) == 0, "%s: idle marks: %s", names[pl],
 		      moet_errmsg());
 		/* two micro-batches forced; pl 5 and 9: batched calls in one pass (forward.c) */
-		setenv("MOET_MICROBATCH", pl == 5 || pl == 9 ? "0" : "1", 1);
+		setenv("MOET_MICROBATCH", pl == 5 || pl == 9 || pl == 11 ? "0" : "1", 1);
 		if (merged)
 			setenv("MOET_MB_MERGE", "1", 1);
 		/* the CPU tier's jobs started before the GPU's launches in two micro-batches, after
 		 * them in one pass (the opposite of the default, MOET_TIER_ORDER=auto) */
-		if (pl >= 8)
+		if (pl == 8 || pl == 9)
 			setenv("MOET_TIER_ORDER", pl == 8 ? "cpu" : "gpu", 1);
+		/* the slot tables and the CPU tier's rows copied at once, not queued */
+		if (pl >= 10)
+			setenv("MOET_STEP_UPLOAD", "sync", 1);
 		for (int batched = 0; batched < 2; batched++) {
 			memset(got, 0xCD, n_log * sizeof(float));
 			CHECK(run(gpu, batched, got) == 0, "%s: %s", names[pl], moet_errmsg());
@@ -234,6 +240,7 @@ int main(void)
 		unsetenv("MOET_MICROBATCH");
 		unsetenv("MOET_MB_MERGE");
 		unsetenv("MOET_TIER_ORDER");
+		unsetenv("MOET_STEP_UPLOAD");
 		uint64_t cnt[2];
 		moet_model_tier_counts(gpu, cnt, 2);
 		moet_hybrid_stats hs;

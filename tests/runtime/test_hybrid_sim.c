@@ -12,7 +12,7 @@
  * idle time at least the driver's waits for the CPU tier (serial: the tier's whole time), none
  * counted with the marks off. The CPU tier started after the devices' launches in one pass and
  * before them in two micro-batches (MOET_TIER_ORDER, the opposite of the default): the same
- * bits; a bad value refused by name.
+ * bits; a bad value of it or of MOET_STEP_UPLOAD refused by name.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -204,17 +204,20 @@ int main(void)
 		       (unsigned long long)total);
 	}
 	CHECK(moet_model_set_gpu_idle(m, 0) == 0, "idle marks off");
-	{ /* a bad tier order is refused by name, nothing computed */
+	{ /* bad dispatch switches are refused by name, nothing computed */
 		moet_kv *kv = NULL;
 		const int64_t t1[1] = { 1 };
 		CHECK(moet_kv_create(m, 4, &kv) == 0, "kv");
 		moet_seq_step st = { .kv = kv, .tokens = t1, .n_tok = 1, .out_logits = got };
-		setenv("MOET_TIER_ORDER", "sideways", 1);
-		int r = moet_model_forward_batch(m, &st, 1);
-		unsetenv("MOET_TIER_ORDER");
-		CHECK(r == MOET_EINVAL && strstr(moet_errmsg(), "MOET_TIER_ORDER") &&
-		      moet_kv_len(kv) == 0, "MOET_TIER_ORDER=sideways: rc %d (%s)", r,
-		      moet_errmsg());
+		const char *var[2] = { "MOET_TIER_ORDER", "MOET_STEP_UPLOAD" };
+		for (int i = 0; i < 2; i++) {
+			setenv(var[i], "sideways", 1);
+			int r = moet_model_forward_batch(m, &st, 1);
+			unsetenv(var[i]);
+			CHECK(r == MOET_EINVAL && strstr(moet_errmsg(), var[i]) &&
+			      moet_kv_len(kv) == 0, "%s=sideways: rc %d (%s)", var[i], r,
+			      moet_errmsg());
+		}
 		moet_kv_destroy(kv);
 	}
 	/* the shadow check: every CPU-tier call recomputed by the backend, bits compared (the
