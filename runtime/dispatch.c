@@ -297,7 +297,7 @@ void moet_model_free_dispatch(moet_model *m)
 	m->pairs = m->tier_list = m->stage_list = NULL;
 	m->ids_h = m->slot_h = NULL;
 	m->cap_pairs = 0;
-	for (int i = 0; i < 2 && m->be; i++) {
+	for (int i = 0; i < 3 && m->be; i++) {
 		m->be->ops->host_free(m->be, m->slot_pin[i]);
 		m->slot_pin[i] = NULL;
 		m->cap_slot_pin[i] = 0;
@@ -400,28 +400,27 @@ static int mg_grow(moet_model *m, float **p, int64_t have, int64_t floats)
 	return m->be->ops->alloc(m->be, (size_t)floats * sizeof(float), (void **)p);
 }
 
-int moet_pass_switches(moet_model *m, int n_mb)
+int moet_pass_switches(moet_model *m)
 {
-	static const char *const modes[] = { "auto", "cpu", "gpu" };
+	static const char *const orders[] = { "cpu", "gpu" };
 	static const char *const ups[] = { "async", "sync" };
-	int mode = 0, sync = 0, rc = moet_env_choice("MOET_TIER_ORDER", modes, 3, &mode);
+	int gpu = 0, sync = 0, rc = moet_env_choice("MOET_TIER_ORDER", orders, 2, &gpu);
 	if (!rc)
 		rc = moet_env_choice("MOET_STEP_UPLOAD", ups, 2, &sync);
-	m->gpu_first = !rc && moet_hybrid_overlapped(m->hy) &&
-		       (mode == 2 || (mode == 0 && n_mb == 2));
+	m->gpu_first = !rc && gpu && moet_hybrid_overlapped(m->hy);
 	m->up_async = !rc && !sync && m->be->ops->upload_async;
 	return rc;
 }
 
-/* The backend's slot table of a dispatch (slot_h, P entries): queued from a pinned copy of
- * this micro-batch's own (MOET_STEP_UPLOAD=async), or copied at once. NOTE: the pinned copy
- * is rewritten at the micro-batch's next dispatch, after its ids' download has returned. */
-static int slot_upload(moet_model *m, int32_t *slot, int64_t P)
+/* A slot table (src, P entries) to the backend's slot: queued from pinned copy `i` (0, 1: a
+ * micro-batch's own, 2: the merged call's first; MOET_STEP_UPLOAD=async), or copied at once.
+ * NOTE: a pinned copy is rewritten at the micro-batch's next dispatch, after its ids'
+ * download has returned. */
+static int slot_upload(moet_model *m, int i, int32_t *slot, const int32_t *src, int64_t P)
 {
 	const size_t bytes = (size_t)P * sizeof(int32_t);
 	if (!m->up_async)
-		return m->be->ops->upload(m->be, slot, m->slot_h, bytes);
-	const int i = m->mb_slot & 1;
+		return m->be->ops->upload(m->be, slot, src, bytes);
 	if (P > m->cap_slot_pin[i]) {
 		m->be->ops->host_free(m->be, m->slot_pin[i]);
 		m->slot_pin[i] = NULL;
@@ -432,7 +431,7 @@ static int slot_upload(moet_model *m, int32_t *slot, int64_t P)
 					       (long long)P);
 		m->cap_slot_pin[i] = P;
 	}
-	memcpy(m->slot_pin[i], m->slot_h, bytes);
+	memcpy(m->slot_pin[i], src, bytes);
 	return m->be->ops->upload_async(m->be, slot, m->slot_pin[i], bytes);
 }
 
@@ -537,7 +536,7 @@ static int mg_run(moet_model *m, int64_t l, int64_t P, int64_t k, const float *h
 	if (m->tier_pairs)
 		m->tier_pairs[1] += (uint64_t)w;
 	if (!rc)
-		rc = op->upload(m->be, m->mg.slot, m->mg.slot_h, (size_t)pa * sizeof(int32_t));
+		rc = slot_upload(m, 2, m->mg.slot, m->mg.slot_h, pa);
 	return rc;
 }
 
@@ -569,7 +568,7 @@ static int run_all(moet_model *m, int64_t l, int64_t P, int64_t k, const float *
 {
 	int64_t row = 0;
 	int rc = run_tier(m, l, 0, m->layers[l].experts, P, k, h, n, y, &row);
-	return rc ? rc : slot_upload(m, slot, P);
+	return rc ? rc : slot_upload(m, m->mb_slot & 1, slot, m->slot_h, P);
 }
 
 /* The backend's idle mark (moet_model_set_gpu_idle): 0 before the driver blocks, 1 before it
@@ -693,7 +692,7 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 		rc = moet_hybrid_stage_run(m->hy, m->be, lw->experts_host, m->stage_list, st_cnt,
 					   k, h, n, yb + st_at * c->hidden_size);
 	if (!rc && !mg_first) /* the first's table goes up with the second's (mg_run) */
-		rc = slot_upload(m, slot, P);
+		rc = slot_upload(m, m->mb_slot & 1, slot, m->slot_h, P);
 	if (!rc && go_late)
 		rc = moet_hybrid_cpu_go(m->hy, m->mb_slot);
 	if (!rc && (mg_first || mg_second))

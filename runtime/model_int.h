@@ -345,8 +345,8 @@ struct moet_model {
 	int64_t cap_pairs;
 	int gpu_first;            /* this pass starts the CPU tier after the device tiers */
 	int up_async;             /* this pass queues its slot tables and CPU-tier rows */
-	int32_t *slot_pin[2];     /* host_alloc: per micro-batch, the queued slot table */
-	int64_t cap_slot_pin[2];
+	int32_t *slot_pin[3];     /* host_alloc: the queued slot tables (dispatch.c) */
+	int64_t cap_slot_pin[3];
 	/* Two micro-batches' home-device experts as one call (MOET_MB_MERGE, dispatch.c): the
 	 * first micro-batch's dispatch of a layer defers its pairs, the second's computes both. */
 	struct {
@@ -446,14 +446,14 @@ int moet_moe_dispatch(struct moet_model *m, int64_t l, const int32_t *ids, int64
 int moet_moe_dispatch_finish(struct moet_model *m);
 /* A pass's dispatch switches (dispatch.c), read at every pass; the same bits either way;
  * MOET_EINVAL for a bad value, naming it.
- * MOET_TIER_ORDER: whether the CPU tier's jobs start after the device tiers' launches
- * (m->gpu_first): "gpu", "cpu", or "auto" (unset): after them in a pass of two micro-batches
- * (n_mb 2), before them in one pass; always before them when the tier does not overlap
- * (MOET_HYBRID_OVERLAP=0: it runs alone, the reference of bench e2e's Tc).
+ * MOET_TIER_ORDER: whether the CPU tier's jobs start before the device tiers' launches ("cpu",
+ * unset) or after them ("gpu": m->gpu_first; measured no faster, docs/hybrid.md); always
+ * before them when the tier does not overlap (MOET_HYBRID_OVERLAP=0: it runs alone, the
+ * reference of bench e2e's Tc).
  * MOET_STEP_UPLOAD: "async" (unset) queues the slot tables and the CPU tier's rows on the
  * backend (moet_backend_ops.upload_async) where it can, so that the driver does not wait for
  * the work queued before them (m->up_async); "sync" copies them at once. */
-int moet_pass_switches(struct moet_model *m, int n_mb);
+int moet_pass_switches(struct moet_model *m);
 /* Whether a pass of two micro-batches merges their home-device expert calls (MOET_MB_MERGE,
  * dispatch.c): *out 1 if asked for and the placement allows it (one device, no NVMe tier, a
  * backend with copy); then m->mg is ready for n_rows rows (both micro-batches) of top_k pairs

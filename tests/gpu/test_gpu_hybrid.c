@@ -9,8 +9,8 @@
  *   - two micro-batches with the GPU's expert calls of both halves merged (MOET_MB_MERGE=1,
  *     runtime/dispatch.c), also with every cold expert staged (MOET_PREFILL_STAGE=1): the
  *     same bits, one merged call per MoE layer of every split pass;
- *   - the CPU tier's jobs started before the GPU's launches in two micro-batches and after
- *     them in one pass (MOET_TIER_ORDER=cpu / gpu, the opposite of the default), and the slot
+ *   - the CPU tier's jobs started after the GPU's launches in two micro-batches and in one
+ *     pass (MOET_TIER_ORDER=gpu), and the slot
  *     tables and the CPU tier's rows copied at once instead of queued (MOET_STEP_UPLOAD=
  *     sync): the same bits;
  *   - the tier counts add up, the random placement sends >= 25% of routings to the CPU;
@@ -195,7 +195,7 @@ int main(void)
 
 	const char *names[] = { "all-gpu", "all-cpu", "random-half", "per-layer", "random serial",
 				"random one pass", "random merged", "random merged staged",
-				"random cpu-first", "random one pass gpu-first", "random sync uploads",
+				"random gpu-first", "random one pass gpu-first", "random sync uploads",
 				"random one pass sync uploads" };
 	int64_t moe_layers = 0;
 	for (int64_t l = 0; l < L; l++)
@@ -223,10 +223,10 @@ int main(void)
 		setenv("MOET_MICROBATCH", pl == 5 || pl == 9 || pl == 11 ? "0" : "1", 1);
 		if (merged)
 			setenv("MOET_MB_MERGE", "1", 1);
-		/* the CPU tier's jobs started before the GPU's launches in two micro-batches, after
-		 * them in one pass (the opposite of the default, MOET_TIER_ORDER=auto) */
+		/* the CPU tier's jobs started after the GPU's launches, in two micro-batches and in
+		 * one pass */
 		if (pl == 8 || pl == 9)
-			setenv("MOET_TIER_ORDER", pl == 8 ? "cpu" : "gpu", 1);
+			setenv("MOET_TIER_ORDER", "gpu", 1);
 		/* the slot tables and the CPU tier's rows copied at once, not queued */
 		if (pl >= 10)
 			setenv("MOET_STEP_UPLOAD", "sync", 1);

@@ -11,8 +11,8 @@
  * (moet_model_set_gpu_idle) on for the all-CPU and the serial placements: the same bits, the
  * idle time at least the driver's waits for the CPU tier (serial: the tier's whole time), none
  * counted with the marks off. The CPU tier started after the devices' launches in one pass and
- * before them in two micro-batches (MOET_TIER_ORDER, the opposite of the default): the same
- * bits; a bad value of it or of MOET_STEP_UPLOAD refused by name.
+ * in two micro-batches (MOET_TIER_ORDER=gpu): the same bits; a bad value of it or of
+ * MOET_STEP_UPLOAD refused by name.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -87,7 +87,7 @@ int main(void)
 	const char *names[] = { "all-cpu", "all-device", "random-3", "per-layer", "random-3 solo",
 				"random-3 serial", "random-3 1-thread", "random-3 one pass",
 				"random-1 merged", "random-1 merged staged", "random-1 merged all staged",
-				"random-3 cpu-first", "random-3 one pass gpu-first" };
+				"random-3 gpu-first", "random-3 one pass gpu-first" };
 	int64_t moe_layers = 0;
 	for (int64_t l = 0; l < L; l++)
 		moe_layers += moet_config_is_moe_layer(c, l);
@@ -135,10 +135,10 @@ int main(void)
 			setenv("MOET_MICROBATCH", pl == 7 || pl == 12 ? "0" : "1", 1);
 		if (merged)
 			setenv("MOET_MB_MERGE", "1", 1);
-		/* the CPU tier's jobs started before the device tiers' launches in a split pass,
-		 * after them in one pass (the opposite of the default, MOET_TIER_ORDER=auto) */
+		/* the CPU tier's jobs started after the device tiers' launches, in two
+		 * micro-batches and in one pass */
 		if (pl >= 11)
-			setenv("MOET_TIER_ORDER", pl == 11 ? "cpu" : "gpu", 1);
+			setenv("MOET_TIER_ORDER", "gpu", 1);
 		run(m, pl != 4, got);
 		unsetenv("MOET_MICROBATCH");
 		unsetenv("MOET_MB_MERGE");
