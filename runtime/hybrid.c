@@ -9,8 +9,11 @@
  *           cost model's figures: one copy instead of two); each pair's row gathered into y
  *           staging, expert by expert (the sorted order of moet_expert_pairs_sort); jobs
  *           submitted to the executor; returns at once
+ *           (fetch then go: the driver may queue the device tiers in between,
+ *           MOET_TIER_ORDER)
  *   ...     the caller queues the device tier and the shared experts on the backend
- *   finish  waits for the executor; the y staging rows go to the backend's y in one copy
+ *   finish  waits for the executor; the y staging rows go to the backend's y in one copy,
+ *           queued on the backend (MOET_STEP_UPLOAD=async) or waited for
  *
  * Each (pair, row) result comes from the contract kernel in its fixed order, so the bits equal
  * the backend's and the simulated devices'. With overlap off (MOET_HYBRID_OVERLAP=0, the
