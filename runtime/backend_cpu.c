@@ -104,6 +104,14 @@ static int cpu_copy(moet_backend *be, void *dst, const void *src, size_t bytes)
 	return 0;
 }
 
+/* Every op has run when it returns: a fence is always reached. */
+static int cpu_fence(moet_backend *be, int i)
+{
+	(void)be;
+	return i < 0 || i >= MOET_BACKEND_FENCES ? moet_err(MOET_EINVAL, "CPU backend: fence %d", i)
+						   : 0;
+}
+
 static int cpu_bind_mat(moet_backend *be, const moet_mat *host, moet_mat *out)
 {
 	(void)be;
@@ -555,6 +563,9 @@ static const moet_backend_ops cpu_ops = {
 	.free = cpu_free,
 	.upload = cpu_copy,
 	.download = cpu_copy,
+	.download_async = cpu_copy,
+	.fence = cpu_fence,
+	.fence_wait = cpu_fence,
 	.copy = cpu_copy,
 	.host_alloc = cpu_alloc,
 	.host_free = cpu_free,

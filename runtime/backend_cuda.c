@@ -77,6 +77,7 @@ typedef struct cuda_be {
 	 * recorded since the last take, whether a pair is open, whether a capture is */
 	void *idle_ev[2][CU_IDLE_PAIRS];
 	int idle_n, idle_open, capturing;
+	void *fence_ev[MOET_BACKEND_FENCES]; /* created at their first record, kept */
 } cuda_be;
 
 static cuda_be *impl(moet_backend *be)
@@ -135,6 +136,8 @@ static void cu_destroy(moet_backend *be)
 	for (int i = 0; i < 2; i++)
 		for (int j = 0; j < CU_IDLE_PAIRS; j++)
 			moet_gpu_event_destroy(c->idle_ev[i][j]);
+	for (int i = 0; i < MOET_BACKEND_FENCES; i++)
+		moet_gpu_event_destroy(c->fence_ev[i]);
 	moet_gpu_free(c->smp_scratch); /* issue 4 */
 	moet_gpu_free(c->smp_ids);
 	moet_gpu_fast_destroy(c->fast);
@@ -164,6 +167,28 @@ static int cu_upload(moet_backend *be, void *dst, const void *src, size_t bytes)
 static int cu_upload_async(moet_backend *be, void *dst, const void *src, size_t bytes)
 {
 	return moet_gpu_copy_h2d_async(dst, src, bytes, impl(be)->stream);
+}
+
+static int cu_download_async(moet_backend *be, void *dst, const void *src, size_t bytes)
+{
+	return moet_gpu_copy_d2h_async(dst, src, bytes, impl(be)->stream);
+}
+
+static int cu_fence(moet_backend *be, int i)
+{
+	cuda_be *c = impl(be);
+	if (i < 0 || i >= MOET_BACKEND_FENCES)
+		return moet_err(MOET_EINVAL, "CUDA backend: fence %d", i);
+	int rc = c->fence_ev[i] ? 0 : moet_gpu_event_create(&c->fence_ev[i]);
+	return rc ? rc : moet_gpu_event_record(c->fence_ev[i], c->stream);
+}
+
+static int cu_fence_wait(moet_backend *be, int i)
+{
+	cuda_be *c = impl(be);
+	if (i < 0 || i >= MOET_BACKEND_FENCES || !c->fence_ev[i])
+		return moet_err(MOET_EINVAL, "CUDA backend: fence %d never recorded", i);
+	return moet_gpu_event_sync(c->fence_ev[i]);
 }
 
 static int cu_download(moet_backend *be, void *dst, const void *src, size_t bytes)
@@ -684,6 +709,9 @@ static const moet_backend_ops cuda_ops = {
 	.free = cu_free,
 	.upload = cu_upload,
 	.upload_async = cu_upload_async,
+	.download_async = cu_download_async,
+	.fence = cu_fence,
+	.fence_wait = cu_fence_wait,
 	.download = cu_download,
 	.copy = cu_copy,
 	.host_alloc = cu_host_alloc,

@@ -267,7 +267,10 @@ int moet_backend_timed_create(moet_backend *inner, moet_backend **out)
 	t->ops.sample = in->sample ? td_sample : NULL;
 	/* NOTE: the inner backend's other optional ops take the inner be, which the wrapper's
 	 * callers do not hold: not offered (a timed run captures no graph, tells no idle time) */
-	t->ops.upload_async = NULL; /* every op waited for: the plain upload */
+	t->ops.upload_async = NULL; /* every op waited for: the plain copies */
+	t->ops.download_async = NULL;
+	t->ops.fence = NULL;
+	t->ops.fence_wait = NULL;
 	t->ops.capture_begin = NULL;
 	t->ops.capture_end = NULL;
 	t->ops.graph_launch = NULL;

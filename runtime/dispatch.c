@@ -302,6 +302,13 @@ void moet_model_free_dispatch(moet_model *m)
 		m->slot_pin[i] = NULL;
 		m->cap_slot_pin[i] = 0;
 	}
+	for (int i = 0; i < 2 && m->be; i++) {
+		m->be->ops->host_free(m->be, m->q[i].ids);
+		m->be->ops->host_free(m->be, m->q[i].h);
+		m->q[i].ids = NULL;
+		m->q[i].h = NULL;
+		m->q[i].cap_p = m->q[i].cap_rows = 0;
+	}
 	free(m->mg.pairs);
 	free(m->mg.slot_h);
 	for (int i = 0; i < 2; i++)
@@ -400,16 +407,65 @@ static int mg_grow(moet_model *m, float **p, int64_t have, int64_t floats)
 	return m->be->ops->alloc(m->be, (size_t)floats * sizeof(float), (void **)p);
 }
 
-int moet_pass_switches(moet_model *m)
+int moet_pass_switches(moet_model *m, int n_mb)
 {
 	static const char *const orders[] = { "cpu", "gpu" };
 	static const char *const ups[] = { "async", "sync" };
-	int gpu = 0, sync = 0, rc = moet_env_choice("MOET_TIER_ORDER", orders, 2, &gpu);
+	static const char *const qs[] = { "0", "1" };
+	const moet_backend_ops *op = m->be->ops;
+	int gpu = 0, sync = 0, q = 0, dg = 0;
+	int rc = moet_env_choice("MOET_TIER_ORDER", orders, 2, &gpu);
 	if (!rc)
 		rc = moet_env_choice("MOET_STEP_UPLOAD", ups, 2, &sync);
+	if (!rc)
+		rc = moet_env_choice("MOET_MB_QUEUE", qs, 2, &q);
+	if (!rc && q)
+		rc = moet_devgroup_switch(&dg);
+	m->q_on = !rc && q && n_mb == 2 && m->owner && !m->xtier && !dg && op->download_async &&
+		  op->fence && op->fence_wait;
+	m->q[0].layer = m->q[1].layer = -1;
 	m->gpu_first = !rc && gpu && moet_hybrid_overlapped(m->hy);
 	m->up_async = !rc && !sync && m->be->ops->upload_async;
 	return rc;
+}
+
+int moet_moe_dispatch_queue(moet_model *m, int64_t l, const int32_t *ids, int64_t n,
+			    const float *h)
+{
+	const int i = m->mb_slot & 1;
+	const int64_t H = m->cfg.hidden_size, P = n * m->cfg.num_experts_per_tok;
+	moet_backend *be = m->be;
+	int rc;
+	m->q[i].layer = -1;
+	if (!m->q_on)
+		return 0;
+	if (P > m->q[i].cap_p) {
+		be->ops->host_free(be, m->q[i].ids);
+		m->q[i].ids = NULL;
+		m->q[i].cap_p = 0;
+		if ((rc = be->ops->host_alloc(be, (size_t)P * sizeof(int32_t),
+					      (void **)&m->q[i].ids)))
+			return moet_err_prefix(rc, "dispatch: queued ids of %lld pairs", (long long)P);
+		m->q[i].cap_p = P;
+	}
+	if (n > m->q[i].cap_rows) {
+		be->ops->host_free(be, m->q[i].h);
+		m->q[i].h = NULL;
+		m->q[i].cap_rows = 0;
+		if ((rc = be->ops->host_alloc(be, (size_t)(n * H) * sizeof(float),
+					      (void **)&m->q[i].h)))
+			return moet_err_prefix(rc, "dispatch: queued rows of %lld tokens",
+					       (long long)n);
+		m->q[i].cap_rows = n;
+	}
+	/* NOTE: both are rewritten only at this micro-batch's next queue, after this layer's
+	 * dispatch consumed them (sorted, the CPU tier's rows gathered) */
+	if ((rc = be->ops->download_async(be, m->q[i].ids, ids, (size_t)P * sizeof(int32_t))) ||
+	    (rc = be->ops->download_async(be, m->q[i].h, h, (size_t)(n * H) * sizeof(float))) ||
+	    (rc = be->ops->fence(be, i)))
+		return rc;
+	m->q[i].layer = l;
+	return 0;
 }
 
 /* A slot table (src, P entries) to the backend's slot: queued from pinned copy `i` (0, 1: a
@@ -611,15 +667,21 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 	if ((rc = moet_devgroup_dispatch(m, l, ids, n, h, y, slot, &on_device)) || on_device)
 		return rc;
 	/* NOTE: the device may idle from the ids' download until the driver has grouped the
-	 * pairs and started the CPU tier (idle marks, moet_model_set_gpu_idle) */
+	 * pairs and started the CPU tier (idle marks, moet_model_set_gpu_idle); queued
+	 * (moet_moe_dispatch_queue), the ids and rows are host copies once the fence is reached */
+	const int qi = m->mb_slot & 1, queued = m->q[qi].layer == l;
+	m->q[qi].layer = -1;
 	if ((rc = ensure_pairs_h(m, P)) || (rc = idle_mark(m, 0)) ||
-	    (rc = m->be->ops->download(m->be, m->ids_h, ids, (size_t)P * sizeof(int32_t))))
+	    (rc = queued ? m->be->ops->fence_wait(m->be, qi)
+			 : m->be->ops->download(m->be, m->ids_h, ids, (size_t)P * sizeof(int32_t))))
 		return rc;
+	const int32_t *idh = queued ? m->q[qi].ids : m->ids_h;
+	const float *h_host = queued ? m->q[qi].h : NULL;
 	for (int64_t p = 0; p < P; p++)
-		if (m->ids_h[p] < 0 || m->ids_h[p] >= E)
+		if (idh[p] < 0 || idh[p] >= E)
 			return moet_err(MOET_ERANGE, "layer %lld: routed expert %d outside [0, %lld)",
-					(long long)l, m->ids_h[p], (long long)E);
-	if ((rc = moet_expert_pairs_sort(m->ids_h, P, m->pairs)))
+					(long long)l, idh[p], (long long)E);
+	if ((rc = moet_expert_pairs_sort(idh, P, m->pairs)))
 		return rc;
 	if (!m->owner)
 		return (rc = idle_mark(m, 1)) ? rc : run_all(m, l, P, k, h, n, y, slot);
@@ -665,7 +727,7 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 	if (cpu_cnt) {
 		rc = m->xtier ? cpu_tier_xtier(m, l, cpu_cnt, k, h, n, y + cpu_row * c->hidden_size)
 			      : moet_hybrid_cpu_fetch(m->hy, m->mb_slot, m->be, lw->experts_host,
-						      m->tier_list, cpu_cnt, k, h, n,
+						      m->tier_list, cpu_cnt, k, h, h_host, n,
 						      yb + cpu_row * c->hidden_size);
 		if (!rc && !m->xtier && !go_late)
 			rc = moet_hybrid_cpu_go(m->hy, m->mb_slot);

@@ -265,7 +265,9 @@ static int observe_routes(moet_model *m, int64_t l, int64_t n, const moet_seq_st
 /* The feed-forward of layer l up to the point where the expert tiers run: a dense MLP
  * completely; for a MoE layer router, selection, the dispatch (the CPU tier and other GPUs
  * left running) and the shared experts. ff_finish completes it. */
-static int ff_start(moet_model *m, int64_t l, int64_t n, const moet_seq_step *steps,
+/* A MoE layer's router up to its routing (and the queued copies of moet_moe_dispatch_queue);
+ * nothing for a dense layer ... */
+static int ff_route(moet_model *m, int64_t l, int64_t n, const moet_seq_step *steps,
 		    int n_steps)
 {
 	const moet_config *c = &m->cfg;
@@ -273,14 +275,24 @@ static int ff_start(moet_model *m, int64_t l, int64_t n, const moet_seq_step *st
 	const moet_backend_ops *op = m->be->ops;
 	moet_backend *be = m->be;
 	moet_fwd_bufs *b = m->cur;
-	const int64_t H = c->hidden_size;
 	int rc;
 	if (!lw->is_moe)
-		return ffn_tp(m, l, &lw->mlp, b->h, n, b->out);
-	TRY(op->linear(be, &lw->router, b->h, H, n, b->rlogits, c->n_routed_experts));
+		return 0;
+	TRY(op->linear(be, &lw->router, b->h, c->hidden_size, n, b->rlogits, c->n_routed_experts));
 	TRY(op->route(be, c, b->rlogits, lw->router_bias, n, b->ids, b->rw));
 	if (m->route_fn)
 		TRY(observe_routes(m, l, n, steps, n_steps));
+	return moet_moe_dispatch_queue(m, l, b->ids, n, b->h);
+}
+
+/* ... then the expert tiers started and the shared experts queued (a dense layer: its MLP). */
+static int ff_start(moet_model *m, int64_t l, int64_t n)
+{
+	const moet_layer_w *lw = &m->layers[l];
+	moet_fwd_bufs *b = m->cur;
+	int rc;
+	if (!lw->is_moe)
+		return ffn_tp(m, l, &lw->mlp, b->h, n, b->out);
 	TRY(moet_moe_dispatch(m, l, b->ids, n, b->h, b->y, b->slot));
 	/* the CPU tier may still run: the shared experts go on the backend meanwhile */
 	rc = lw->has_shared ? ffn_tp(m, l, &lw->mlp, b->h, n, b->shared) : 0;
@@ -415,8 +427,8 @@ static int mb_rows(moet_model *m, mb_pass *p)
 	return rc;
 }
 
-/* Layer l of a micro-batch up to the running expert tiers (stage 1) ... */
-static int mb_stage1(moet_model *m, const mb_pass *p, int64_t l)
+/* Layer l of a micro-batch up to its routing (stage 1a) ... */
+static int mb_stage1a(moet_model *m, const mb_pass *p, int64_t l)
 {
 	const moet_config *c = &m->cfg;
 	const moet_layer_w *lw = &m->layers[l];
@@ -429,7 +441,20 @@ static int mb_stage1(moet_model *m, const mb_pass *p, int64_t l)
 	TRY(attention(m, l, n, p->rows));
 	TRY(op->add(m->be, b->x, b->out, n * H));
 	TRY(op->rmsnorm(m->be, b->x, H, lw->post_norm, n, H, c->rms_norm_eps, b->h, H));
-	return ff_start(m, l, n, p->steps, p->n_steps);
+	return ff_route(m, l, n, p->steps, p->n_steps);
+}
+
+/* ... to the running expert tiers (1b) ... */
+static int mb_stage1b(moet_model *m, const mb_pass *p, int64_t l)
+{
+	use(m, p);
+	return ff_start(m, l, p->n);
+}
+
+static int mb_stage1(moet_model *m, const mb_pass *p, int64_t l)
+{
+	int rc = mb_stage1a(m, p, l);
+	return rc ? rc : mb_stage1b(m, p, l);
 }
 
 /* ... and from there to the layer's output (stage 2). */
@@ -458,6 +483,21 @@ static int pass_body(moet_model *m, mb_pass *p, int n_mb)
 		for (int64_t l = 0; l < L && !rc; l++)
 			if (!(rc = mb_stage1(m, &p[0], l)))
 				rc = mb_stage2(m, &p[0], l);
+	} else if (m->q_on) {
+		/* queued routing copies (MOET_MB_QUEUE=1): each half's dispatch waits for its own
+		 * copies, so the other half's work is queued behind them before (see the NOTE at
+		 * moet_model_forward_batch) */
+		rc = mb_stage1a(m, &p[0], 0);
+		rc = rc ? rc : mb_stage1a(m, &p[1], 0);
+		for (int64_t l = 0; l < L && !rc; l++) {
+			if ((rc = mb_stage1b(m, &p[0], l)) || (rc = mb_stage1b(m, &p[1], l)) ||
+			    (rc = mb_stage2(m, &p[0], l)) ||
+			    (l + 1 < L && (rc = mb_stage1a(m, &p[0], l + 1))) ||
+			    (rc = mb_stage2(m, &p[1], l)))
+				break;
+			if (l + 1 < L)
+				rc = mb_stage1a(m, &p[1], l + 1);
+		}
 	} else {
 		rc = mb_stage1(m, &p[0], 0);
 		for (int64_t l = 0; l < L && !rc; l++) {
@@ -628,6 +668,12 @@ static double now_s(void)
  * so that while the CPU tier computes one micro-batch's experts of layer l, the driving thread
  * queues the other's attention, router and GPU experts: CPU and GPU busy at once. Rows are
  * independent, so the bits equal those of one pass (tests: test_hybrid_sim, test_gpu_hybrid).
+ * Each 1 copies the routing ids to the host, which waits for everything queued before them.
+ * With MOET_MB_QUEUE=1 those copies are queued instead (1a: up to the routing and its copies,
+ * 1b: the expert tiers started once they are there) and the order is
+ *   A1a(0) B1a(0) | A1b(l) B1b(l) A2(l) A1a(l+1) B2(l) B1a(l+1) | ...
+ * so that whenever the driver waits (for a half's copies, or for its CPU tier) the other
+ * half's work is queued on the device behind it.
  */
 int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_steps)
 {
@@ -657,7 +703,7 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 		rc = mb_rows(m, &p[i]);
 	int merged = 0;
 	if (!rc)
-		rc = moet_pass_switches(m);
+		rc = moet_pass_switches(m, n_mb);
 	if (!rc && n_mb == 2)
 		rc = moet_mb_merge_begin(m, n, &merged);
 	if (!rc)

@@ -67,6 +67,7 @@ typedef struct hy_call {
 	int32_t *count_stage;     /* [1] host_alloc: its pair count, written by the device */
 	moet_expert_pair *pairs;  /* [cap_pairs]: a fetched call's pairs (moet_hybrid_cpu_fetch) */
 	const moet_ffn_w *table;  /* its expert table */
+	const float *h_src;       /* its rows: h_stage, or the caller's host copy of h */
 	int64_t fetched, top_k;   /* its pair count (0: none fetched) and top_k */
 	uint64_t tickets[HY_MAX_PENDING];
 	int n_tickets;
@@ -352,7 +353,7 @@ static int end(moet_hybrid *hy, hy_call *cl, moet_hybrid_stats *st)
 
 int moet_hybrid_cpu_fetch(moet_hybrid *hy, int slot, moet_backend *be, const moet_ffn_w *table,
 			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
-			  const float *h, int64_t n, float *y_dst)
+			  const float *h, const float *h_host, int64_t n, float *y_dst)
 {
 	if (slot < 0 || slot >= MOET_HYBRID_SLOTS)
 		return moet_err(MOET_EINVAL, "hybrid engine: slot %d", slot);
@@ -366,9 +367,10 @@ int moet_hybrid_cpu_fetch(moet_hybrid *hy, int slot, moet_backend *be, const moe
 	if ((rc = grow(hy, cl, be, n, cnt)))
 		return rc;
 	uint64_t t0 = moet_now_ns();
-	if ((rc = download_rows(hy, cl, be, pairs, cnt, top_k, h, n)))
+	if (!h_host && (rc = download_rows(hy, cl, be, pairs, cnt, top_k, h, n)))
 		return rc;
 	hy->st.ns_d2h += moet_now_ns() - t0;
+	cl->h_src = h_host ? h_host : cl->h_stage;
 	memcpy(cl->pairs, pairs, (size_t)cnt * sizeof(*pairs));
 	cl->table = table;
 	cl->top_k = top_k;
@@ -388,7 +390,7 @@ int moet_hybrid_cpu_go(moet_hybrid *hy, int slot)
 		return 0;
 	cl->fetched = 0;
 	for (int64_t i = 0; i < cnt; i++)
-		memcpy(cl->y_stage + i * H, cl->h_stage + (cl->pairs[i].pair / cl->top_k) * H,
+		memcpy(cl->y_stage + i * H, cl->h_src + (cl->pairs[i].pair / cl->top_k) * H,
 		       row_bytes);
 	return start(hy, cl, &hy->st, cl->table, cl->pairs, cnt);
 }
@@ -397,7 +399,7 @@ int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moe
 			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
 			  const float *h, int64_t n, float *y_dst)
 {
-	int rc = moet_hybrid_cpu_fetch(hy, slot, be, table, pairs, cnt, top_k, h, n, y_dst);
+	int rc = moet_hybrid_cpu_fetch(hy, slot, be, table, pairs, cnt, top_k, h, NULL, n, y_dst);
 	return rc ? rc : moet_hybrid_cpu_go(hy, slot);
 }
 

@@ -65,12 +65,13 @@ int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moe
 			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
 			  const float *h, int64_t n, float *y_dst);
 /* The same in two steps, so that the driver can launch the device tiers in between: fetch
- * copies the rows the pairs use to host staging (and keeps the pairs), go gathers them by
- * expert and starts the jobs; begin is fetch then go. A fetched call never started is dropped
- * by finish. */
+ * copies the rows the pairs use to host staging (none with h_host: a host copy of all of h,
+ * which the caller keeps until go), keeping the pairs; go gathers the rows by expert and
+ * starts the jobs; begin is fetch then go. A fetched call never started is dropped by
+ * finish. */
 int moet_hybrid_cpu_fetch(moet_hybrid *hy, int slot, moet_backend *be, const moet_ffn_w *table,
 			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
-			  const float *h, int64_t n, float *y_dst);
+			  const float *h, const float *h_host, int64_t n, float *y_dst);
 int moet_hybrid_cpu_go(moet_hybrid *hy, int slot);
 /* dispatch.c: the idle time marked in the pass just run (moet_model_set_gpu_idle), added to
  * ns_gpu_idle, the marks cleared; call after the pass's last download (or its failure). */
@@ -347,6 +348,13 @@ struct moet_model {
 	int up_async;             /* this pass queues its slot tables and CPU-tier rows */
 	int32_t *slot_pin[3];     /* host_alloc: the queued slot tables (dispatch.c) */
 	int64_t cap_slot_pin[3];
+	int q_on;                 /* this pass queues its routing downloads (MOET_MB_QUEUE) */
+	struct {                  /* per micro-batch: moet_moe_dispatch_queue's copies */
+		int32_t *ids;     /* host_alloc [cap_p]: the layer's routing ids */
+		float *h;         /* host_alloc [cap_rows x hidden]: its rows */
+		int64_t cap_p, cap_rows;
+		int64_t layer;    /* the layer queued and not yet dispatched, or -1 */
+	} q[2];
 	/* Two micro-batches' home-device experts as one call (MOET_MB_MERGE, dispatch.c): the
 	 * first micro-batch's dispatch of a layer defers its pairs, the second's computes both. */
 	struct {
@@ -437,6 +445,13 @@ void moet_kv_rowinfo(const moet_kv *kv, int64_t pos, moet_rowinfo *out);
 /* MOET_EINVAL (naming the entry) when kv was not made for a model of m's geometry and form. */
 int moet_kv_check(const struct moet_model *m, const moet_kv *kv, int entry);
 
+/* dispatch.c: with m->q_on (MOET_MB_QUEUE=1 in a pass of two micro-batches, a placement, no
+ * NVMe tier, MOET_GPU_DEVGROUP off), queues the copies of layer l's routing ids and rows h of
+ * the current micro-batch to host memory and a fence, so that its dispatch later waits for
+ * them alone instead of copying them itself (which drains the backend's queue: the other
+ * micro-batch's work included); otherwise nothing. */
+int moet_moe_dispatch_queue(struct moet_model *m, int64_t l, const int32_t *ids, int64_t n,
+			    const float *h);
 /* dispatch.c: the routed experts of MoE layer l for n rows: ids [n x top_k] (backend) ->
  * y rows and slot[pair] (backend), per the placement. */
 int moet_moe_dispatch(struct moet_model *m, int64_t l, const int32_t *ids, int64_t n,
@@ -444,8 +459,10 @@ int moet_moe_dispatch(struct moet_model *m, int64_t l, const int32_t *ids, int64
 /* Completes a dispatch whose CPU tier may still be running (the hybrid engine overlaps it
  * with whatever the caller queues on the backend in between). */
 int moet_moe_dispatch_finish(struct moet_model *m);
-/* A pass's dispatch switches (dispatch.c), read at every pass; the same bits either way;
- * MOET_EINVAL for a bad value, naming it.
+/* A pass's dispatch switches (dispatch.c), read at every pass (n_mb: its micro-batches); the
+ * same bits either way; MOET_EINVAL for a bad value, naming it.
+ * MOET_MB_QUEUE: "0" (unset) or "1": m->q_on (moet_moe_dispatch_queue) in a pass of two
+ * micro-batches, where forward.c then orders the halves' steps around the queued copies.
  * MOET_TIER_ORDER: whether the CPU tier's jobs start before the device tiers' launches ("cpu",
  * unset) or after them ("gpu": m->gpu_first; measured no faster, docs/hybrid.md); always
  * before them when the tier does not overlap (MOET_HYBRID_OVERLAP=0: it runs alone, the
@@ -453,7 +470,7 @@ int moet_moe_dispatch_finish(struct moet_model *m);
  * MOET_STEP_UPLOAD: "async" (unset) queues the slot tables and the CPU tier's rows on the
  * backend (moet_backend_ops.upload_async) where it can, so that the driver does not wait for
  * the work queued before them (m->up_async); "sync" copies them at once. */
-int moet_pass_switches(struct moet_model *m);
+int moet_pass_switches(struct moet_model *m, int n_mb);
 /* Whether a pass of two micro-batches merges their home-device expert calls (MOET_MB_MERGE,
  * dispatch.c): *out 1 if asked for and the placement allows it (one device, no NVMe tier, a
  * backend with copy); then m->mg is ready for n_rows rows (both micro-batches) of top_k pairs

@@ -81,6 +81,8 @@ typedef struct moet_draw {
 	int64_t *out_id;             /* host */
 } moet_draw;
 
+#define MOET_BACKEND_FENCES 4
+
 typedef struct moet_backend_ops {
 	const char *name;
 	int host_memory; /* 1: buffers and bound weights are host memory (the CPU backend) */
@@ -95,6 +97,14 @@ typedef struct moet_backend_ops {
 	 * with the ops and returning at once; the caller leaves src unchanged until a later
 	 * download has returned (downloads wait for the ops queued before them). */
 	int (*upload_async)(moet_backend *be, void *dst, const void *src, size_t bytes);
+	/* Optional, all three or none (NULL: not offered): backend memory to host_alloc memory,
+	 * queued in order with the ops and returning at once; fence i (0 ..
+	 * MOET_BACKEND_FENCES - 1) recorded at this point of the queue; fence_wait returns once
+	 * the work queued before fence i's last record is done (the bytes of the downloads
+	 * queued before it are then in dst). */
+	int (*download_async)(moet_backend *be, void *dst, const void *src, size_t bytes);
+	int (*fence)(moet_backend *be, int i);
+	int (*fence_wait)(moet_backend *be, int i);
 	/* Optional (NULL: not offered): backend memory to backend memory, queued in order with
 	 * the ops (the two micro-batches' merged expert call, dispatch.c). */
 	int (*copy)(moet_backend *be, void *dst, const void *src, size_t bytes);

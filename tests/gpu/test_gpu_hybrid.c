@@ -12,7 +12,8 @@
  *   - the CPU tier's jobs started after the GPU's launches in two micro-batches and in one
  *     pass (MOET_TIER_ORDER=gpu), and the slot
  *     tables and the CPU tier's rows copied at once instead of queued (MOET_STEP_UPLOAD=
- *     sync): the same bits;
+ *     sync), and the halves' routing copies queued with their steps reordered
+ *     (MOET_MB_QUEUE=1, also merged): the same bits;
  *   - the tier counts add up, the random placement sends >= 25% of routings to the CPU;
  *   - the CPU tier's counters agree with the tier counts (pairs, bytes copied back);
  *   - the GPU's idle marks (moet_model_set_gpu_idle, CUDA events) on for the all-CPU and the
@@ -196,12 +197,12 @@ int main(void)
 	const char *names[] = { "all-gpu", "all-cpu", "random-half", "per-layer", "random serial",
 				"random one pass", "random merged", "random merged staged",
 				"random gpu-first", "random one pass gpu-first", "random sync uploads",
-				"random one pass sync uploads" };
+				"random one pass sync uploads", "random queued", "random merged queued" };
 	int64_t moe_layers = 0;
 	for (int64_t l = 0; l < L; l++)
 		moe_layers += moet_config_is_moe_layer(c, l);
-	for (int pl = 0; pl < 12; pl++) {
-		const int merged = pl == 6 || pl == 7;
+	for (int pl = 0; pl < 14; pl++) {
+		const int merged = pl == 6 || pl == 7 || pl == 13;
 		for (int64_t i = 0; i < L * E; i++) {
 			int64_t l = i / E, e = i % E;
 			own[i] = pl == 0 ? 0 : pl == 1 ? -1 : pl == 3 ? (int16_t)((l % 2) ? 0 : -1)
@@ -228,8 +229,11 @@ int main(void)
 		if (pl == 8 || pl == 9)
 			setenv("MOET_TIER_ORDER", "gpu", 1);
 		/* the slot tables and the CPU tier's rows copied at once, not queued */
-		if (pl >= 10)
+		if (pl == 10 || pl == 11)
 			setenv("MOET_STEP_UPLOAD", "sync", 1);
+		/* the halves' routing copies queued and their steps reordered around them */
+		if (pl >= 12)
+			setenv("MOET_MB_QUEUE", "1", 1);
 		for (int batched = 0; batched < 2; batched++) {
 			memset(got, 0xCD, n_log * sizeof(float));
 			CHECK(run(gpu, batched, got) == 0, "%s: %s", names[pl], moet_errmsg());
@@ -241,6 +245,7 @@ int main(void)
 		unsetenv("MOET_MB_MERGE");
 		unsetenv("MOET_TIER_ORDER");
 		unsetenv("MOET_STEP_UPLOAD");
+		unsetenv("MOET_MB_QUEUE");
 		uint64_t cnt[2];
 		moet_model_tier_counts(gpu, cnt, 2);
 		moet_hybrid_stats hs;

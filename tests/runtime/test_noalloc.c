@@ -170,6 +170,9 @@ int main(void)
 	expect_none(m, "CPU tier + 2 sim devices, one pass");
 	setenv("MOET_MICROBATCH", "1", 1);
 	expect_none(m, "CPU tier + 2 sim devices, 2 halves");
+	setenv("MOET_MB_QUEUE", "1", 1); /* the halves' routing copies queued */
+	expect_none(m, "CPU tier + 2 sim devices, 2 halves queued");
+	unsetenv("MOET_MB_QUEUE");
 	/* one device: the halves' device calls merged (MOET_MB_MERGE=1, dispatch.c) */
 	int16_t *own1 = malloc((size_t)(L * E) * sizeof(*own1));
 	for (int64_t i = 0; own1 && i < L * E; i++)
@@ -229,6 +232,9 @@ int main(void)
 		setenv("MOET_MB_MERGE", "1", 1);
 		expect_none(m, "cuda + CPU tier, 2 halves merged");
 		unsetenv("MOET_MB_MERGE");
+		setenv("MOET_MB_QUEUE", "1", 1);
+		expect_none(m, "cuda + CPU tier, 2 halves queued");
+		unsetenv("MOET_MB_QUEUE");
 		unsetenv("MOET_MICROBATCH");
 		moet_model_close(m);
 		/* CUDA graphs (runtime/graph.c): the counted steps are replays */
