@@ -262,11 +262,10 @@ static int observe_routes(moet_model *m, int64_t l, int64_t n, const moet_seq_st
 	return rc;
 }
 
-/* The feed-forward of layer l up to the point where the expert tiers run: a dense MLP
- * completely; for a MoE layer router, selection, the dispatch (the CPU tier and other GPUs
- * left running) and the shared experts. ff_finish completes it. */
-/* A MoE layer's router up to its routing (and the queued copies of moet_moe_dispatch_queue);
- * nothing for a dense layer ... */
+/* The feed-forward of layer l up to the point where the expert tiers run, in two steps: for a
+ * MoE layer ff_route runs the router and the selection (and queues the routing's copies:
+ * moet_moe_dispatch_queue), ff_start the dispatch (the CPU tier and other GPUs left running)
+ * and the shared experts; a dense layer's MLP is all in ff_start. ff_finish completes it. */
 static int ff_route(moet_model *m, int64_t l, int64_t n, const moet_seq_step *steps,
 		    int n_steps)
 {
@@ -285,7 +284,6 @@ static int ff_route(moet_model *m, int64_t l, int64_t n, const moet_seq_step *st
 	return moet_moe_dispatch_queue(m, l, b->ids, n, b->h);
 }
 
-/* ... then the expert tiers started and the shared experts queued (a dense layer: its MLP). */
 static int ff_start(moet_model *m, int64_t l, int64_t n)
 {
 	const moet_layer_w *lw = &m->layers[l];
