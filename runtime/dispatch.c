@@ -464,6 +464,7 @@ int moet_moe_dispatch_queue(moet_model *m, int64_t l, const int32_t *ids, int64_
 	    (rc = be->ops->download_async(be, m->q[i].h, h, (size_t)(n * H) * sizeof(float))) ||
 	    (rc = be->ops->fence(be, i)))
 		return rc;
+	moet_hybrid_count_d2h(m->hy, (uint64_t)(n * H) * sizeof(float));
 	m->q[i].layer = l;
 	return 0;
 }

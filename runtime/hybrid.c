@@ -526,6 +526,14 @@ void moet_hybrid_set_overlap(moet_hybrid *hy, int on)
 	hy->overlap = on != 0;
 }
 
+void moet_hybrid_count_d2h(moet_hybrid *hy, uint64_t bytes)
+{
+	if (hy) {
+		hy->st.bytes_d2h += bytes;
+		hy->st.d2h_copies++;
+	}
+}
+
 int moet_hybrid_overlapped(const moet_hybrid *hy)
 {
 	return hy && hy->overlap;

@@ -120,6 +120,9 @@ int moet_hybrid_stage_run(moet_hybrid *hy, moet_backend *be, const moet_ffn_w *t
 			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
 			  const float *h, int64_t n, float *y);
 void moet_hybrid_set_overlap(moet_hybrid *hy, int on);
+/* A copy of hidden rows to the host made for the tier by its caller (moet_moe_dispatch_queue),
+ * counted in the stats as the tier's own (bytes_d2h, d2h_copies); nothing without an engine. */
+void moet_hybrid_count_d2h(moet_hybrid *hy, uint64_t bytes);
 /* Whether the tier runs beside the caller (0: begin waits for it; also without an engine). */
 int moet_hybrid_overlapped(const moet_hybrid *hy);
 void moet_hybrid_reset_stats(moet_hybrid *hy);

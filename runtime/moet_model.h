@@ -187,12 +187,14 @@ typedef struct moet_hybrid_stats {
 	uint64_t ns_cpu_start; /* from each call's submit to its first worker's start */
 	uint64_t ns_cpu_wake;  /* from each call's last worker's end to the driving thread's
 				  return from its wait, where it was waiting by then */
-	uint64_t bytes_d2h;  /* hidden rows copied to the host staging */
+	uint64_t bytes_d2h;  /* hidden rows copied to the host staging (MOET_MB_QUEUE=1: every
+				row of each queued layer, copied whole) */
 	uint64_t bytes_h2d;  /* expert outputs copied back to the backend */
 	uint64_t ns_d2h, ns_h2d;
 	uint64_t split_passes; /* forward passes run as two pipelined micro-batches */
 	uint64_t d2h_copies; /* copies of hidden rows: only the rows the CPU tier's pairs use, in
-				ranges (gaps merged when cheaper than a copy's latency) */
+				ranges (gaps merged when cheaper than a copy's latency); queued:
+				one per layer */
 	uint64_t staged_experts; /* cold experts computed on the backend (GPU 0) from a staging
 				    slot instead (MOET_PREFILL_STAGE; counted in the CPU's
 				    tier_counts, not in cpu_pairs) */

@@ -188,6 +188,14 @@ int main(void)
 		CHECK(hs.merged_calls == (merged ? hs.split_passes * (uint64_t)moe_layers : 0),
 		      "%s: %llu merged device calls for %llu split passes", names[pl],
 		      (unsigned long long)hs.merged_calls, (unsigned long long)hs.split_passes);
+		/* queued: every row of both halves went down once per MoE layer, nothing else */
+		if (pl >= 13)
+			CHECK(hs.d2h_copies == hs.split_passes * 2 * (uint64_t)moe_layers &&
+			      hs.bytes_d2h == (uint64_t)((5 + 9 + 2 + SEQS * STEPS) * moe_layers *
+							 c->hidden_size) * sizeof(float),
+			      "%s: %llu row copies of %llu bytes for %llu split passes", names[pl],
+			      (unsigned long long)hs.d2h_copies, (unsigned long long)hs.bytes_d2h,
+			      (unsigned long long)hs.split_passes);
 		if (pl == 9 || pl == 10)
 			CHECK(hs.staged_pairs > 0 && (hs.cpu_pairs > 0) == (pl == 9), "%s: %llu "
 			      "staged pairs, %llu on the CPU tier", names[pl],
