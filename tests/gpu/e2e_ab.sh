@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# tests/gpu/e2e_ab.sh: `bench e2e --modes hybrid` of one placement under several environment
+# variants, alternating (A B C A B C ...), with one table of the decode steps, the overlap
+# bound and the time split per variant, run and batch (tests/gpu/e2e_table.py). For A/B
+# measurements of the engine's switches (docs/hybrid.md): the same checkpoint, placement and
+# batches in every run; a fresh process per run; the machine's drift falls on every variant
+# alike. Compare medians over rounds, not single runs: on the H200 machine the same code spreads
+# ~5% between runs and the serial run behind Tc far more (docs/hybrid.md, "Queued copies").
+#
+# Usage (from the repository root):
+#   bash tests/gpu/e2e_ab.sh BUILD_DIR OUT_DIR CKPT_DIR PLACEMENT 'NAME[:VAR=V[,VAR=V...]]' ...
+#   BUILD_DIR  a build with moet-hybrid (carried from a development machine is fine)
+#   OUT_DIR    e2e-NAME-R.json / .txt per run, table.txt (also printed) and one archive of it
+#              all, ab.tar.gz (the device tool brings back few files)
+#   CKPT_DIR   the checkpoint (e.g. made by gen-checkpoint in /dev/shm)
+#   PLACEMENT  the placement file (e.g. from tests/gpu/plan_auto.sh)
+#   variants   e.g. def 'queued:MOET_MB_QUEUE=1' 'split:MOET_MICROBATCH=1,MOET_MB_MERGE=1'
+# Environment: MOET_AB_ROUNDS (default 2), MOET_AB_BATCHES (default 16,64), MOET_AB_STEPS
+# (default 16), MOET_AB_DEVICE (default cuda; cpu runs the same on the CPU backend),
+# MOET_AB_TIMEOUT (seconds per run, default 300).
+# Debian runtime libraries may be carried as .deb files in .deb/ (as for tests/gpu/run.sh).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+if [ $# -lt 5 ]; then
+	sed -n '2,/^set -euo/p' "$0" | sed '$d' >&2
+	exit 2
+fi
+build=$1 out=$2 ckpt=$3 place=$4
+shift 4
+rounds=${MOET_AB_ROUNDS:-2}
+case $rounds in
+'' | *[!0-9]* | 0) echo "e2e_ab: MOET_AB_ROUNDS=$rounds (want a whole number >= 1)" >&2; exit 2 ;;
+esac
+for v in "$@"; do
+	case ${v%%:*} in
+	'' | *[!A-Za-z0-9_-]*) echo "e2e_ab: variant name '${v%%:*}' (want letters, digits, _ or -)" >&2
+		exit 2 ;;
+	esac
+done
+mkdir -p "$out"
+. tests/gpu/debs.sh
+for r in $(seq 1 "$rounds"); do
+	for v in "$@"; do
+		name=${v%%:*} envs=()
+		[ "$name" = "$v" ] || IFS=, read -ra envs <<<"${v#*:}"
+		echo "== $(date +%T) $name round $r ${envs[*]:-}"
+		rc=0
+		env "${envs[@]}" timeout "${MOET_AB_TIMEOUT:-300}" "$build/moet-hybrid" bench e2e \
+			--model "$ckpt" --device "${MOET_AB_DEVICE:-cuda}" --modes hybrid \
+			--placement "$place" --batches "${MOET_AB_BATCHES:-16,64}" --prefill none \
+			--steps "${MOET_AB_STEPS:-16}" --json "$out/e2e-$name-$r.json" \
+			>"$out/e2e-$name-$r.txt" 2>&1 || rc=$?
+		if [ "$rc" != 0 ]; then
+			echo "e2e_ab: $name round $r failed (exit $rc): $out/e2e-$name-$r.txt" >&2
+			tail -n 3 "$out/e2e-$name-$r.txt" >&2
+		fi
+	done
+done
+python3 tests/gpu/e2e_table.py "$out" "$@" | tee "$out/table.txt"
+tar -czf "$out/ab.tar.gz" -C "$out" --exclude ab.tar.gz .

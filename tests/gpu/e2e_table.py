@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""tests/gpu/e2e_table.py OUT_DIR VARIANT...: the table of tests/gpu/e2e_ab.sh from its bench
+e2e records (OUT_DIR/e2e-NAME-R.json): per variant, round and batch the median step, the
+one-pass step, Tc, Tg, the overlap bound and step / bound, the CPU tier's team span, the
+driver's wait for it, the GPU's idle time, and the share of passes in two micro-batches (ms
+per step); then per variant and batch the median over rounds of the step and of step / bound.
+A missing or unreadable record is named on its row, never skipped silently."""
+import json
+import os
+import statistics
+import sys
+
+COLS = ("step_s", "one_pass_step_s", "tc_s", "tg_s", "overlap_bound_s", "cpu_run_s",
+        "cpu_wait_s", "gpu_idle_s")
+
+
+def rows(path):
+    with open(path) as f:
+        rec = json.load(f)
+    return [s for s in rec.get("steps", []) if s.get("mode") == "hybrid"]
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    out, names = sys.argv[1], [v.split(":", 1)[0] for v in sys.argv[2:]]
+    runs = sorted({int(f[:-5].rsplit("-", 1)[1]) for f in os.listdir(out)
+                   if f.startswith("e2e-") and f.endswith(".json")})
+    print("variant  round batch    step      1p      Tc      Tg   bound st/bd   run"
+          "    wait   idle split")
+    agg = {}
+    for name in names:
+        for r in runs:
+            path = os.path.join(out, "e2e-%s-%d.json" % (name, r))
+            try:
+                steps = rows(path)
+            except (OSError, ValueError) as e:
+                print("%-8s %5d  no record: %s" % (name, r, e))
+                continue
+            for s in steps:
+                v = [1e3 * s.get(k, float("nan")) for k in COLS]
+                ratio = s.get("step_over_bound", float("nan"))
+                agg.setdefault((name, s["batch"]), []).append((v[0], ratio))
+                print("%-8s %5d %5d %7.2f %7.2f %7.2f %7.2f %7.2f %5.3f %6.2f %6.2f %6.2f %5.2f"
+                      % (name, r, s["batch"], v[0], v[1], v[2], v[3], v[4], ratio, v[5], v[6],
+                         v[7], s.get("split_share", float("nan"))))
+    print("\nmedians over rounds: variant batch step_ms step/bound (runs)")
+    for (name, b), vals in agg.items():
+        print("%-8s %5d %8.2f %6.3f (%d)" % (name, b, statistics.median(x for x, _ in vals),
+                                             statistics.median(y for _, y in vals), len(vals)))
+
+
+if __name__ == "__main__":
+    main()
