@@ -1,0 +1,164 @@
+/*
+ * test_e2e_ab_script.c: tests/gpu/e2e_ab.sh and its table (tests/gpu/e2e_table.py) on the CPU
+ * backend with the tiny preset, so that a change of bench e2e's records or of the scripts
+ * breaks here rather than on the GPU machine. Two variants (the defaults, and two
+ * micro-batches forced) and a third whose environment the engine refuses, two rounds, one
+ * placement of half the experts on the simulated GPU. Checked against the bench's own JSON
+ * records, not the scripts' arithmetic:
+ *   - one record per good variant and round, none for the refused one, whose rows say
+ *     "no record" and whose failure names the variable on stderr; the run still exits 0;
+ *   - every table row's step, Tc, Tg, bound and step / bound equal its record's, within
+ *     the table's rounding; the forced variant ran its passes in two micro-batches;
+ *   - the medians over rounds are the medians of the records' steps;
+ *   - the archive holds the records and the table;
+ *   - usage errors: too few arguments, a bad variant name, a bad round count.
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moet_test.h"
+
+#define BATCH 4
+
+static const json_t *hybrid_step(const json_t *rec)
+{
+	size_t i;
+	const json_t *s;
+	json_array_foreach(json_object_get(rec, "steps"), i, s) {
+		const char *mode = json_string_value(json_object_get(s, "mode"));
+		if (mode && !strcmp(mode, "hybrid") &&
+		    json_integer_value(json_object_get(s, "batch")) == BATCH)
+			return s;
+	}
+	return NULL;
+}
+
+static double num(const json_t *o, const char *k)
+{
+	return json_number_value(json_object_get(o, k));
+}
+
+static int run(const char *args, char **text)
+{
+	char cmd[4096];
+	snprintf(cmd, sizeof(cmd), "cd %s && MOET_AB_DEVICE=cpu MOET_AB_BATCHES=%d "
+		 "MOET_AB_STEPS=3 %s", moet_test_source_dir(), BATCH, args);
+	return moet_test_run(cmd, text);
+}
+
+int main(void)
+{
+	if (system("command -v bash python3 tar >/dev/null 2>&1")) {
+		fprintf(stderr, "SKIP: needs bash, python3 and tar\n");
+		return 77;
+	}
+	char *dir = moet_test_mkdtemp("e2e-ab-sh");
+	char ckpt[512], place[600], out[512], build[1024], path[800], args[3000];
+	snprintf(ckpt, sizeof(ckpt), "%s/ckpt", dir);
+	snprintf(place, sizeof(place), "%s/place.yaml", dir);
+	snprintf(out, sizeof(out), "%s/out", dir);
+	snprintf(build, sizeof(build), "%s", moet_test_bin());
+	char *slash = strrchr(build, '/');
+	if (slash)
+		*slash = 0;
+	else
+		snprintf(build, sizeof(build), ".");
+	CHECK(moet_test_cli(NULL, "gen-checkpoint --preset tiny --seed 3 --out %s --quiet",
+			    ckpt) == 0, "gen-checkpoint");
+	FILE *f = fopen(place, "w");
+	CHECK(f != NULL, "write %s", place);
+	if (f) {
+		fputs("version: 1\ngpus:\n  - {name: gpu0, budget: 1GiB, reserve: 0B}\n"
+		      "default: {gpu0: \"0-15\"}\n", f);
+		fclose(f);
+	}
+	char *text = NULL;
+	snprintf(args, sizeof(args), "MOET_AB_ROUNDS=2 bash tests/gpu/e2e_ab.sh %s %s %s %s def "
+		 "'split:MOET_MICROBATCH=1' 'bad:MOET_MB_QUEUE=2'", build, out, ckpt, place);
+	int rc = run(args, &text);
+	CHECK(rc == 0 && text, "e2e_ab.sh: exit %d\n%s", rc, text ? text : "");
+	CHECK(text && strstr(text, "MOET_MB_QUEUE") && strstr(text, "bad round 1 failed"),
+	      "the refused variant's failure named:\n%s", text ? text : "");
+
+	/* the table against the records */
+	snprintf(path, sizeof(path), "%s/table.txt", out);
+	f = fopen(path, "r");
+	CHECK(f != NULL, "table %s", path);
+	const char *names[2] = { "def", "split" };
+	double steps[2][2] = { { 0 } };
+	int rows = 0, missing = 0, medians = 0;
+	char line[512];
+	while (f && fgets(line, sizeof(line), f)) {
+		char name[32];
+		int r, b;
+		double st, p1, tc, tg, bd, ratio;
+		if (sscanf(line, "%31s %d %d %lf %lf %lf %lf %lf %lf", name, &r, &b, &st, &p1, &tc,
+			   &tg, &bd, &ratio) == 9) {
+			int v = !strcmp(name, "def") ? 0 : !strcmp(name, "split") ? 1 : -1;
+			CHECK(v >= 0 && r >= 1 && r <= 2 && b == BATCH, "table row: %s", line);
+			if (v < 0 || r < 1 || r > 2)
+				continue;
+			snprintf(path, sizeof(path), "%s/e2e-%s-%d.json", out, names[v], r);
+			json_t *rec = json_load_file(path, 0, NULL);
+			const json_t *s = hybrid_step(rec);
+			CHECK(s != NULL, "record %s: the hybrid step at batch %d", path, BATCH);
+			if (s) {
+				CHECK(fabs(st - 1e3 * num(s, "step_s")) <= 0.006 &&
+				      fabs(tc - 1e3 * num(s, "tc_s")) <= 0.006 &&
+				      fabs(tg - 1e3 * num(s, "tg_s")) <= 0.006 &&
+				      fabs(bd - 1e3 * num(s, "overlap_bound_s")) <= 0.006 &&
+				      fabs(ratio - num(s, "step_over_bound")) <= 0.0006,
+				      "table row of %s round %d against its record: %s", names[v], r,
+				      line);
+				if (v == 1)
+					CHECK(num(s, "split_share") == 1.0, "split round %d: %g of its "
+					      "passes in two micro-batches", r, num(s, "split_share"));
+				steps[v][r - 1] = 1e3 * num(s, "step_s");
+			}
+			json_decref(rec);
+			rows++;
+		} else if (strstr(line, "no record")) {
+			CHECK(!strncmp(line, "bad", 3), "a missing record of a good variant: %s", line);
+			missing++;
+		} else if (sscanf(line, "%31s %d %lf %lf", name, &b, &st, &ratio) == 4 &&
+			   strstr(line, "(2)")) {
+			int v = !strcmp(name, "def") ? 0 : !strcmp(name, "split") ? 1 : -1;
+			CHECK(v >= 0 && b == BATCH, "median row: %s", line);
+			if (v >= 0)
+				CHECK(fabs(st - 0.5 * (steps[v][0] + steps[v][1])) <= 0.006,
+				      "%s: median %g of the rounds' %g and %g", names[v], st,
+				      steps[v][0], steps[v][1]);
+			medians++;
+		}
+	}
+	if (f)
+		fclose(f);
+	CHECK(rows == 4 && missing == 2 && medians == 2, "table: %d rows, %d missing, %d medians",
+	      rows, missing, medians);
+	snprintf(args, sizeof(args), "tar -tzf %s/ab.tar.gz", out);
+	free(text);
+	text = NULL;
+	CHECK(moet_test_run(args, &text) == 0 && text && strstr(text, "table.txt") &&
+	      strstr(text, "e2e-split-2.json"), "the archive:\n%s", text ? text : "");
+
+	/* usage errors */
+	static const char *const bad[3] = {
+		"bash tests/gpu/e2e_ab.sh a b c d",
+		"bash tests/gpu/e2e_ab.sh a b c d 'two words'",
+		"MOET_AB_ROUNDS=0 bash tests/gpu/e2e_ab.sh a b c d def",
+	};
+	static const char *const why[3] = { "Usage", "variant name", "MOET_AB_ROUNDS" };
+	for (int i = 0; i < 3; i++) {
+		free(text);
+		text = NULL;
+		rc = run(bad[i], &text);
+		CHECK(rc != 0 && text && strstr(text, why[i]), "%s: exit %d\n%s", bad[i], rc,
+		      text ? text : "");
+	}
+	free(text);
+	free(dir);
+	return moet_test_done("test_e2e_ab_script");
+}
