@@ -429,6 +429,23 @@ int moet_pass_switches(moet_model *m, int n_mb)
 	return rc;
 }
 
+/* *p (host_alloc, *cap elements of `elem` bytes) grown to at least n elements, its contents
+ * dropped; never shrunk. */
+static int pin_grow(moet_model *m, void **p, int64_t *cap, int64_t n, size_t elem,
+		    const char *what)
+{
+	if (n <= *cap)
+		return 0;
+	m->be->ops->host_free(m->be, *p);
+	*p = NULL;
+	*cap = 0;
+	int rc = m->be->ops->host_alloc(m->be, (size_t)n * elem, p);
+	if (rc)
+		return moet_err_prefix(rc, "dispatch: %s of %lld", what, (long long)n);
+	*cap = n;
+	return 0;
+}
+
 int moet_moe_dispatch_queue(moet_model *m, int64_t l, const int32_t *ids, int64_t n,
 			    const float *h)
 {
@@ -439,25 +456,11 @@ int moet_moe_dispatch_queue(moet_model *m, int64_t l, const int32_t *ids, int64_
 	m->q[i].layer = -1;
 	if (!m->q_on)
 		return 0;
-	if (P > m->q[i].cap_p) {
-		be->ops->host_free(be, m->q[i].ids);
-		m->q[i].ids = NULL;
-		m->q[i].cap_p = 0;
-		if ((rc = be->ops->host_alloc(be, (size_t)P * sizeof(int32_t),
-					      (void **)&m->q[i].ids)))
-			return moet_err_prefix(rc, "dispatch: queued ids of %lld pairs", (long long)P);
-		m->q[i].cap_p = P;
-	}
-	if (n > m->q[i].cap_rows) {
-		be->ops->host_free(be, m->q[i].h);
-		m->q[i].h = NULL;
-		m->q[i].cap_rows = 0;
-		if ((rc = be->ops->host_alloc(be, (size_t)(n * H) * sizeof(float),
-					      (void **)&m->q[i].h)))
-			return moet_err_prefix(rc, "dispatch: queued rows of %lld tokens",
-					       (long long)n);
-		m->q[i].cap_rows = n;
-	}
+	if ((rc = pin_grow(m, (void **)&m->q[i].ids, &m->q[i].cap_p, P, sizeof(int32_t),
+			   "queued routing ids, pairs")) ||
+	    (rc = pin_grow(m, (void **)&m->q[i].h, &m->q[i].cap_rows, n, (size_t)H * sizeof(float),
+			   "queued rows, tokens")))
+		return rc;
 	/* NOTE: both are rewritten only at this micro-batch's next queue, after this layer's
 	 * dispatch consumed them (sorted, the CPU tier's rows gathered) */
 	if ((rc = be->ops->download_async(be, m->q[i].ids, ids, (size_t)P * sizeof(int32_t))) ||
@@ -478,16 +481,10 @@ static int slot_upload(moet_model *m, int i, int32_t *slot, const int32_t *src, 
 	const size_t bytes = (size_t)P * sizeof(int32_t);
 	if (!m->up_async)
 		return m->be->ops->upload(m->be, slot, src, bytes);
-	if (P > m->cap_slot_pin[i]) {
-		m->be->ops->host_free(m->be, m->slot_pin[i]);
-		m->slot_pin[i] = NULL;
-		m->cap_slot_pin[i] = 0;
-		int rc = m->be->ops->host_alloc(m->be, bytes, (void **)&m->slot_pin[i]);
-		if (rc)
-			return moet_err_prefix(rc, "dispatch: pinned slot table of %lld pairs",
-					       (long long)P);
-		m->cap_slot_pin[i] = P;
-	}
+	int rc = pin_grow(m, (void **)&m->slot_pin[i], &m->cap_slot_pin[i], P, sizeof(int32_t),
+			  "pinned slot table, pairs");
+	if (rc)
+		return rc;
 	memcpy(m->slot_pin[i], src, bytes);
 	return m->be->ops->upload_async(m->be, slot, m->slot_pin[i], bytes);
 }

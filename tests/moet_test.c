@@ -40,6 +40,16 @@ const char *moet_test_bin(void) { return env_or("MOET_BIN", "moet-hybrid"); }
 const char *moet_test_shared_dir(void) { return env_or("MOET_SHARED_DIR", "../shared"); }
 const char *moet_test_tmp_dir(void) { return env_or("MOET_TMP", "/tmp"); }
 
+void moet_test_build_dir(char *out, size_t cap)
+{
+	snprintf(out, cap, "%s", moet_test_bin());
+	char *slash = strrchr(out, '/');
+	if (slash)
+		*slash = 0;
+	else
+		snprintf(out, cap, ".");
+}
+
 char *moet_test_mkdtemp(const char *tag)
 {
 	size_t n = strlen(moet_test_tmp_dir()) + strlen(tag) + 64;

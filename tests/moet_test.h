@@ -33,6 +33,9 @@ const char *moet_test_source_dir(void);
 const char *moet_test_bin(void);
 const char *moet_test_shared_dir(void);
 const char *moet_test_tmp_dir(void);
+/* The folder of the moet-hybrid binary (where the build's other programs are) into
+ * out[cap]: moet_test_bin() up to its last '/', or "." for a bare name. */
+void moet_test_build_dir(char *out, size_t cap);
 
 /* A fresh empty directory under the scratch folder, named after `tag` and the pid; the
  * returned path is malloc'd. NULL on failure. */

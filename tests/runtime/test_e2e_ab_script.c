@@ -60,12 +60,7 @@ int main(void)
 	snprintf(ckpt, sizeof(ckpt), "%s/ckpt", dir);
 	snprintf(place, sizeof(place), "%s/place.yaml", dir);
 	snprintf(out, sizeof(out), "%s/out", dir);
-	snprintf(build, sizeof(build), "%s", moet_test_bin());
-	char *slash = strrchr(build, '/');
-	if (slash)
-		*slash = 0;
-	else
-		snprintf(build, sizeof(build), ".");
+	moet_test_build_dir(build, sizeof(build));
 	CHECK(moet_test_cli(NULL, "gen-checkpoint --preset tiny --seed 3 --out %s --quiet",
 			    ckpt) == 0, "gen-checkpoint");
 	FILE *f = fopen(place, "w");

@@ -84,12 +84,7 @@ static size_t dense_bytes(const char *dir)
 static int run_script(const char *env, const char *out, const char *ckpt, char **text)
 {
 	char build[1024], cmd[4096];
-	snprintf(build, sizeof(build), "%s", moet_test_bin());
-	char *slash = strrchr(build, '/');
-	if (slash)
-		*slash = 0;
-	else
-		snprintf(build, sizeof(build), ".");
+	moet_test_build_dir(build, sizeof(build));
 	snprintf(cmd, sizeof(cmd), "MOET_RB_DEVICE=cpu MOET_RB_PRESET=tiny MOET_RB_DROP=0 "
 		 "MOET_RB_STEPS=3 MOET_RB_WARMUP=2 MOET_RB_CTX=4 MOET_RB_BATCHES=1,3 %s bash "
 		 "%s/tests/gpu/ram_budget.sh "
