@@ -57,4 +57,7 @@ for r in $(seq 1 "$rounds"); do
 	done
 done
 python3 tests/gpu/e2e_table.py "$out" "$@" | tee "$out/table.txt"
-tar -czf "$out/ab.tar.gz" -C "$out" --exclude ab.tar.gz .
+# NOTE: written outside OUT_DIR, then moved in: tar fails on a file that grows while read
+arch=$(mktemp)
+tar -czf "$arch" -C "$out" --exclude ab.tar.gz .
+mv "$arch" "$out/ab.tar.gz"
