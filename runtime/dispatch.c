@@ -407,22 +407,28 @@ static int mg_grow(moet_model *m, float **p, int64_t have, int64_t floats)
 	return m->be->ops->alloc(m->be, (size_t)floats * sizeof(float), (void **)p);
 }
 
-int moet_pass_switches(moet_model *m, int n_mb)
+int moet_pass_switches(moet_model *m, int64_t n_rows)
 {
 	static const char *const orders[] = { "cpu", "gpu" };
 	static const char *const ups[] = { "async", "sync" };
-	static const char *const qs[] = { "0", "1" };
+	static const char *const qs[] = { NULL, "0", "1" };
 	const moet_backend_ops *op = m->be->ops;
 	int gpu = 0, sync = 0, q = 0, dg = 0;
 	int rc = moet_env_choice("MOET_TIER_ORDER", orders, 2, &gpu);
 	if (!rc)
 		rc = moet_env_choice("MOET_STEP_UPLOAD", ups, 2, &sync);
 	if (!rc)
-		rc = moet_env_choice("MOET_MB_QUEUE", qs, 2, &q);
-	if (!rc && q)
+		rc = moet_env_choice("MOET_MB_QUEUE", qs, 3, &q);
+	/* unset: on for a decode-sized pass on one GPU without MOET_TP ranks (measured faster
+	 * there; a long prefill would copy every row of every layer, where the dispatch copies
+	 * the CPU tier's rows alone; with more devices the queued order is opt-in until
+	 * measured) */
+	const int q_want = q == 2 || (q == 0 && n_rows <= MOET_MB_QUEUE_ROWS && m->n_devices <= 1 &&
+				      !m->tp);
+	if (!rc && q_want)
 		rc = moet_devgroup_switch(&dg);
-	m->q_on = !rc && q && n_mb == 2 && m->owner && !m->xtier && !dg && op->download_async &&
-		  op->fence && op->fence_wait;
+	m->q_on = !rc && q_want && m->owner && !m->xtier && !dg && op->download_async && op->fence &&
+		  op->fence_wait;
 	m->q[0].layer = m->q[1].layer = -1;
 	m->gpu_first = !rc && gpu && moet_hybrid_overlapped(m->hy);
 	m->up_async = !rc && !sync && m->be->ops->upload_async;
@@ -451,24 +457,30 @@ int moet_moe_dispatch_queue(moet_model *m, int64_t l, const int32_t *ids, int64_
 {
 	const int i = m->mb_slot & 1;
 	const int64_t H = m->cfg.hidden_size, P = n * m->cfg.num_experts_per_tok;
+	const int64_t E = m->cfg.n_routed_experts;
 	moet_backend *be = m->be;
-	int rc;
+	int rc, rows = 0;
 	m->q[i].layer = -1;
 	if (!m->q_on)
 		return 0;
+	for (int64_t e = 0; e < E && !rows; e++) /* the rows only for a layer with a CPU tier */
+		rows = m->owner[l * E + e] < 0;
 	if ((rc = pin_grow(m, (void **)&m->q[i].ids, &m->q[i].cap_p, P, sizeof(int32_t),
 			   "queued routing ids, pairs")) ||
-	    (rc = pin_grow(m, (void **)&m->q[i].h, &m->q[i].cap_rows, n, (size_t)H * sizeof(float),
-			   "queued rows, tokens")))
+	    (rows && (rc = pin_grow(m, (void **)&m->q[i].h, &m->q[i].cap_rows, n, (size_t)H * sizeof(float),
+			   "queued rows, tokens"))))
 		return rc;
 	/* NOTE: both are rewritten only at this micro-batch's next queue, after this layer's
 	 * dispatch consumed them (sorted, the CPU tier's rows gathered) */
 	if ((rc = be->ops->download_async(be, m->q[i].ids, ids, (size_t)P * sizeof(int32_t))) ||
-	    (rc = be->ops->download_async(be, m->q[i].h, h, (size_t)(n * H) * sizeof(float))) ||
+	    (rows && (rc = be->ops->download_async(be, m->q[i].h, h,
+						   (size_t)(n * H) * sizeof(float)))) ||
 	    (rc = be->ops->fence(be, i)))
 		return rc;
-	moet_hybrid_count_d2h(m->hy, (uint64_t)(n * H) * sizeof(float));
+	if (rows)
+		moet_hybrid_count_d2h(m->hy, (uint64_t)(n * H) * sizeof(float));
 	m->q[i].layer = l;
+	m->q[i].rows = rows;
 	return 0;
 }
 
@@ -674,7 +686,7 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 			 : m->be->ops->download(m->be, m->ids_h, ids, (size_t)P * sizeof(int32_t))))
 		return rc;
 	const int32_t *idh = queued ? m->q[qi].ids : m->ids_h;
-	const float *h_host = queued ? m->q[qi].h : NULL;
+	const float *h_host = queued && m->q[qi].rows ? m->q[qi].h : NULL;
 	for (int64_t p = 0; p < P; p++)
 		if (idh[p] < 0 || idh[p] >= E)
 			return moet_err(MOET_ERANGE, "layer %lld: routed expert %d outside [0, %lld)",

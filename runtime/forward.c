@@ -291,9 +291,16 @@ static int ff_start(moet_model *m, int64_t l, int64_t n)
 	int rc;
 	if (!lw->is_moe)
 		return ffn_tp(m, l, &lw->mlp, b->h, n, b->out);
+	/* routing copies queued (MOET_MB_QUEUE=1): the shared experts go first, so that the
+	 * device has their work while the driver waits for the copies (not split over MOET_TP
+	 * ranks: their collectives keep the order of the reference) */
+	const int early = lw->has_shared && m->q[m->mb_slot & 1].layer == l &&
+			  !moet_tp_splits_ffn(m->tp);
+	if (early)
+		TRY(ffn_tp(m, l, &lw->mlp, b->h, n, b->shared));
 	TRY(moet_moe_dispatch(m, l, b->ids, n, b->h, b->y, b->slot));
 	/* the CPU tier may still run: the shared experts go on the backend meanwhile */
-	rc = lw->has_shared ? ffn_tp(m, l, &lw->mlp, b->h, n, b->shared) : 0;
+	rc = lw->has_shared && !early ? ffn_tp(m, l, &lw->mlp, b->h, n, b->shared) : 0;
 	if (rc)
 		moet_moe_dispatch_finish(m);
 	return rc;
@@ -701,7 +708,7 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 		rc = mb_rows(m, &p[i]);
 	int merged = 0;
 	if (!rc)
-		rc = moet_pass_switches(m, n_mb);
+		rc = moet_pass_switches(m, n);
 	if (!rc && n_mb == 2)
 		rc = moet_mb_merge_begin(m, n, &merged);
 	if (!rc)

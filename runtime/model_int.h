@@ -357,6 +357,7 @@ struct moet_model {
 		float *h;         /* host_alloc [cap_rows x hidden]: its rows */
 		int64_t cap_p, cap_rows;
 		int64_t layer;    /* the layer queued and not yet dispatched, or -1 */
+		int rows;         /* its rows were copied (the layer has CPU-tier experts) */
 	} q[2];
 	/* Two micro-batches' home-device experts as one call (MOET_MB_MERGE, dispatch.c): the
 	 * first micro-batch's dispatch of a layer defers its pairs, the second's computes both. */
@@ -448,11 +449,11 @@ void moet_kv_rowinfo(const moet_kv *kv, int64_t pos, moet_rowinfo *out);
 /* MOET_EINVAL (naming the entry) when kv was not made for a model of m's geometry and form. */
 int moet_kv_check(const struct moet_model *m, const moet_kv *kv, int entry);
 
-/* dispatch.c: with m->q_on (MOET_MB_QUEUE=1 in a pass of two micro-batches, a placement, no
- * NVMe tier, MOET_GPU_DEVGROUP off), queues the copies of layer l's routing ids and rows h of
- * the current micro-batch to host memory and a fence, so that its dispatch later waits for
- * them alone instead of copying them itself (which drains the backend's queue: the other
- * micro-batch's work included); otherwise nothing. */
+/* dispatch.c: with m->q_on (MOET_MB_QUEUE=1 with a placement, no NVMe tier, MOET_GPU_DEVGROUP
+ * off), queues the copies of layer l's routing ids and rows h of the current micro-batch to
+ * host memory and a fence, so that its dispatch later waits for them alone instead of copying
+ * them itself (which drains the backend's queue: the other micro-batch's work, or the shared
+ * experts queued meanwhile (forward.c's ff_start), included); otherwise nothing. */
 int moet_moe_dispatch_queue(struct moet_model *m, int64_t l, const int32_t *ids, int64_t n,
 			    const float *h);
 /* dispatch.c: the routed experts of MoE layer l for n rows: ids [n x top_k] (backend) ->
@@ -462,10 +463,12 @@ int moet_moe_dispatch(struct moet_model *m, int64_t l, const int32_t *ids, int64
 /* Completes a dispatch whose CPU tier may still be running (the hybrid engine overlaps it
  * with whatever the caller queues on the backend in between). */
 int moet_moe_dispatch_finish(struct moet_model *m);
-/* A pass's dispatch switches (dispatch.c), read at every pass (n_mb: its micro-batches); the
- * same bits either way; MOET_EINVAL for a bad value, naming it.
- * MOET_MB_QUEUE: "0" (unset) or "1": m->q_on (moet_moe_dispatch_queue) in a pass of two
- * micro-batches, where forward.c then orders the halves' steps around the queued copies.
+/* A pass's dispatch switches (dispatch.c), read at every pass; the same bits either way;
+ * MOET_EINVAL for a bad value, naming it.
+ * MOET_MB_QUEUE: "1", "0" or unset (on for a pass of at most MOET_MB_QUEUE_ROWS rows, n_rows,
+ * with one device and no MOET_TP ranks): m->q_on
+ * (moet_moe_dispatch_queue): forward.c then queues the shared experts before the dispatch's
+ * wait and, in two micro-batches, orders the halves' steps around the queued copies.
  * MOET_TIER_ORDER: whether the CPU tier's jobs start before the device tiers' launches ("cpu",
  * unset) or after them ("gpu": m->gpu_first; measured no faster, docs/hybrid.md); always
  * before them when the tier does not overlap (MOET_HYBRID_OVERLAP=0: it runs alone, the
@@ -473,7 +476,8 @@ int moet_moe_dispatch_finish(struct moet_model *m);
  * MOET_STEP_UPLOAD: "async" (unset) queues the slot tables and the CPU tier's rows on the
  * backend (moet_backend_ops.upload_async) where it can, so that the driver does not wait for
  * the work queued before them (m->up_async); "sync" copies them at once. */
-int moet_pass_switches(struct moet_model *m, int n_mb);
+#define MOET_MB_QUEUE_ROWS 256
+int moet_pass_switches(struct moet_model *m, int64_t n_rows);
 /* Whether a pass of two micro-batches merges their home-device expert calls (MOET_MB_MERGE,
  * dispatch.c): *out 1 if asked for and the placement allows it (one device, no NVMe tier, a
  * backend with copy); then m->mg is ready for n_rows rows (both micro-batches) of top_k pairs

@@ -12,8 +12,9 @@
  *   - the CPU tier's jobs started after the GPU's launches in two micro-batches and in one
  *     pass (MOET_TIER_ORDER=gpu), and the slot
  *     tables and the CPU tier's rows copied at once instead of queued (MOET_STEP_UPLOAD=
- *     sync), and the halves' routing copies queued with their steps reordered
- *     (MOET_MB_QUEUE=1, also merged): the same bits;
+ *     sync), and the routing copies queued (MOET_MB_QUEUE, on by default with one GPU: the
+ *     halves' steps reordered, also merged; in one pass the shared experts queued before the
+ *     dispatch's wait) and not (=0): the same bits;
  *   - the tier counts add up, the random placement sends >= 25% of routings to the CPU;
  *   - the CPU tier's counters agree with the tier counts (pairs, bytes copied back);
  *   - the GPU's idle marks (moet_model_set_gpu_idle, CUDA events) on for the all-CPU and the
@@ -194,14 +195,15 @@ int main(void)
 	int16_t *own = malloc((size_t)(L * E) * sizeof(*own));
 	CHECK(run(cpu, 1, ref) == 0, "reference: %s", moet_errmsg());
 
-	const char *names[] = { "all-gpu", "all-cpu", "random-half", "per-layer", "random serial",
-				"random one pass", "random merged", "random merged staged",
+	const char *names[] = { "all-gpu", "all-cpu", "random-half unqueued", "per-layer",
+				"random serial", "random one pass unqueued", "random merged", "random merged staged",
 				"random gpu-first", "random one pass gpu-first", "random sync uploads",
-				"random one pass sync uploads", "random queued", "random merged queued" };
+				"random one pass sync uploads", "random queued", "random merged queued",
+				"random one pass queued" };
 	int64_t moe_layers = 0;
 	for (int64_t l = 0; l < L; l++)
 		moe_layers += moet_config_is_moe_layer(c, l);
-	for (int pl = 0; pl < 14; pl++) {
+	for (int pl = 0; pl < 15; pl++) {
 		const int merged = pl == 6 || pl == 7 || pl == 13;
 		for (int64_t i = 0; i < L * E; i++) {
 			int64_t l = i / E, e = i % E;
@@ -220,8 +222,8 @@ int main(void)
 		const int idle = pl == 1 || pl == 4; /* the GPU has nothing queued meanwhile */
 		CHECK(moet_model_set_gpu_idle(gpu, idle) == 0, "%s: idle marks: %s", names[pl],
 		      moet_errmsg());
-		/* two micro-batches forced; pl 5 and 9: batched calls in one pass (forward.c) */
-		setenv("MOET_MICROBATCH", pl == 5 || pl == 9 || pl == 11 ? "0" : "1", 1);
+		/* two micro-batches forced; pl 5, 9, 11, 14: batched calls in one pass (forward.c) */
+		setenv("MOET_MICROBATCH", pl == 5 || pl == 9 || pl == 11 || pl == 14 ? "0" : "1", 1);
 		if (merged)
 			setenv("MOET_MB_MERGE", "1", 1);
 		/* the CPU tier's jobs started after the GPU's launches, in two micro-batches and in
@@ -231,9 +233,13 @@ int main(void)
 		/* the slot tables and the CPU tier's rows copied at once, not queued */
 		if (pl == 10 || pl == 11)
 			setenv("MOET_STEP_UPLOAD", "sync", 1);
-		/* the halves' routing copies queued and their steps reordered around them */
+		/* the routing copies queued (unset: the default with one GPU): the halves' steps
+		 * reordered around them, or in one pass (also each call of the solo runs) the
+		 * shared experts queued before the dispatch's wait; pl 2 and 5 not queued */
 		if (pl >= 12)
 			setenv("MOET_MB_QUEUE", "1", 1);
+		if (pl == 2 || pl == 5)
+			setenv("MOET_MB_QUEUE", "0", 1);
 		for (int batched = 0; batched < 2; batched++) {
 			memset(got, 0xCD, n_log * sizeof(float));
 			CHECK(run(gpu, batched, got) == 0, "%s: %s", names[pl], moet_errmsg());

@@ -11,9 +11,10 @@
  * (moet_model_set_gpu_idle) on for the all-CPU and the serial placements: the same bits, the
  * idle time at least the driver's waits for the CPU tier (serial: the tier's whole time), none
  * counted with the marks off. The CPU tier started after the devices' launches in one pass and
- * in two micro-batches (MOET_TIER_ORDER=gpu), and the halves' routing copies queued with their
- * steps reordered (MOET_MB_QUEUE=1; also merged): the same bits; a bad value of these or of
- * MOET_STEP_UPLOAD refused by name.
+ * in two micro-batches (MOET_TIER_ORDER=gpu), and the routing copies queued (MOET_MB_QUEUE=1:
+ * the halves' steps reordered, also merged; in one pass, the shared experts queued before the
+ * dispatch's wait): the same bits; a bad value of these or of MOET_STEP_UPLOAD refused by
+ * name.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -89,11 +90,11 @@ int main(void)
 				"random-3 serial", "random-3 1-thread", "random-3 one pass",
 				"random-1 merged", "random-1 merged staged", "random-1 merged all staged",
 				"random-3 gpu-first", "random-3 one pass gpu-first", "random-3 queued",
-				"random-1 merged queued" };
+				"random-1 merged queued", "random-3 one pass queued" };
 	int64_t moe_layers = 0;
 	for (int64_t l = 0; l < L; l++)
 		moe_layers += moet_config_is_moe_layer(c, l);
-	for (int pl = 0; pl < 15; pl++) {
+	for (int pl = 0; pl < 16; pl++) {
 		const int merged = (pl >= 8 && pl <= 10) || pl == 14;
 		int n_dev = pl == 0 ? 0 : pl == 1 || merged ? 1 : 3;
 		for (int64_t l = 0; l < L; l++)
@@ -134,7 +135,7 @@ int main(void)
 		/* two micro-batches forced, except: pl 3 the automatic choice (forward.c tries
 		 * both forms), pl 7 batched calls in one pass */
 		if (pl != 3)
-			setenv("MOET_MICROBATCH", pl == 7 || pl == 12 ? "0" : "1", 1);
+			setenv("MOET_MICROBATCH", pl == 7 || pl == 12 || pl == 15 ? "0" : "1", 1);
 		if (merged)
 			setenv("MOET_MB_MERGE", "1", 1);
 		/* the CPU tier's jobs started after the device tiers' launches, in two
@@ -175,7 +176,7 @@ int main(void)
 		      (unsigned long long)cnt[0]);
 		CHECK(hs.bytes_h2d == hs.cpu_pairs * (uint64_t)c->hidden_size * sizeof(float),
 		      "%s: output bytes copied back", names[pl]);
-		if (pl == 4 || pl == 7 || pl == 12)
+		if (pl == 4 || pl == 7 || pl == 12 || pl == 15)
 			CHECK(hs.split_passes == 0, "%s: no pass in two micro-batches", names[pl]);
 		else if (pl == 3)
 			CHECK(hs.split_passes >= 1 && hs.split_passes <= STEPS, "%s: auto: %llu of %d "
@@ -188,14 +189,15 @@ int main(void)
 		CHECK(hs.merged_calls == (merged ? hs.split_passes * (uint64_t)moe_layers : 0),
 		      "%s: %llu merged device calls for %llu split passes", names[pl],
 		      (unsigned long long)hs.merged_calls, (unsigned long long)hs.split_passes);
-		/* queued: every row of both halves went down once per MoE layer, nothing else */
+		/* queued: every row of both halves (or of the one pass) went down once per MoE
+		 * layer, nothing else */
 		if (pl >= 13)
-			CHECK(hs.d2h_copies == hs.split_passes * 2 * (uint64_t)moe_layers &&
+			CHECK(hs.d2h_copies == (STEPS + 1 + hs.split_passes) * (uint64_t)moe_layers &&
 			      hs.bytes_d2h == (uint64_t)((5 + 9 + 2 + SEQS * STEPS) * moe_layers *
 							 c->hidden_size) * sizeof(float),
-			      "%s: %llu row copies of %llu bytes for %llu split passes", names[pl],
+			      "%s: %llu row copies of %llu bytes for %llu split passes of %d", names[pl],
 			      (unsigned long long)hs.d2h_copies, (unsigned long long)hs.bytes_d2h,
-			      (unsigned long long)hs.split_passes);
+			      (unsigned long long)hs.split_passes, STEPS + 1);
 		if (pl == 9 || pl == 10)
 			CHECK(hs.staged_pairs > 0 && (hs.cpu_pairs > 0) == (pl == 9), "%s: %llu "
 			      "staged pairs, %llu on the CPU tier", names[pl],
