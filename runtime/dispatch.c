@@ -407,7 +407,7 @@ static int mg_grow(moet_model *m, float **p, int64_t have, int64_t floats)
 	return m->be->ops->alloc(m->be, (size_t)floats * sizeof(float), (void **)p);
 }
 
-int moet_pass_switches(moet_model *m, int64_t n_rows)
+int moet_pass_switches(moet_model *m, int n_mb, int decode)
 {
 	static const char *const orders[] = { "cpu", "gpu" };
 	static const char *const ups[] = { "async", "sync" };
@@ -419,12 +419,12 @@ int moet_pass_switches(moet_model *m, int64_t n_rows)
 		rc = moet_env_choice("MOET_STEP_UPLOAD", ups, 2, &sync);
 	if (!rc)
 		rc = moet_env_choice("MOET_MB_QUEUE", qs, 3, &q);
-	/* unset: on for a decode-sized pass on one GPU without MOET_TP ranks (measured faster
-	 * there; a long prefill would copy every row of every layer, where the dispatch copies
-	 * the CPU tier's rows alone; with more devices the queued order is opt-in until
-	 * measured) */
-	const int q_want = q == 2 || (q == 0 && n_rows <= MOET_MB_QUEUE_ROWS && m->n_devices <= 1 &&
-				      !m->tp);
+	/* unset: on for a decode pass in one pass on one GPU without MOET_TP ranks, where it was
+	 * measured faster (docs/hybrid.md). Not in two micro-batches (measured slower: the
+	 * halves' reordered steps), nor where a prompt's rows would all be copied every layer
+	 * (the dispatch copies the CPU tier's rows alone; staged experts need none), nor over
+	 * more devices (not measured). */
+	const int q_want = q == 2 || (q == 0 && n_mb == 1 && decode && m->n_devices <= 1 && !m->tp);
 	if (!rc && q_want)
 		rc = moet_devgroup_switch(&dg);
 	m->q_on = !rc && q_want && m->owner && !m->xtier && !dg && op->download_async && op->fence &&

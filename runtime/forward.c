@@ -708,7 +708,7 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 		rc = mb_rows(m, &p[i]);
 	int merged = 0;
 	if (!rc)
-		rc = moet_pass_switches(m, n);
+		rc = moet_pass_switches(m, n_mb, n == n_steps);
 	if (!rc && n_mb == 2)
 		rc = moet_mb_merge_begin(m, n, &merged);
 	if (!rc)

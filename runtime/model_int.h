@@ -463,10 +463,11 @@ int moet_moe_dispatch(struct moet_model *m, int64_t l, const int32_t *ids, int64
 /* Completes a dispatch whose CPU tier may still be running (the hybrid engine overlaps it
  * with whatever the caller queues on the backend in between). */
 int moet_moe_dispatch_finish(struct moet_model *m);
-/* A pass's dispatch switches (dispatch.c), read at every pass; the same bits either way;
+/* A pass's dispatch switches (dispatch.c), read at every pass (n_mb micro-batches); the same
+ * bits either way;
  * MOET_EINVAL for a bad value, naming it.
- * MOET_MB_QUEUE: "1", "0" or unset (on for a pass of at most MOET_MB_QUEUE_ROWS rows, n_rows,
- * with one device and no MOET_TP ranks): m->q_on
+ * MOET_MB_QUEUE: "1", "0" or unset (on in a decode pass, `decode`: one token per sequence,
+ * of one micro-batch, n_mb, with one device and no MOET_TP ranks): m->q_on
  * (moet_moe_dispatch_queue): forward.c then queues the shared experts before the dispatch's
  * wait and, in two micro-batches, orders the halves' steps around the queued copies.
  * MOET_TIER_ORDER: whether the CPU tier's jobs start before the device tiers' launches ("cpu",
@@ -476,8 +477,7 @@ int moet_moe_dispatch_finish(struct moet_model *m);
  * MOET_STEP_UPLOAD: "async" (unset) queues the slot tables and the CPU tier's rows on the
  * backend (moet_backend_ops.upload_async) where it can, so that the driver does not wait for
  * the work queued before them (m->up_async); "sync" copies them at once. */
-#define MOET_MB_QUEUE_ROWS 256
-int moet_pass_switches(struct moet_model *m, int64_t n_rows);
+int moet_pass_switches(struct moet_model *m, int n_mb, int decode);
 /* Whether a pass of two micro-batches merges their home-device expert calls (MOET_MB_MERGE,
  * dispatch.c): *out 1 if asked for and the placement allows it (one device, no NVMe tier, a
  * backend with copy); then m->mg is ready for n_rows rows (both micro-batches) of top_k pairs

@@ -125,7 +125,7 @@ static expect expected(const routes *r, const moet_config *c, const int16_t *own
 int main(void)
 {
 	/* the dispatch's own row copies (the subject here), not the queued copies of every row
-	 * that a decode-sized pass on one device makes by default (MOET_MB_QUEUE) */
+	 * that a decode pass on one device makes by default (MOET_MB_QUEUE) */
 	setenv("MOET_MB_QUEUE", "0", 1);
 	moet_gen_params gp;
 	moet_gen_params_init(&gp);
