@@ -44,8 +44,8 @@ typedef struct cpu_be {
 	moet_rows rows[2];    /* the current batch's row tables (a slot per micro-batch) */
 	/* idle_mark / idle_take: this backend runs each op on the calling thread, so its idle
 	 * time is the driver's wait itself (clock at the open mark, the sum since the take) */
-	uint64_t idle_t0, idle_ns;
-	int idle_open;
+	uint64_t idle_t0, idle_ns[MOET_IDLE_KINDS];
+	int idle_open, idle_kind;
 } cpu_be;
 
 static cpu_be *impl(moet_backend *be)
@@ -532,25 +532,29 @@ static int cpu_combine(moet_backend *be, const float *y, int64_t n_y, const int3
 	return 0;
 }
 
-static int cpu_idle_mark(moet_backend *be, int resume)
+static int cpu_idle_mark(moet_backend *be, int resume, int kind)
 {
 	cpu_be *c = impl(be);
-	if (c->idle_open != !!resume)
+	if (c->idle_open != !!resume || (!resume && (kind < 0 || kind >= MOET_IDLE_KINDS)))
 		return 0; /* a mark out of turn: dropped, as the CUDA backend's */
 	const uint64_t t = moet_now_ns();
-	if (resume)
-		c->idle_ns += t - c->idle_t0;
-	else
+	if (resume) {
+		c->idle_ns[c->idle_kind] += t - c->idle_t0;
+	} else {
 		c->idle_t0 = t;
+		c->idle_kind = kind;
+	}
 	c->idle_open = !resume;
 	return 0;
 }
 
-static int cpu_idle_take(moet_backend *be, double *out_s)
+static int cpu_idle_take(moet_backend *be, double out_s[MOET_IDLE_KINDS])
 {
 	cpu_be *c = impl(be);
-	*out_s = 1e-9 * (double)c->idle_ns;
-	c->idle_ns = 0;
+	for (int k = 0; k < MOET_IDLE_KINDS; k++) {
+		out_s[k] = 1e-9 * (double)c->idle_ns[k];
+		c->idle_ns[k] = 0;
+	}
 	c->idle_open = 0;
 	return 0;
 }

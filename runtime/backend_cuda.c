@@ -76,6 +76,7 @@ typedef struct cuda_be {
 	/* idle_mark / idle_take: event pairs (created at the first mark, kept), the pairs
 	 * recorded since the last take, whether a pair is open, whether a capture is */
 	void *idle_ev[2][CU_IDLE_PAIRS];
+	unsigned char idle_kind[CU_IDLE_PAIRS]; /* each pair's kind (MOET_IDLE_*) */
 	int idle_n, idle_open, capturing;
 	void *fence_ev[MOET_BACKEND_FENCES]; /* created at their first record, kept */
 } cuda_be;
@@ -633,10 +634,11 @@ static int cu_combine(moet_backend *be, const float *y, int64_t n_y, const int32
 
 /* ---- idle time around the driver's waits (moet_backend_ops.idle_mark) ------------------------ */
 
-static int cu_idle_mark(moet_backend *be, int resume)
+static int cu_idle_mark(moet_backend *be, int resume, int kind)
 {
 	cuda_be *c = impl(be);
-	if (c->capturing || c->idle_n == CU_IDLE_PAIRS || c->idle_open != !!resume)
+	if (c->capturing || c->idle_n == CU_IDLE_PAIRS || c->idle_open != !!resume ||
+	    (!resume && (kind < 0 || kind >= MOET_IDLE_KINDS)))
 		return 0; /* inside a capture, the pairs full, or a mark out of turn: dropped */
 	void **ev = &c->idle_ev[!!resume][c->idle_n];
 	int rc = *ev ? 0 : moet_gpu_event_create(ev);
@@ -644,25 +646,27 @@ static int cu_idle_mark(moet_backend *be, int resume)
 		rc = moet_gpu_event_record(*ev, c->stream);
 	if (rc)
 		return rc;
+	if (!resume)
+		c->idle_kind[c->idle_n] = (unsigned char)kind;
 	c->idle_open = !resume;
 	c->idle_n += !!resume;
 	return 0;
 }
 
-static int cu_idle_take(moet_backend *be, double *out_s)
+static int cu_idle_take(moet_backend *be, double out_s[MOET_IDLE_KINDS])
 {
 	cuda_be *c = impl(be);
-	double s = 0;
 	int rc = 0;
+	for (int k = 0; k < MOET_IDLE_KINDS; k++)
+		out_s[k] = 0;
 	for (int i = 0; i < c->idle_n && !rc; i++) {
 		float ms = 0;
 		if (!(rc = moet_gpu_event_sync(c->idle_ev[1][i])) &&
 		    !(rc = moet_gpu_event_elapsed_ms(c->idle_ev[0][i], c->idle_ev[1][i], &ms)))
-			s += ms > 0 ? 1e-3 * ms : 0;
+			out_s[c->idle_kind[i]] += ms > 0 ? 1e-3 * ms : 0;
 	}
 	c->idle_n = 0;
 	c->idle_open = 0;
-	*out_s = s;
 	return rc;
 }
 

@@ -83,6 +83,7 @@ typedef struct step_split {
 	double cpu_calls, cpu_bytes;  /* per step: the CPU tier's expert calls, their weights */
 	double cpu_layers;            /* per step: MoE layer calls with work for the CPU tier */
 	double gpu_idle_s;            /* per step: moet_hybrid_stats' ns_gpu_idle */
+	double gpu_idle_route_s;      /* of which at the routing's waits (ns_gpu_idle_route) */
 	double split_share;           /* timed passes run as two micro-batches / all */
 	double merged_calls;          /* per step: GPU expert calls of both halves (MOET_MB_MERGE) */
 	int warmup;                   /* untimed steps before them */
@@ -145,6 +146,7 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int warmup, int steps, 
 		split->cpu_wake_s = (double)hs.ns_cpu_wake / 1e9 / steps;
 		split->pcie_s = (double)(hs.ns_d2h + hs.ns_h2d) / 1e9 / steps;
 		split->gpu_idle_s = (double)hs.ns_gpu_idle / 1e9 / steps;
+		split->gpu_idle_route_s = (double)hs.ns_gpu_idle_route / 1e9 / steps;
 		split->cpu_pairs = (double)hs.cpu_pairs / steps;
 		split->cpu_calls = (double)hs.cpu_calls / steps;
 		split->cpu_bytes = (double)hs.cpu_weight_bytes / steps;
@@ -461,7 +463,7 @@ static void ram_bound_print(FILE *out, const moet_xtier_stats *t, const ram_boun
 static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 {
 	return json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
-			 "s:f, s:f, s:i, s:f, s:f}",
+			 "s:f, s:f, s:i, s:f, s:f, s:f}",
 			 "mode",
 			 mode, "batch", (json_int_t)B, "step_s", sp->step_s, "tokens_per_s",
 			 (double)B / sp->step_s, "cpu_busy_s", sp->cpu_s, "cpu_wait_s", sp->wait_s,
@@ -471,7 +473,8 @@ static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 			 sp->cpu_calls, "cpu_weight_bytes", sp->cpu_bytes, "pcie_bytes",
 			 sp->pcie_bytes, "split_share", sp->split_share, "merged_calls",
 			 sp->merged_calls, "warmup_steps", sp->warmup, "gpu_idle_s", sp->gpu_idle_s,
-			 "gpu_busy_s", sp->mean_s - sp->gpu_idle_s);
+			 "gpu_idle_route_s", sp->gpu_idle_route_s, "gpu_busy_s",
+			 sp->mean_s - sp->gpu_idle_s);
 }
 
 /* --graph: what MOET_CUDA_GRAPH=1 needs, set where unset (bits of what was set), and undone. */
@@ -752,8 +755,9 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 				fprintf(out, " %10.3f", 1e3 * bound);
 			/* the device's idle time per step, then the throughput's step (the mean),
 			 * last: tests/gpu/ram_budget.sh reads it */
-			fprintf(out, "   GPU idle %.3f ms   mean step %.3f ms = %.1f tok/s\n",
-				1e3 * sp.gpu_idle_s, 1e3 * r.mean_s, (double)B / r.mean_s);
+			fprintf(out, "   GPU idle %.3f ms (routing %.3f)   mean step %.3f ms = %.1f "
+				"tok/s\n", 1e3 * sp.gpu_idle_s, 1e3 * sp.gpu_idle_route_s,
+				1e3 * r.mean_s, (double)B / r.mean_s);
 			fflush(out);
 			if (!rc && mode != MOET_E2E_CPU && o->graph)
 				rc = graph_row(o, m, mode, B, samples, rec, steps_arr, out);

@@ -239,12 +239,14 @@ void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset)
 	out->split_passes = m->split_passes;
 	out->merged_calls = m->merged_calls;
 	out->ns_gpu_idle = m->ns_gpu_idle;
+	out->ns_gpu_idle_route = m->ns_gpu_idle_route;
 	out->devgroup_calls = moet_devgroup_calls(m, reset);
 	if (reset) {
 		moet_hybrid_reset_stats(m->hy);
 		m->split_passes = 0;
 		m->merged_calls = 0;
 		m->ns_gpu_idle = 0;
+		m->ns_gpu_idle_route = 0;
 	}
 }
 
@@ -641,7 +643,9 @@ static int run_all(moet_model *m, int64_t l, int64_t P, int64_t k, const float *
  * queues work again. */
 static int idle_mark(moet_model *m, int resume)
 {
-	return m->idle_on && m->be->ops->idle_mark ? m->be->ops->idle_mark(m->be, resume) : 0;
+	return m->idle_on && m->be->ops->idle_mark
+		       ? m->be->ops->idle_mark(m->be, resume, MOET_IDLE_ROUTE)
+		       : 0;
 }
 
 int moet_model_set_gpu_idle(moet_model *m, int on)
@@ -655,12 +659,15 @@ int moet_model_set_gpu_idle(moet_model *m, int on)
 
 int moet_model_gpu_idle_take(moet_model *m)
 {
-	double s = 0;
+	double s[MOET_IDLE_KINDS] = { 0 };
 	if (!m->idle_on || !m->be->ops->idle_take)
 		return 0;
-	int rc = m->be->ops->idle_take(m->be, &s);
-	if (!rc)
-		m->ns_gpu_idle += (uint64_t)(s * 1e9);
+	int rc = m->be->ops->idle_take(m->be, s);
+	if (!rc) {
+		m->ns_gpu_idle_route += (uint64_t)(s[MOET_IDLE_ROUTE] * 1e9);
+		m->ns_gpu_idle += (uint64_t)(s[MOET_IDLE_ROUTE] * 1e9) +
+				  (uint64_t)(s[MOET_IDLE_TIER] * 1e9);
+	}
 	return rc;
 }
 

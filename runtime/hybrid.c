@@ -415,10 +415,10 @@ int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be, int idle
 	/* the device may run out of work while the driver waits here; it resumes before the
 	 * rows' copy (PCIe time of its own) */
 	const int marks = idle_marks && be->ops->idle_mark;
-	int rm = marks ? be->ops->idle_mark(be, 0) : 0;
+	int rm = marks ? be->ops->idle_mark(be, 0, MOET_IDLE_TIER) : 0;
 	int rc = end(hy, cl, &hy->st);
 	if (marks) {
-		int r1 = be->ops->idle_mark(be, 1);
+		int r1 = be->ops->idle_mark(be, 1, MOET_IDLE_TIER);
 		rm = rm ? rm : r1;
 	}
 	rc = rc ? rc : rm;

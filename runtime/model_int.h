@@ -322,6 +322,7 @@ struct moet_model {
 	int idle_on;              /* the backend's idle marks around the driver's waits (dispatch.c,
 				     moet_model_set_gpu_idle) */
 	uint64_t ns_gpu_idle;     /* their time, taken after each pass (moet_hybrid_stats) */
+	uint64_t ns_gpu_idle_route; /* of which at the routing's waits (MOET_IDLE_ROUTE) */
 	moet_mb_tune mb_tune[32]; /* per batch size, rows in powers of two (forward.c) */
 	double mb_skew[2];        /* MOET_MB_TEST_SKEW (forward.c, tests only) */
 	int experts_unbound;      /* some routed experts are not bound yet (GPU backends bind

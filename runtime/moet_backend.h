@@ -83,6 +83,11 @@ typedef struct moet_draw {
 
 #define MOET_BACKEND_FENCES 4
 
+/* The driver's waits that idle marks tell apart (moet_backend_ops.idle_mark): for a MoE
+ * layer's routing (the ids' download, their grouping, the CPU tier's start) and for the CPU
+ * tier's end. */
+enum { MOET_IDLE_ROUTE = 0, MOET_IDLE_TIER = 1, MOET_IDLE_KINDS = 2 };
+
 typedef struct moet_backend_ops {
 	const char *name;
 	int host_memory; /* 1: buffers and bound weights are host memory (the CPU backend) */
@@ -206,10 +211,11 @@ typedef struct moet_backend_ops {
 	 * it queues more work. idle_take, after a point where everything queued has run (a
 	 * download), adds up, since the last take, the time from each pair's first mark being
 	 * reached (the work queued before it done) to its second (queued when the driver came
-	 * back): the time the device had nothing queued. Unpaired or surplus marks are dropped;
-	 * marks while a capture is open are ignored. */
-	int (*idle_mark)(moet_backend *be, int resume);
-	int (*idle_take)(moet_backend *be, double *out_s);
+	 * back): the time the device had nothing queued, per kind of wait (out_s[kind]: the kind
+	 * given at the pair's first mark, MOET_IDLE_*; ignored at the second). Unpaired or surplus
+	 * marks are dropped; marks while a capture is open are ignored. */
+	int (*idle_mark)(moet_backend *be, int resume, int kind);
+	int (*idle_take)(moet_backend *be, double out_s[MOET_IDLE_KINDS]);
 } moet_backend_ops;
 
 /*

@@ -212,6 +212,8 @@ typedef struct moet_hybrid_stats {
 				    nothing queued while the driver waited (for each MoE layer's
 				    routing ids, their grouping and the CPU tier's start; for the
 				    CPU tier's end): its idle marks, taken after each pass */
+	uint64_t ns_gpu_idle_route; /* of which at the routing's waits (the rest at the CPU
+				       tier's end) */
 } moet_hybrid_stats;
 
 /* What binding a placement made resident of its CPU tier (MOET_CPU_RESIDENT: populate, the

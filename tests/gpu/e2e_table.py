@@ -2,8 +2,8 @@
 """tests/gpu/e2e_table.py OUT_DIR VARIANT...: the table of tests/gpu/e2e_ab.sh from its bench
 e2e records (OUT_DIR/e2e-NAME-R.json): per variant, round and batch the median step, the
 one-pass step, Tc, Tg, the overlap bound and step / bound, the CPU tier's team span, the
-driver's wait for it, the GPU's idle time, and the share of passes in two micro-batches (ms
-per step); then per variant and batch the median over rounds of the step and of step / bound.
+driver's wait for it, the GPU's idle time and its part at the routing's waits (i_rt), and the
+share of passes in two micro-batches (ms per step); then per variant and batch the median over rounds of the step and of step / bound.
 A missing or unreadable record is named on its row, never skipped silently."""
 import json
 import os
@@ -11,7 +11,7 @@ import statistics
 import sys
 
 COLS = ("step_s", "one_pass_step_s", "tc_s", "tg_s", "overlap_bound_s", "cpu_run_s",
-        "cpu_wait_s", "gpu_idle_s")
+        "cpu_wait_s", "gpu_idle_s", "gpu_idle_route_s")
 
 
 def rows(path):
@@ -27,7 +27,7 @@ def main():
     runs = sorted({int(f[:-5].rsplit("-", 1)[1]) for f in os.listdir(out)
                    if f.startswith("e2e-") and f.endswith(".json")})
     print("variant  round batch    step      1p      Tc      Tg   bound st/bd   run"
-          "    wait   idle split")
+          "    wait   idle  i_rt split")
     agg = {}
     for name in names:
         for r in runs:
@@ -41,9 +41,9 @@ def main():
                 v = [1e3 * s.get(k, float("nan")) for k in COLS]
                 ratio = s.get("step_over_bound", float("nan"))
                 agg.setdefault((name, s["batch"]), []).append((v[0], ratio))
-                print("%-8s %5d %5d %7.2f %7.2f %7.2f %7.2f %7.2f %5.3f %6.2f %6.2f %6.2f %5.2f"
-                      % (name, r, s["batch"], v[0], v[1], v[2], v[3], v[4], ratio, v[5], v[6],
-                         v[7], s.get("split_share", float("nan"))))
+                print("%-8s %5d %5d %7.2f %7.2f %7.2f %7.2f %7.2f %5.3f %6.2f %6.2f %6.2f %5.2f "
+                      "%5.2f" % (name, r, s["batch"], v[0], v[1], v[2], v[3], v[4], ratio, v[5],
+                                 v[6], v[7], v[8], s.get("split_share", float("nan"))))
     print("\nmedians over rounds: variant batch step_ms step/bound (runs)")
     for (name, b), vals in agg.items():
         print("%-8s %5d %8.2f %6.3f (%d)" % (name, b, statistics.median(x for x, _ in vals),

@@ -268,6 +268,15 @@ int main(void)
 		      "%s: GPU idle %llu ns, marks %s, the CPU tier's %s %llu ns", names[pl],
 		      (unsigned long long)hs.ns_gpu_idle, idle ? "on" : "off",
 		      pl == 4 ? "time" : "wait", (unsigned long long)in_window);
+		/* by kind: the serial tier's run inside the routing's windows, the overlapped
+		 * tier's wait inside the tier's own */
+		const uint64_t route = hs.ns_gpu_idle_route, tier = hs.ns_gpu_idle - route;
+		CHECK(idle ? route > 0 && route <= hs.ns_gpu_idle &&
+				     (pl == 4 ? route : tier) + slack >= in_window
+			   : route == 0,
+		      "%s: GPU idle %llu ns at the routing, %llu at the CPU tier's end, the tier's "
+		      "%s %llu ns", names[pl], (unsigned long long)route, (unsigned long long)tier,
+		      pl == 4 ? "time" : "wait", (unsigned long long)in_window);
 		CHECK(hs.cpu_pairs + hs.staged_pairs == cnt[0], "%s: CPU tier %llu pairs, %llu "
 		      "staged, tier count %llu", names[pl], (unsigned long long)hs.cpu_pairs,
 		      (unsigned long long)hs.staged_pairs, (unsigned long long)cnt[0]);

@@ -83,6 +83,12 @@ int main(void)
 			CHECK(idle > 0 && busy >= 0 && idle >= num(row, "cpu_wait_s") * (1 - 1e-9),
 			      "%s batch %lld: GPU idle %g s, busy %g s, CPU wait %g s", mode,
 			      (long long)B, idle, busy, num(row, "cpu_wait_s"));
+			/* of it at the routing's waits; the CPU tier's wait lies in the rest */
+			const double route = num(row, "gpu_idle_route_s");
+			CHECK(route > 0 && route <= idle &&
+				      idle - route >= num(row, "cpu_wait_s") * (1 - 1e-9),
+			      "%s batch %lld: GPU idle %g s, %g at the routing, CPU wait %g s", mode,
+			      (long long)B, idle, route, num(row, "cpu_wait_s"));
 			if (!strcmp(mode, "gpu")) {
 				CHECK(pairs == 0 && bytes == 0, "gpu mode: no CPU tier work");
 				CHECK(json_integer_value(json_object_get(row, "warmup_steps")) == 1,

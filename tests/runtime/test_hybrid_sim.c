@@ -169,6 +169,15 @@ int main(void)
 		      "%s: idle %llu ns, marks %s, the CPU tier's %s %llu ns", names[pl],
 		      (unsigned long long)hs.ns_gpu_idle, idle ? "on" : "off",
 		      pl == 5 ? "time" : "wait", (unsigned long long)in_window);
+		/* by kind: the serial tier's run inside the routing's windows, the overlapped
+		 * tier's wait inside the tier's own */
+		const uint64_t route = hs.ns_gpu_idle_route, tier = hs.ns_gpu_idle - route;
+		CHECK(idle ? route > 0 && route <= hs.ns_gpu_idle &&
+				     (pl == 5 ? route >= in_window : tier >= in_window)
+			   : route == 0,
+		      "%s: idle %llu ns at the routing, %llu at the CPU tier's end, the tier's %s "
+		      "%llu ns", names[pl], (unsigned long long)route, (unsigned long long)tier,
+		      pl == 5 ? "time" : "wait", (unsigned long long)in_window);
 		/* the cold pairs: the CPU tier's and (staged) the backend's from a staging slot */
 		CHECK(hs.cpu_pairs + hs.staged_pairs == cnt[0], "%s: the CPU tier computed %llu "
 		      "pairs, %llu staged, counted %llu", names[pl],
