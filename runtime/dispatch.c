@@ -422,14 +422,14 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 	if (!rc)
 		rc = moet_env_choice("MOET_MB_QUEUE", qs, 3, &q);
 	/* unset: on for a decode pass in one pass on one GPU without MOET_TP ranks, where it was
-	 * measured faster (docs/hybrid.md). Not in two micro-batches (measured slower: the
+	 * measured faster (docs/hybrid.md; with or without CPU-tier experts). Not in two micro-batches (measured slower: the
 	 * halves' reordered steps), nor where a prompt's rows would all be copied every layer
 	 * (the dispatch copies the CPU tier's rows alone; staged experts need none), nor over
 	 * more devices (not measured). */
 	const int q_want = q == 2 || (q == 0 && n_mb == 1 && decode && m->n_devices <= 1 && !m->tp);
 	if (!rc && q_want)
 		rc = moet_devgroup_switch(&dg);
-	m->q_on = !rc && q_want && m->owner && !m->xtier && !dg && op->download_async && op->fence &&
+	m->q_on = !rc && q_want && !m->xtier && !dg && op->download_async && op->fence &&
 		  op->fence_wait;
 	m->q[0].layer = m->q[1].layer = -1;
 	m->gpu_first = !rc && gpu && moet_hybrid_overlapped(m->hy);
@@ -465,7 +465,7 @@ int moet_moe_dispatch_queue(moet_model *m, int64_t l, const int32_t *ids, int64_
 	m->q[i].layer = -1;
 	if (!m->q_on)
 		return 0;
-	for (int64_t e = 0; e < E && !rows; e++) /* the rows only for a layer with a CPU tier */
+	for (int64_t e = 0; m->owner && e < E && !rows; e++) /* rows: a layer with a CPU tier */
 		rows = m->owner[l * E + e] < 0;
 	if ((rc = pin_grow(m, (void **)&m->q[i].ids, &m->q[i].cap_p, P, sizeof(int32_t),
 			   "queued routing ids, pairs")) ||

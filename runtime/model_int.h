@@ -450,11 +450,12 @@ void moet_kv_rowinfo(const moet_kv *kv, int64_t pos, moet_rowinfo *out);
 /* MOET_EINVAL (naming the entry) when kv was not made for a model of m's geometry and form. */
 int moet_kv_check(const struct moet_model *m, const moet_kv *kv, int entry);
 
-/* dispatch.c: with m->q_on (MOET_MB_QUEUE=1 with a placement, no NVMe tier, MOET_GPU_DEVGROUP
- * off), queues the copies of layer l's routing ids and rows h of the current micro-batch to
- * host memory and a fence, so that its dispatch later waits for them alone instead of copying
- * them itself (which drains the backend's queue: the other micro-batch's work, or the shared
- * experts queued meanwhile (forward.c's ff_start), included); otherwise nothing. */
+/* dispatch.c: with m->q_on (MOET_MB_QUEUE: no NVMe tier, MOET_GPU_DEVGROUP off), queues the
+ * copies of layer l's routing ids (and rows h, where the layer has CPU-tier experts) of the
+ * current micro-batch to host memory and a fence, so that its dispatch later waits for them
+ * alone instead of copying them itself (which drains the backend's queue: the other
+ * micro-batch's work, or the shared experts queued meanwhile (forward.c's ff_start),
+ * included); otherwise nothing. */
 int moet_moe_dispatch_queue(struct moet_model *m, int64_t l, const int32_t *ids, int64_t n,
 			    const float *h);
 /* dispatch.c: the routed experts of MoE layer l for n rows: ids [n x top_k] (backend) ->

@@ -96,8 +96,10 @@ static void devgroup(moet_model *cpu, moet_model *gpu, const float *ref, int16_t
 	CHECK(big && g0 && g1, "devgroup: host memory");
 	if (!big || !g0 || !g1)
 		goto out;
+	setenv("MOET_MB_QUEUE", "0", 1); /* the references on the reference path */
 	CHECK(moet_test_ragged_run(cpu, BIG_SEQS, STEPS, 1, big) == 0, "devgroup: %d-sequence "
 	      "reference: %s", BIG_SEQS, moet_errmsg());
+	unsetenv("MOET_MB_QUEUE");
 	const char *names[] = { "no placement", "all-gpu", "per-layer", "random-half" };
 	for (int pl = 0; pl < 4; pl++) {
 		for (int64_t i = 0; i < L * E; i++)
@@ -193,7 +195,9 @@ int main(void)
 	const size_t n_log = (size_t)(SEQS * (STEPS + 1) * V);
 	float *ref = malloc(n_log * sizeof(float)), *got = malloc(n_log * sizeof(float));
 	int16_t *own = malloc((size_t)(L * E) * sizeof(*own));
+	setenv("MOET_MB_QUEUE", "0", 1); /* the references on the reference path */
 	CHECK(run(cpu, 1, ref) == 0, "reference: %s", moet_errmsg());
+	unsetenv("MOET_MB_QUEUE");
 
 	const char *names[] = { "all-gpu", "all-cpu", "random-half unqueued", "per-layer",
 				"random serial", "random one pass unqueued", "random merged", "random merged staged",

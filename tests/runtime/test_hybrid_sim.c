@@ -82,7 +82,14 @@ int main(void)
 	const size_t n_logits = (size_t)(SEQS * (STEPS + 1) * V);
 	float *ref = malloc(n_logits * sizeof(float)), *got = malloc(n_logits * sizeof(float));
 	int16_t *own = malloc((size_t)(L * E) * sizeof(*own));
+	setenv("MOET_MB_QUEUE", "0", 1); /* the reference path */
 	run(m, 1, ref);
+	unsetenv("MOET_MB_QUEUE");
+	/* no placement, the routing copies queued (the default for its decode passes) */
+	memset(got, 0xAB, n_logits * sizeof(float));
+	run(m, 1, got);
+	CHECK(memcmp(ref, got, n_logits * sizeof(float)) == 0, "no placement, queued: logits "
+	      "differ from the unqueued run");
 
 	/* then the reference paths: the CPU tier (hybrid.c) without overlap and on the driving
 	 * thread, and batched calls in one pass instead of two micro-batches (forward.c) */
