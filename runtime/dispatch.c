@@ -422,10 +422,10 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 	if (!rc)
 		rc = moet_env_choice("MOET_MB_QUEUE", qs, 3, &q);
 	/* unset: on for a decode pass in one pass on one GPU without MOET_TP ranks, where it was
-	 * measured faster (docs/hybrid.md; with or without CPU-tier experts). Not in two micro-batches (measured slower: the
-	 * halves' reordered steps), nor where a prompt's rows would all be copied every layer
-	 * (the dispatch copies the CPU tier's rows alone; staged experts need none), nor over
-	 * more devices (not measured). */
+	 * measured faster (docs/hybrid.md; with or without CPU-tier experts). Not in two
+	 * micro-batches (measured slower: the halves' reordered steps), nor where a prompt's rows
+	 * would all be copied every layer (the dispatch copies the CPU tier's rows alone; staged
+	 * experts need none), nor over more devices (not measured). */
 	const int q_want = q == 2 || (q == 0 && n_mb == 1 && decode && m->n_devices <= 1 && !m->tp);
 	if (!rc && q_want)
 		rc = moet_devgroup_switch(&dg);
@@ -469,8 +469,8 @@ int moet_moe_dispatch_queue(moet_model *m, int64_t l, const int32_t *ids, int64_
 		rows = m->owner[l * E + e] < 0;
 	if ((rc = pin_grow(m, (void **)&m->q[i].ids, &m->q[i].cap_p, P, sizeof(int32_t),
 			   "queued routing ids, pairs")) ||
-	    (rows && (rc = pin_grow(m, (void **)&m->q[i].h, &m->q[i].cap_rows, n, (size_t)H * sizeof(float),
-			   "queued rows, tokens"))))
+	    (rows && (rc = pin_grow(m, (void **)&m->q[i].h, &m->q[i].cap_rows, n,
+				    (size_t)H * sizeof(float), "queued rows, tokens"))))
 		return rc;
 	/* NOTE: both are rewritten only at this micro-batch's next queue, after this layer's
 	 * dispatch consumed them (sorted, the CPU tier's rows gathered) */

@@ -291,7 +291,7 @@ static int ff_start(moet_model *m, int64_t l, int64_t n)
 	int rc;
 	if (!lw->is_moe)
 		return ffn_tp(m, l, &lw->mlp, b->h, n, b->out);
-	/* routing copies queued (MOET_MB_QUEUE=1): the shared experts go first, so that the
+	/* routing copies queued (MOET_MB_QUEUE): the shared experts go first, so that the
 	 * device has their work while the driver waits for the copies (not split over MOET_TP
 	 * ranks: their collectives keep the order of the reference) */
 	const int early = lw->has_shared && m->q[m->mb_slot & 1].layer == l &&

@@ -466,8 +466,7 @@ int moet_moe_dispatch(struct moet_model *m, int64_t l, const int32_t *ids, int64
  * with whatever the caller queues on the backend in between). */
 int moet_moe_dispatch_finish(struct moet_model *m);
 /* A pass's dispatch switches (dispatch.c), read at every pass (n_mb micro-batches); the same
- * bits either way;
- * MOET_EINVAL for a bad value, naming it.
+ * bits either way; MOET_EINVAL for a bad value, naming it.
  * MOET_MB_QUEUE: "1", "0" or unset (on in a decode pass, `decode`: one token per sequence,
  * of one micro-batch, n_mb, with one device and no MOET_TP ranks): m->q_on
  * (moet_moe_dispatch_queue): forward.c then queues the shared experts before the dispatch's

@@ -3,7 +3,8 @@
 e2e records (OUT_DIR/e2e-NAME-R.json): per variant, round and batch the median step, the
 one-pass step, Tc, Tg, the overlap bound and step / bound, the CPU tier's team span, the
 driver's wait for it, the GPU's idle time and its part at the routing's waits (i_rt), and the
-share of passes in two micro-batches (ms per step); then per variant and batch the median over rounds of the step and of step / bound.
+share of passes in two micro-batches (ms per step); then per variant and batch the median over
+rounds of the step and of step / bound.
 A missing or unreadable record is named on its row, never skipped silently."""
 import json
 import os
