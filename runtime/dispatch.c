@@ -414,13 +414,16 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 	static const char *const orders[] = { "cpu", "gpu" };
 	static const char *const ups[] = { "async", "sync" };
 	static const char *const qs[] = { NULL, "0", "1" };
+	static const char *const ros[] = { "0", "1" };
 	const moet_backend_ops *op = m->be->ops;
-	int gpu = 0, sync = 0, q = 0, dg = 0;
+	int gpu = 0, sync = 0, q = 0, ro = 0, dg = 0;
 	int rc = moet_env_choice("MOET_TIER_ORDER", orders, 2, &gpu);
 	if (!rc)
 		rc = moet_env_choice("MOET_STEP_UPLOAD", ups, 2, &sync);
 	if (!rc)
 		rc = moet_env_choice("MOET_MB_QUEUE", qs, 3, &q);
+	if (!rc)
+		rc = moet_env_choice("MOET_MB_REORDER", ros, 2, &ro);
 	/* unset: on for a decode pass in one pass on one GPU without MOET_TP ranks, where it was
 	 * measured faster (docs/hybrid.md; with or without CPU-tier experts). Not in two
 	 * micro-batches (measured slower: the halves' reordered steps), nor where a prompt's rows
@@ -431,6 +434,7 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 		rc = moet_devgroup_switch(&dg);
 	m->q_on = !rc && q_want && !m->xtier && !dg && op->download_async && op->fence &&
 		  op->fence_wait;
+	m->q_reorder = m->q_on && ro;
 	m->q[0].layer = m->q[1].layer = -1;
 	m->gpu_first = !rc && gpu && moet_hybrid_overlapped(m->hy);
 	m->up_async = !rc && !sync && m->be->ops->upload_async;

@@ -488,10 +488,10 @@ static int pass_body(moet_model *m, mb_pass *p, int n_mb)
 		for (int64_t l = 0; l < L && !rc; l++)
 			if (!(rc = mb_stage1(m, &p[0], l)))
 				rc = mb_stage2(m, &p[0], l);
-	} else if (m->q_on) {
-		/* queued routing copies (MOET_MB_QUEUE=1): each half's dispatch waits for its own
-		 * copies, so the other half's work is queued behind them before (see the NOTE at
-		 * moet_model_forward_batch) */
+	} else if (m->q_reorder) {
+		/* queued routing copies reordered (MOET_MB_REORDER=1): each half's dispatch waits
+		 * for its own copies, so the other half's work is queued behind them before (see the
+		 * NOTE at moet_model_forward_batch) */
 		rc = mb_stage1a(m, &p[0], 0);
 		rc = rc ? rc : mb_stage1a(m, &p[1], 0);
 		for (int64_t l = 0; l < L && !rc; l++) {
@@ -675,7 +675,8 @@ static double now_s(void)
  * independent, so the bits equal those of one pass (tests: test_hybrid_sim, test_gpu_hybrid).
  * Each 1 copies the routing ids to the host, which waits for everything queued before them.
  * With MOET_MB_QUEUE=1 those copies are queued instead (1a: up to the routing and its copies,
- * 1b: the expert tiers started once they are there) and the order is
+ * 1b: the shared experts, then the expert tiers started once the copies are there), in the
+ * same order; with MOET_MB_REORDER=1 too the order is
  *   A1a(0) B1a(0) | A1b(l) B1b(l) A2(l) A1a(l+1) B2(l) B1a(l+1) | ...
  * so that whenever the driver waits (for a half's copies, or for its CPU tier) the other
  * half's work is queued on the device behind it.

@@ -353,6 +353,7 @@ struct moet_model {
 	int32_t *slot_pin[3];     /* host_alloc: the queued slot tables (dispatch.c) */
 	int64_t cap_slot_pin[3];
 	int q_on;                 /* this pass queues its routing downloads (MOET_MB_QUEUE) */
+	int q_reorder;            /* and reorders its halves' steps around them (MOET_MB_REORDER) */
 	struct {                  /* per micro-batch: moet_moe_dispatch_queue's copies */
 		int32_t *ids;     /* host_alloc [cap_p]: the layer's routing ids */
 		float *h;         /* host_alloc [cap_rows x hidden]: its rows */
@@ -470,7 +471,8 @@ int moet_moe_dispatch_finish(struct moet_model *m);
  * MOET_MB_QUEUE: "1", "0" or unset (on in a decode pass, `decode`: one token per sequence,
  * of one micro-batch, n_mb, with one device and no MOET_TP ranks): m->q_on
  * (moet_moe_dispatch_queue): forward.c then queues the shared experts before the dispatch's
- * wait and, in two micro-batches, orders the halves' steps around the queued copies.
+ * wait. MOET_MB_REORDER: "0" (unset) or "1": with queued copies in two micro-batches,
+ * forward.c orders the halves' steps around them (m->q_reorder) instead of the plain order.
  * MOET_TIER_ORDER: whether the CPU tier's jobs start before the device tiers' launches ("cpu",
  * unset) or after them ("gpu": m->gpu_first; measured no faster, docs/hybrid.md); always
  * before them when the tier does not overlap (MOET_HYBRID_OVERLAP=0: it runs alone, the

@@ -12,9 +12,10 @@
  *   - the CPU tier's jobs started after the GPU's launches in two micro-batches and in one
  *     pass (MOET_TIER_ORDER=gpu), and the slot
  *     tables and the CPU tier's rows copied at once instead of queued (MOET_STEP_UPLOAD=
- *     sync), and the routing copies queued (MOET_MB_QUEUE, on by default with one GPU: the
- *     halves' steps reordered, also merged; in one pass the shared experts queued before the
- *     dispatch's wait) and not (=0): the same bits;
+ *     sync), and the routing copies queued with the shared experts before the dispatch's
+ *     wait (MOET_MB_QUEUE: by default in one-pass decode on one GPU; =1 also in two
+ *     micro-batches, in the plain order and with the halves' steps reordered,
+ *     MOET_MB_REORDER=1, also merged) and not (=0): the same bits;
  *   - the tier counts add up, the random placement sends >= 25% of routings to the CPU;
  *   - the CPU tier's counters agree with the tier counts (pairs, bytes copied back);
  *   - the GPU's idle marks (moet_model_set_gpu_idle, CUDA events) on for the all-CPU and the
@@ -202,12 +203,13 @@ int main(void)
 	const char *names[] = { "all-gpu", "all-cpu", "random-half unqueued", "per-layer",
 				"random serial", "random one pass unqueued", "random merged", "random merged staged",
 				"random gpu-first", "random one pass gpu-first", "random sync uploads",
-				"random one pass sync uploads", "random queued", "random merged queued",
-				"random one pass queued" };
+				"random one pass sync uploads", "random queued",
+				"random merged queued reordered", "random one pass queued",
+				"random queued reordered" };
 	int64_t moe_layers = 0;
 	for (int64_t l = 0; l < L; l++)
 		moe_layers += moet_config_is_moe_layer(c, l);
-	for (int pl = 0; pl < 15; pl++) {
+	for (int pl = 0; pl < 16; pl++) {
 		const int merged = pl == 6 || pl == 7 || pl == 13;
 		for (int64_t i = 0; i < L * E; i++) {
 			int64_t l = i / E, e = i % E;
@@ -237,11 +239,13 @@ int main(void)
 		/* the slot tables and the CPU tier's rows copied at once, not queued */
 		if (pl == 10 || pl == 11)
 			setenv("MOET_STEP_UPLOAD", "sync", 1);
-		/* the routing copies queued (unset: the default with one GPU): the halves' steps
-		 * reordered around them, or in one pass (also each call of the solo runs) the
-		 * shared experts queued before the dispatch's wait; pl 2 and 5 not queued */
+		/* the routing copies queued with the shared experts before the dispatch's wait
+		 * (unset: in one-pass decode, also each call of the solo runs); pl 2 and 5 not
+		 * queued */
 		if (pl >= 12)
 			setenv("MOET_MB_QUEUE", "1", 1);
+		if (pl == 13 || pl == 15) /* the halves' steps reordered around them */
+			setenv("MOET_MB_REORDER", "1", 1);
 		if (pl == 2 || pl == 5)
 			setenv("MOET_MB_QUEUE", "0", 1);
 		for (int batched = 0; batched < 2; batched++) {
@@ -256,6 +260,7 @@ int main(void)
 		unsetenv("MOET_TIER_ORDER");
 		unsetenv("MOET_STEP_UPLOAD");
 		unsetenv("MOET_MB_QUEUE");
+		unsetenv("MOET_MB_REORDER");
 		uint64_t cnt[2];
 		moet_model_tier_counts(gpu, cnt, 2);
 		moet_hybrid_stats hs;

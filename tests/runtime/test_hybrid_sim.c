@@ -11,10 +11,10 @@
  * (moet_model_set_gpu_idle) on for the all-CPU and the serial placements: the same bits, the
  * idle time at least the driver's waits for the CPU tier (serial: the tier's whole time), none
  * counted with the marks off. The CPU tier started after the devices' launches in one pass and
- * in two micro-batches (MOET_TIER_ORDER=gpu), and the routing copies queued (MOET_MB_QUEUE=1:
- * the halves' steps reordered, also merged; in one pass, the shared experts queued before the
- * dispatch's wait): the same bits; a bad value of these or of MOET_STEP_UPLOAD refused by
- * name.
+ * in two micro-batches (MOET_TIER_ORDER=gpu), and the routing copies queued with the shared
+ * experts before the dispatch's wait (MOET_MB_QUEUE=1: in one pass; in two micro-batches in
+ * the plain order and with the halves' steps reordered, MOET_MB_REORDER=1, also merged): the
+ * same bits; a bad value of these or of MOET_STEP_UPLOAD refused by name.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -97,11 +97,12 @@ int main(void)
 				"random-3 serial", "random-3 1-thread", "random-3 one pass",
 				"random-1 merged", "random-1 merged staged", "random-1 merged all staged",
 				"random-3 gpu-first", "random-3 one pass gpu-first", "random-3 queued",
-				"random-1 merged queued", "random-3 one pass queued" };
+				"random-1 merged queued reordered", "random-3 one pass queued",
+				"random-3 queued reordered" };
 	int64_t moe_layers = 0;
 	for (int64_t l = 0; l < L; l++)
 		moe_layers += moet_config_is_moe_layer(c, l);
-	for (int pl = 0; pl < 16; pl++) {
+	for (int pl = 0; pl < 17; pl++) {
 		const int merged = (pl >= 8 && pl <= 10) || pl == 14;
 		int n_dev = pl == 0 ? 0 : pl == 1 || merged ? 1 : 3;
 		for (int64_t l = 0; l < L; l++)
@@ -149,14 +150,18 @@ int main(void)
 		 * micro-batches and in one pass */
 		if (pl == 11 || pl == 12)
 			setenv("MOET_TIER_ORDER", "gpu", 1);
-		/* the halves' routing copies queued, the halves' steps reordered around them */
+		/* the routing copies queued (in two micro-batches in the plain order, or, pl 14 and
+		 * 16, the halves' steps reordered around them) */
 		if (pl >= 13)
 			setenv("MOET_MB_QUEUE", "1", 1);
+		if (pl == 14 || pl == 16)
+			setenv("MOET_MB_REORDER", "1", 1);
 		run(m, pl != 4, got);
 		unsetenv("MOET_MICROBATCH");
 		unsetenv("MOET_MB_MERGE");
 		unsetenv("MOET_TIER_ORDER");
 		unsetenv("MOET_MB_QUEUE");
+		unsetenv("MOET_MB_REORDER");
 		CHECK(memcmp(ref, got, n_logits * sizeof(float)) == 0,
 		      "%s: logits differ from the run without placement", names[pl]);
 		uint64_t cnt[4];
@@ -241,8 +246,9 @@ int main(void)
 		const int64_t t1[1] = { 1 };
 		CHECK(moet_kv_create(m, 4, &kv) == 0, "kv");
 		moet_seq_step st = { .kv = kv, .tokens = t1, .n_tok = 1, .out_logits = got };
-		const char *var[3] = { "MOET_TIER_ORDER", "MOET_STEP_UPLOAD", "MOET_MB_QUEUE" };
-		for (int i = 0; i < 3; i++) {
+		const char *var[4] = { "MOET_TIER_ORDER", "MOET_STEP_UPLOAD", "MOET_MB_QUEUE",
+				       "MOET_MB_REORDER" };
+		for (int i = 0; i < 4; i++) {
 			setenv(var[i], "sideways", 1);
 			int r = moet_model_forward_batch(m, &st, 1);
 			unsetenv(var[i]);

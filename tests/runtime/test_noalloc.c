@@ -172,6 +172,9 @@ int main(void)
 	expect_none(m, "CPU tier + 2 sim devices, 2 halves");
 	setenv("MOET_MB_QUEUE", "1", 1); /* the halves' routing copies queued */
 	expect_none(m, "CPU tier + 2 sim devices, 2 halves queued");
+	setenv("MOET_MB_REORDER", "1", 1); /* and the halves' steps reordered around them */
+	expect_none(m, "CPU tier + 2 sim devices, 2 halves queued, reordered");
+	unsetenv("MOET_MB_REORDER");
 	unsetenv("MOET_MB_QUEUE");
 	/* one device: the halves' device calls merged (MOET_MB_MERGE=1, dispatch.c) */
 	int16_t *own1 = malloc((size_t)(L * E) * sizeof(*own1));
@@ -234,6 +237,9 @@ int main(void)
 		unsetenv("MOET_MB_MERGE");
 		setenv("MOET_MB_QUEUE", "1", 1);
 		expect_none(m, "cuda + CPU tier, 2 halves queued");
+		setenv("MOET_MB_REORDER", "1", 1);
+		expect_none(m, "cuda + CPU tier, 2 halves queued, reordered");
+		unsetenv("MOET_MB_REORDER");
 		unsetenv("MOET_MB_QUEUE");
 		unsetenv("MOET_MICROBATCH");
 		moet_model_close(m);
