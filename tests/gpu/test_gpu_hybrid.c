@@ -205,12 +205,12 @@ int main(void)
 				"random gpu-first", "random one pass gpu-first", "random sync uploads",
 				"random one pass sync uploads", "random queued",
 				"random merged queued reordered", "random one pass queued",
-				"random queued reordered" };
+				"random queued reordered", "random merged queued" };
 	int64_t moe_layers = 0;
 	for (int64_t l = 0; l < L; l++)
 		moe_layers += moet_config_is_moe_layer(c, l);
-	for (int pl = 0; pl < 16; pl++) {
-		const int merged = pl == 6 || pl == 7 || pl == 13;
+	for (int pl = 0; pl < 17; pl++) {
+		const int merged = pl == 6 || pl == 7 || pl == 13 || pl == 16;
 		for (int64_t i = 0; i < L * E; i++) {
 			int64_t l = i / E, e = i % E;
 			own[i] = pl == 0 ? 0 : pl == 1 ? -1 : pl == 3 ? (int16_t)((l % 2) ? 0 : -1)

@@ -98,12 +98,12 @@ int main(void)
 				"random-1 merged", "random-1 merged staged", "random-1 merged all staged",
 				"random-3 gpu-first", "random-3 one pass gpu-first", "random-3 queued",
 				"random-1 merged queued reordered", "random-3 one pass queued",
-				"random-3 queued reordered" };
+				"random-3 queued reordered", "random-1 merged queued" };
 	int64_t moe_layers = 0;
 	for (int64_t l = 0; l < L; l++)
 		moe_layers += moet_config_is_moe_layer(c, l);
-	for (int pl = 0; pl < 17; pl++) {
-		const int merged = (pl >= 8 && pl <= 10) || pl == 14;
+	for (int pl = 0; pl < 18; pl++) {
+		const int merged = (pl >= 8 && pl <= 10) || pl == 14 || pl == 17;
 		int n_dev = pl == 0 ? 0 : pl == 1 || merged ? 1 : 3;
 		for (int64_t l = 0; l < L; l++)
 			for (int64_t e = 0; e < E; e++) {
