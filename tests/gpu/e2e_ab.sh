@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# tests/gpu/e2e_ab.sh: `bench e2e --modes hybrid` of one placement under several environment
-# variants, alternating (A B C A B C ...), with one table of the decode steps, the overlap
+# tests/gpu/e2e_ab.sh: `bench e2e --modes hybrid` (or gpu) of one placement under several
+# environment variants, alternating (A B C A B C ...), with one table of the decode steps, the overlap
 # bound and the time split per variant, run and batch (tests/gpu/e2e_table.py). For A/B
 # measurements of the engine's switches (docs/hybrid.md): the same checkpoint, placement and
 # batches in every run; a fresh process per run; the machine's drift falls on every variant
@@ -17,7 +17,9 @@
 #   variants   e.g. def 'queued:MOET_MB_QUEUE=1' 'split:MOET_MICROBATCH=1,MOET_MB_MERGE=1'
 # Environment: MOET_AB_ROUNDS (default 2), MOET_AB_BATCHES (default 16,64), MOET_AB_STEPS
 # (default 16), MOET_AB_DEVICE (default cuda; cpu runs the same on the CPU backend),
-# MOET_AB_TIMEOUT (seconds per run, default 300).
+# MOET_AB_MODE (default hybrid; gpu: every expert resident, the placement file still needed,
+# no overlap check: Tc, Tg and the bound are nan), MOET_AB_TIMEOUT (seconds per run, default
+# 300).
 # Debian runtime libraries may be carried as .deb files in .deb/ (as for tests/gpu/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,6 +30,11 @@ fi
 build=$1 out=$2 ckpt=$3 place=$4
 shift 4
 rounds=${MOET_AB_ROUNDS:-2}
+mode=${MOET_AB_MODE:-hybrid}
+case $mode in
+hybrid | gpu) ;;
+*) echo "e2e_ab: MOET_AB_MODE=$mode (want hybrid or gpu)" >&2; exit 2 ;;
+esac
 case $rounds in
 '' | *[!0-9]* | 0) echo "e2e_ab: MOET_AB_ROUNDS=$rounds (want a whole number >= 1)" >&2; exit 2 ;;
 esac
@@ -46,7 +53,7 @@ for r in $(seq 1 "$rounds"); do
 		echo "== $(date +%T) $name round $r ${envs[*]:-}"
 		rc=0
 		env "${envs[@]}" timeout "${MOET_AB_TIMEOUT:-300}" "$build/moet-hybrid" bench e2e \
-			--model "$ckpt" --device "${MOET_AB_DEVICE:-cuda}" --modes hybrid \
+			--model "$ckpt" --device "${MOET_AB_DEVICE:-cuda}" --modes "$mode" \
 			--placement "$place" --batches "${MOET_AB_BATCHES:-16,64}" --prefill none \
 			--steps "${MOET_AB_STEPS:-16}" --json "$out/e2e-$name-$r.json" \
 			>"$out/e2e-$name-$r.txt" 2>&1 || rc=$?
@@ -56,7 +63,7 @@ for r in $(seq 1 "$rounds"); do
 		fi
 	done
 done
-python3 tests/gpu/e2e_table.py "$out" "$@" | tee "$out/table.txt"
+MOET_AB_MODE=$mode python3 tests/gpu/e2e_table.py "$out" "$@" | tee "$out/table.txt"
 # NOTE: written outside OUT_DIR, then moved in: tar fails on a file that grows while read
 arch=$(mktemp)
 tar -czf "$arch" -C "$out" --exclude ab.tar.gz .

@@ -5,6 +5,7 @@ one-pass step, Tc, Tg, the overlap bound and step / bound, the CPU tier's team s
 driver's wait for it, the GPU's idle time and its part at the routing's waits (i_rt), and the
 share of passes in two micro-batches (ms per step); then per variant and batch the median over
 rounds of the step and of step / bound.
+The records' steps of mode MOET_AB_MODE (default hybrid; gpu has no overlap check: nan there).
 A missing or unreadable record is named on its row, never skipped silently."""
 import json
 import os
@@ -18,7 +19,8 @@ COLS = ("step_s", "one_pass_step_s", "tc_s", "tg_s", "overlap_bound_s", "cpu_run
 def rows(path):
     with open(path) as f:
         rec = json.load(f)
-    return [s for s in rec.get("steps", []) if s.get("mode") == "hybrid"]
+    mode = os.environ.get("MOET_AB_MODE", "hybrid")
+    return [s for s in rec.get("steps", []) if s.get("mode") == mode]
 
 
 def main():

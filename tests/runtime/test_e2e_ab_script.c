@@ -11,7 +11,8 @@
  *     the table's rounding; the forced variant ran its passes in two micro-batches;
  *   - the medians over rounds are the medians of the records' steps;
  *   - the archive holds the records and the table;
- *   - usage errors: too few arguments, a bad variant name, a bad round count.
+ *   - MOET_AB_MODE=gpu (every expert resident): its table's steps are the records' gpu ones;
+ *   - usage errors: too few arguments, a bad variant name, a bad round count, a bad mode.
  */
 #include <jansson.h>
 #include <math.h>
@@ -23,13 +24,13 @@
 
 #define BATCH 4
 
-static const json_t *hybrid_step(const json_t *rec)
+static const json_t *mode_step(const json_t *rec, const char *want)
 {
 	size_t i;
 	const json_t *s;
 	json_array_foreach(json_object_get(rec, "steps"), i, s) {
 		const char *mode = json_string_value(json_object_get(s, "mode"));
-		if (mode && !strcmp(mode, "hybrid") &&
+		if (mode && !strcmp(mode, want) &&
 		    json_integer_value(json_object_get(s, "batch")) == BATCH)
 			return s;
 	}
@@ -98,7 +99,7 @@ int main(void)
 				continue;
 			snprintf(path, sizeof(path), "%s/e2e-%s-%d.json", out, names[v], r);
 			json_t *rec = json_load_file(path, 0, NULL);
-			const json_t *s = hybrid_step(rec);
+			const json_t *s = mode_step(rec, "hybrid");
 			CHECK(s != NULL, "record %s: the hybrid step at batch %d", path, BATCH);
 			if (s) {
 				CHECK(fabs(st - 1e3 * num(s, "step_s")) <= 0.006 &&
@@ -139,14 +140,45 @@ int main(void)
 	CHECK(moet_test_run(args, &text) == 0 && text && strstr(text, "table.txt") &&
 	      strstr(text, "e2e-split-2.json"), "the archive:\n%s", text ? text : "");
 
+	/* MOET_AB_MODE=gpu: every expert resident, the table's steps from the gpu entries */
+	snprintf(args, sizeof(args), "MOET_AB_MODE=gpu MOET_AB_ROUNDS=1 bash tests/gpu/e2e_ab.sh "
+		 "%s %s-gpu %s %s def 'off:MOET_MB_QUEUE=0'", build, out, ckpt, place);
+	free(text);
+	text = NULL;
+	rc = run(args, &text);
+	CHECK(rc == 0 && text, "e2e_ab.sh, gpu mode: exit %d\n%s", rc, text ? text : "");
+	snprintf(path, sizeof(path), "%s-gpu/table.txt", out);
+	f = fopen(path, "r");
+	CHECK(f != NULL, "table %s", path);
+	int gpu_rows = 0;
+	while (f && fgets(line, sizeof(line), f)) {
+		char name[32];
+		int r, b;
+		double st;
+		if (sscanf(line, "%31s %d %d %lf", name, &r, &b, &st) != 4 || b != BATCH)
+			continue;
+		snprintf(path, sizeof(path), "%s-gpu/e2e-%s-%d.json", out, name, r);
+		json_t *rec = json_load_file(path, 0, NULL);
+		const json_t *s = mode_step(rec, "gpu");
+		CHECK(s && fabs(st - 1e3 * num(s, "step_s")) <= 0.006 && !mode_step(rec, "hybrid"),
+		      "gpu-mode row of %s against its record (%s): %s", name, path, line);
+		json_decref(rec);
+		gpu_rows++;
+	}
+	if (f)
+		fclose(f);
+	CHECK(gpu_rows == 2, "gpu-mode table: %d rows", gpu_rows);
+
 	/* usage errors */
-	static const char *const bad[3] = {
+	static const char *const bad[4] = {
 		"bash tests/gpu/e2e_ab.sh a b c d",
 		"bash tests/gpu/e2e_ab.sh a b c d 'two words'",
 		"MOET_AB_ROUNDS=0 bash tests/gpu/e2e_ab.sh a b c d def",
+		"MOET_AB_MODE=cpu bash tests/gpu/e2e_ab.sh a b c d def",
 	};
-	static const char *const why[3] = { "Usage", "variant name", "MOET_AB_ROUNDS" };
-	for (int i = 0; i < 3; i++) {
+	static const char *const why[4] = { "Usage", "variant name", "MOET_AB_ROUNDS",
+					     "MOET_AB_MODE" };
+	for (int i = 0; i < 4; i++) {
 		free(text);
 		text = NULL;
 		rc = run(bad[i], &text);
