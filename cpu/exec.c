@@ -121,6 +121,11 @@ struct moet_cpuexec {
 	atomic_ullong finished;   /* the last ticket every worker has finished */
 	long spin, wait_spin;     /* pause rounds: an idle worker before it sleeps (MOET_CPU_SPIN),
 				     moet_cpuexec_wait before it sleeps (MOET_CPU_WAIT_SPIN) */
+	long prewake_spin;        /* pause rounds a worker spins after moet_cpuexec_prewake
+				     (MOET_CPU_PREWAKE; 0: the call does nothing) */
+	atomic_uint prewake;      /* advanced by each moet_cpuexec_prewake */
+	atomic_ullong prewoken;   /* workers that woke for one (moet_cpuexec_prewoken) */
+	atomic_int stopping;      /* stop, readable without mu (ends a prewake's spin) */
 	int stop, go, n_ready, start_rc;
 	char start_msg[256];
 };
@@ -272,11 +277,23 @@ static void *worker_main(void *arg)
 		for (long i = 0; i < ex->spin && atomic_load(&ex->published) < next; i++)
 			cpu_relax();
 		pthread_mutex_lock(&ex->mu);
-		while (!(s = find_pending(ex, next)) && !ex->stop)
+		/* asleep, a moet_cpuexec_prewake wakes the worker to spin for the batch it
+		 * announces (prewake_spin rounds), then sleep again if none came */
+		const unsigned pw = atomic_load(&ex->prewake);
+		while (!(s = find_pending(ex, next)) && !ex->stop && atomic_load(&ex->prewake) == pw)
 			pthread_cond_wait(&ex->work_cv, &ex->mu);
+		const int stop = ex->stop;
 		pthread_mutex_unlock(&ex->mu);
-		if (!s)
+		if (!s && stop)
 			break;
+		if (!s) {
+			atomic_fetch_add(&ex->prewoken, 1u);
+			for (long i = 0; i < ex->prewake_spin && atomic_load(&ex->published) < next &&
+					 !atomic_load(&ex->stopping);
+			     i++)
+				cpu_relax();
+			continue;
+		}
 		/* batches share the h scratch: start one only when the team is done with the last */
 		while (atomic_load(&ex->finished) < next - 1)
 			cpu_relax();
@@ -288,6 +305,7 @@ static void *worker_main(void *arg)
 
 static void stop_and_join(moet_cpuexec *ex)
 {
+	atomic_store(&ex->stopping, 1);
 	pthread_mutex_lock(&ex->mu);
 	ex->stop = 1;
 	pthread_cond_broadcast(&ex->work_cv);
@@ -417,7 +435,8 @@ int moet_cpuexec_create(const moet_cpuexec_opts *opts, moet_cpuexec **out)
 	ex->k = o.kernels ? o.kernels : moet_cpu_kernels_get();
 	ex->next_ticket = 1;
 	if ((rc = env_rounds("MOET_CPU_SPIN", SPIN_ROUNDS, &ex->spin)) ||
-	    (rc = env_rounds("MOET_CPU_WAIT_SPIN", 0, &ex->wait_spin)))
+	    (rc = env_rounds("MOET_CPU_WAIT_SPIN", 0, &ex->wait_spin)) ||
+	    (rc = env_rounds("MOET_CPU_PREWAKE", 0, &ex->prewake_spin)))
 		goto fail;
 	if (ex->max_tok > ((int64_t)1 << 40) / ex->max_inter) {
 		rc = moet_err(MOET_ERANGE, "CPU executor: max_tok %lld x max_inter %lld is too "
@@ -579,6 +598,21 @@ int moet_cpuexec_submit(moet_cpuexec *ex, const moet_cpuexec_job *jobs, int n_jo
 	}
 	pthread_mutex_unlock(&ex->mu);
 	return s ? 0 : MOET_ERANGE;
+}
+
+uint64_t moet_cpuexec_prewoken(moet_cpuexec *ex)
+{
+	return ex ? atomic_load(&ex->prewoken) : 0;
+}
+
+void moet_cpuexec_prewake(moet_cpuexec *ex)
+{
+	if (!ex || !ex->prewake_spin || !ex->n_started)
+		return;
+	atomic_fetch_add(&ex->prewake, 1u);
+	pthread_mutex_lock(&ex->mu);
+	pthread_cond_broadcast(&ex->work_cv);
+	pthread_mutex_unlock(&ex->mu);
 }
 
 int moet_cpuexec_wait(moet_cpuexec *ex, uint64_t ticket)

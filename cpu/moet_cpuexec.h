@@ -80,6 +80,16 @@ int moet_cpuexec_submit(moet_cpuexec *ex, const moet_cpuexec_job *jobs, int n_jo
 			uint64_t *out_ticket);
 
 /*
+ * Announces a batch soon (MOET_CPU_PREWAKE=N pause rounds, read at create; 0, the default:
+ * nothing happens): the sleeping workers wake and spin up to N rounds for the next batch
+ * before they sleep again, so that the batch submitted meanwhile does not wait for their
+ * wake-ups. Nothing changes in any result. Thread-safe; NULL is fine.
+ */
+void moet_cpuexec_prewake(moet_cpuexec *ex);
+/* How many times a sleeping worker woke for a moet_cpuexec_prewake (0 for NULL). */
+uint64_t moet_cpuexec_prewoken(moet_cpuexec *ex);
+
+/*
  * Blocks until the batch of `ticket` is done and returns its result: 0, or MOET_EINVAL if a
  * worker's floating-point environment no longer met the contract after computing it (a kernel
  * variant changed MXCSR). Each ticket is waited for once, by one thread; a ticket that is

@@ -379,6 +379,12 @@ int moet_hybrid_cpu_fetch(moet_hybrid *hy, int slot, moet_backend *be, const moe
 	return 0;
 }
 
+void moet_hybrid_prewake(moet_hybrid *hy)
+{
+	if (hy)
+		moet_cpuexec_prewake(hy->ex);
+}
+
 int moet_hybrid_cpu_go(moet_hybrid *hy, int slot)
 {
 	if (slot < 0 || slot >= MOET_HYBRID_SLOTS)

@@ -73,6 +73,8 @@ int moet_hybrid_cpu_fetch(moet_hybrid *hy, int slot, moet_backend *be, const moe
 			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
 			  const float *h, const float *h_host, int64_t n, float *y_dst);
 int moet_hybrid_cpu_go(moet_hybrid *hy, int slot);
+/* hybrid.c: a CPU-tier call is near (MOET_CPU_PREWAKE: moet_cpuexec_prewake); NULL fine. */
+void moet_hybrid_prewake(moet_hybrid *hy);
 /* dispatch.c: the idle time marked in the pass just run (moet_model_set_gpu_idle), added to
  * ns_gpu_idle, the marks cleared; call after the pass's last download (or its failure). */
 int moet_model_gpu_idle_take(moet_model *m);

@@ -555,8 +555,8 @@ static uint64_t mono_ns(void)
 static void spins_and_span(void)
 {
 	const char *bad[] = { "x", "-1", "12a", "2000000000" };
-	const char *var[] = { "MOET_CPU_SPIN", "MOET_CPU_WAIT_SPIN" };
-	for (int v = 0; v < 2; v++)
+	const char *var[] = { "MOET_CPU_SPIN", "MOET_CPU_WAIT_SPIN", "MOET_CPU_PREWAKE" };
+	for (int v = 0; v < 3; v++)
 		for (int i = 0; i < 4; i++) {
 			setenv(var[v], bad[i], 1);
 			moet_cpuexec *ex = NULL;
@@ -595,6 +595,54 @@ static void spins_and_span(void)
 	}
 }
 
+static void sleep_ms(long ms)
+{
+	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+	nanosleep(&ts, NULL);
+}
+
+/* MOET_CPU_PREWAKE: with workers that sleep at once (MOET_CPU_SPIN=0), moet_cpuexec_prewake
+ * wakes every one of them (counted), a batch submitted after it gives the reference's bits,
+ * one that never comes leaves them asleep again, and the team stops cleanly while they spin;
+ * with the default (0) the call wakes nobody. */
+static void prewake(void)
+{
+	for (int on = 0; on < 2; on++) {
+		setenv("MOET_CPU_SPIN", "0", 1);
+		if (on)
+			setenv("MOET_CPU_PREWAKE", "100000000", 1);
+		moet_cpuexec *ex = make_exec(3, MOET_CPUEXEC_SPLIT_ROWS, NULL);
+		unsetenv("MOET_CPU_SPIN");
+		unsetenv("MOET_CPU_PREWAKE");
+		if (!ex)
+			continue;
+		batch b;
+		make_batch(&b, 3, MOET_DT_F8_E4M3, 96, 160, 3);
+		for (int round = 0; round < 3; round++) {
+			sleep_ms(20); /* the workers asleep */
+			const uint64_t w0 = moet_cpuexec_prewoken(ex);
+			moet_cpuexec_prewake(ex);
+			uint64_t w = w0;
+			for (int i = 0; i < 200 && w < w0 + 3 * on; i++) {
+				sleep_ms(5);
+				w = moet_cpuexec_prewoken(ex);
+			}
+			CHECK(on ? w >= w0 + 3 : w == w0, "prewake %s: %llu workers woke, want %s",
+			      on ? "on" : "off", (unsigned long long)(w - w0), on ? ">= 3" : "0");
+			clear_outputs(&b);
+			uint64_t tk = 0;
+			CHECK(moet_cpuexec_submit(ex, b.jobs, b.n, &tk) == 0 &&
+			      moet_cpuexec_wait(ex, tk) == 0, "prewake: %s", moet_errmsg());
+			check_outputs(&b, "prewake");
+		}
+		moet_cpuexec_prewake(ex); /* no batch follows: stopped while spinning */
+		free_batch(&b);
+		moet_cpuexec_destroy(ex);
+	}
+	moet_cpuexec_prewake(NULL);
+	CHECK(moet_cpuexec_prewoken(NULL) == 0, "NULL executor");
+}
+
 int main(void)
 {
 	identity();
@@ -609,5 +657,6 @@ int main(void)
 #endif
 	create_destroy_loop();
 	spins_and_span();
+	prewake();
 	return moet_test_done("test_exec");
 }

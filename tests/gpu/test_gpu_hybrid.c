@@ -219,11 +219,14 @@ int main(void)
 		}
 		if (pl == 4)
 			setenv("MOET_HYBRID_OVERLAP", "0", 1);
+		if (pl == 3) /* the CPU tier's workers woken at each router (read at placement) */
+			setenv("MOET_CPU_PREWAKE", "20000", 1);
 		if (pl == 7)
 			setenv("MOET_PREFILL_STAGE", "1", 1);
 		CHECK(moet_model_set_placement(gpu, own, 1) == 0, "%s: %s", names[pl],
 		      moet_errmsg());
 		unsetenv("MOET_HYBRID_OVERLAP");
+		unsetenv("MOET_CPU_PREWAKE");
 		unsetenv("MOET_PREFILL_STAGE");
 		const int idle = pl == 1 || pl == 4; /* the GPU has nothing queued meanwhile */
 		CHECK(moet_model_set_gpu_idle(gpu, idle) == 0, "%s: idle marks: %s", names[pl],

@@ -120,6 +120,8 @@ int main(void)
 			}
 		if (pl == 5)
 			setenv("MOET_HYBRID_OVERLAP", "0", 1);
+		if (pl == 2) /* the CPU tier's workers woken at each router (read at placement) */
+			setenv("MOET_CPU_PREWAKE", "20000", 1);
 		if (pl == 6)
 			setenv("MOET_CPU_THREADS", "1", 1);
 		if (pl == 9) { /* cold experts of 2+ tokens in a call staged on the backend */
@@ -133,6 +135,7 @@ int main(void)
 		CHECK(moet_model_set_placement(m, own, n_dev) == 0, "%s: %s", names[pl],
 		      moet_errmsg());
 		unsetenv("MOET_HYBRID_OVERLAP");
+		unsetenv("MOET_CPU_PREWAKE");
 		unsetenv("MOET_CPU_THREADS");
 		unsetenv("MOET_PREFILL_STAGE");
 		unsetenv("MOET_PREFILL_STAGE_MIN");
