@@ -272,17 +272,20 @@ static void *worker_main(void *arg)
 	pthread_mutex_unlock(&ex->mu);
 
 	uint64_t next = 1;
+	unsigned seen = atomic_load(&ex->prewake); /* the last prewake this worker acted on */
 	for (;;) {
 		slot *s;
 		for (long i = 0; i < ex->spin && atomic_load(&ex->published) < next; i++)
 			cpu_relax();
 		pthread_mutex_lock(&ex->mu);
-		/* asleep, a moet_cpuexec_prewake wakes the worker to spin for the batch it
-		 * announces (prewake_spin rounds), then sleep again if none came */
-		const unsigned pw = atomic_load(&ex->prewake);
-		while (!(s = find_pending(ex, next)) && !ex->stop && atomic_load(&ex->prewake) == pw)
+		/* a moet_cpuexec_prewake since the last one it acted on (asleep, or while it was
+		 * busy) has the worker spin for the batch it announces (prewake_spin rounds),
+		 * then sleep again if none came */
+		while (!(s = find_pending(ex, next)) && !ex->stop && atomic_load(&ex->prewake) == seen)
 			pthread_cond_wait(&ex->work_cv, &ex->mu);
 		const int stop = ex->stop;
+		/* a batch taken answers the prewakes before it, as one woken for spins for */
+		seen = atomic_load(&ex->prewake);
 		pthread_mutex_unlock(&ex->mu);
 		if (!s && stop)
 			break;
