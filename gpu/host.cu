@@ -129,6 +129,12 @@ extern "C" int moet_gpu_event_record(void *ev, void *stream)
 	return 0;
 }
 
+extern "C" int moet_gpu_stream_wait_event(void *stream, void *ev)
+{
+	MOET_CUDA_TRY(cudaStreamWaitEvent(moet_stream(stream), (cudaEvent_t)ev, 0));
+	return 0;
+}
+
 extern "C" int moet_gpu_event_sync(void *ev)
 {
 	MOET_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)ev));

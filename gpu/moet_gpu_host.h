@@ -56,6 +56,8 @@ void moet_gpu_event_destroy(void *ev);
 int moet_gpu_event_record(void *ev, void *stream);
 int moet_gpu_event_sync(void *ev);
 int moet_gpu_event_elapsed_ms(void *start, void *end, float *out_ms);
+/* The work queued on `stream` after this call waits for the mark of `ev` (its last record). */
+int moet_gpu_stream_wait_event(void *stream, void *ev);
 
 /* Bytes of free and total memory of the current device. */
 int moet_gpu_mem_info(size_t *out_free, size_t *out_total);

@@ -85,6 +85,12 @@ int moet_gpu_event_record(void *ev, void *stream)
 	return no_cuda("moet_gpu_event_record");
 }
 
+int moet_gpu_stream_wait_event(void *stream, void *ev)
+{
+	(void)stream, (void)ev;
+	return no_cuda("moet_gpu_stream_wait_event");
+}
+
 int moet_gpu_event_sync(void *ev)
 {
 	(void)ev;

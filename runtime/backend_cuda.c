@@ -42,6 +42,22 @@ struct moet_rows {
 	int64_t max_run;     /* the longest run of consecutive rows of one sequence */
 };
 
+/* An expert call's device scratch and host tables, grown (never shrunk): nothing allocated per
+ * call. One per micro-batch stream, so that the two halves' calls never share them. */
+typedef struct cu_half {
+	void *scratch;       /* expert h rows */
+	size_t scratch_bytes;
+	int32_t *pair_tok;   /* device [cap_pairs]: the token of each grouped pair */
+	int64_t cap_pairs;
+	int32_t *tok_pin;    /* pinned [cap_group]: the pairs' tokens, copied to pair_tok */
+	moet_gpu_expert *ge; /* [cap_group]: the call's experts */
+	int64_t cap_group;
+	void *tok_ev;        /* recorded after tok_pin's copy: it may be rewritten once done */
+	int tok_ev_used;
+	void *fast_scratch;  /* issue 4's fast mode */
+	size_t fast_bytes;
+} cu_half;
+
 typedef struct cuda_be {
 	moet_backend be;
 	int device;
@@ -54,25 +70,21 @@ typedef struct cuda_be {
 	void *host_stage[2]; /* host staging of the row block (pinned with an own stream) */
 	void *rows_ev[2];    /* own stream: recorded after each slot's async row copy */
 	int rows_ev_used[2];
-	void *scratch;       /* expert h rows */
-	size_t scratch_bytes;
-	int32_t *pair_tok;   /* device [cap_pairs]: the token of each grouped pair */
-	int32_t *iota;       /* device [cap_pairs]: 0, 1, 2, ... (dense FFN pairs) */
-	int64_t cap_pairs;
-	/* the grouped call's host side, grown (never shrunk): nothing allocated per call */
-	int32_t *tok_pin;    /* pinned [cap_group]: the pairs' tokens, copied to pair_tok */
-	moet_gpu_expert *ge; /* [cap_group]: the call's experts */
-	int64_t cap_group;
-	void *tok_ev;        /* recorded after tok_pin's copy: it may be rewritten once done */
-	int tok_ev_used;
+	/* the expert calls' state, one per micro-batch stream (cu_stream_select; [0] on one) */
+	cu_half half[2];
+	int32_t *iota;       /* device [cap_iota]: 0, 1, 2, ... (dense FFN pairs), read-only */
+	int64_t cap_iota;
+	/* two micro-batch streams (MOET_MB_STREAMS=2, cu_stream_select): made at the first
+	 * select, blocking; `sel` the selected one (-1: the pass's stream, `stream`), `joined`
+	 * whether stream i has waited for the pass's stream since its last join */
+	void *mb_stream[2], *mb_ev[2], *base_ev;
+	int sel, joined[2];
 	/* issue 4: device sampling and the fast expert mode (grow-only, own scratch) */
 	void *smp_scratch;   /* gpu/sample.cu's scratch */
 	size_t smp_bytes;
 	int32_t *smp_ids;    /* device [smp_cap] */
 	int64_t smp_cap;
 	moet_gpu_fast *fast; /* created at the first fast call */
-	void *fast_scratch;
-	size_t fast_bytes;
 	/* idle_mark / idle_take: event pairs (created at the first mark, kept), the pairs
 	 * recorded since the last take, whether a pair is open, whether a capture is */
 	void *idle_ev[2][CU_IDLE_PAIRS];
@@ -84,6 +96,19 @@ typedef struct cuda_be {
 static cuda_be *impl(moet_backend *be)
 {
 	return (cuda_be *)be->impl;
+}
+
+/* The expert calls' state of the selected stream (cu_stream_select). */
+static cu_half *cur_half(cuda_be *c)
+{
+	return &c->half[c->sel > 0];
+}
+
+/* The stream the backend's own copies and marks go on: the selected micro-batch's, or the
+ * pass's (NULL: the legacy stream). */
+static void *cur_stream(cuda_be *c)
+{
+	return c->sel >= 0 ? c->mb_stream[c->sel] : c->stream;
 }
 
 static int keep(cuda_be *c, void *p)
@@ -112,6 +137,9 @@ static void cu_destroy(moet_backend *be)
 		if (moet_gpu_thread_stream() == c->stream)
 			moet_gpu_set_thread_stream(NULL);
 	}
+	for (int i = 0; i < 2; i++)
+		if (c->mb_stream[i] && moet_gpu_thread_stream() == c->mb_stream[i])
+			moet_gpu_set_thread_stream(NULL);
 	for (int i = 0; i < c->n_owned; i++)
 		moet_gpu_free(c->owned[i]);
 	free(c->owned);
@@ -126,14 +154,23 @@ static void cu_destroy(moet_backend *be)
 			free(c->host_stage[i]);
 		}
 	}
-	moet_gpu_free(c->scratch);
-	moet_gpu_free(c->pair_tok);
+	for (int i = 0; i < 2; i++) {
+		cu_half *hf = &c->half[i];
+		moet_gpu_free(hf->scratch);
+		moet_gpu_free(hf->pair_tok);
+		if (hf->tok_ev_used) /* no copy may read freed memory */
+			(void)moet_gpu_event_sync(hf->tok_ev);
+		moet_gpu_host_free(hf->tok_pin);
+		free(hf->ge);
+		moet_gpu_event_destroy(hf->tok_ev);
+		moet_gpu_free(hf->fast_scratch);
+		if (c->mb_stream[i])
+			(void)moet_gpu_sync(c->mb_stream[i]);
+		moet_gpu_stream_destroy(c->mb_stream[i]);
+		moet_gpu_event_destroy(c->mb_ev[i]);
+	}
+	moet_gpu_event_destroy(c->base_ev);
 	moet_gpu_free(c->iota);
-	if (c->tok_ev_used)
-		(void)moet_gpu_event_sync(c->tok_ev); /* no copy may read freed memory */
-	moet_gpu_host_free(c->tok_pin);
-	free(c->ge);
-	moet_gpu_event_destroy(c->tok_ev);
 	for (int i = 0; i < 2; i++)
 		for (int j = 0; j < CU_IDLE_PAIRS; j++)
 			moet_gpu_event_destroy(c->idle_ev[i][j]);
@@ -142,7 +179,6 @@ static void cu_destroy(moet_backend *be)
 	moet_gpu_free(c->smp_scratch); /* issue 4 */
 	moet_gpu_free(c->smp_ids);
 	moet_gpu_fast_destroy(c->fast);
-	moet_gpu_free(c->fast_scratch);
 	moet_gpu_stream_destroy(c->stream);
 	free(c);
 }
@@ -167,12 +203,12 @@ static int cu_upload(moet_backend *be, void *dst, const void *src, size_t bytes)
 
 static int cu_upload_async(moet_backend *be, void *dst, const void *src, size_t bytes)
 {
-	return moet_gpu_copy_h2d_async(dst, src, bytes, impl(be)->stream);
+	return moet_gpu_copy_h2d_async(dst, src, bytes, cur_stream(impl(be)));
 }
 
 static int cu_download_async(moet_backend *be, void *dst, const void *src, size_t bytes)
 {
-	return moet_gpu_copy_d2h_async(dst, src, bytes, impl(be)->stream);
+	return moet_gpu_copy_d2h_async(dst, src, bytes, cur_stream(impl(be)));
 }
 
 static int cu_fence(moet_backend *be, int i)
@@ -181,7 +217,7 @@ static int cu_fence(moet_backend *be, int i)
 	if (i < 0 || i >= MOET_BACKEND_FENCES)
 		return moet_err(MOET_EINVAL, "CUDA backend: fence %d", i);
 	int rc = c->fence_ev[i] ? 0 : moet_gpu_event_create(&c->fence_ev[i]);
-	return rc ? rc : moet_gpu_event_record(c->fence_ev[i], c->stream);
+	return rc ? rc : moet_gpu_event_record(c->fence_ev[i], cur_stream(c));
 }
 
 static int cu_fence_wait(moet_backend *be, int i)
@@ -442,38 +478,46 @@ static int cu_route(moet_backend *be, const moet_config *c, const float *logits,
 			       (float)c->routed_scaling_factor, ids, weights, NULL);
 }
 
-/* Grow-only device scratch: expert h rows, the pair token table and an iota. */
+/* Grow-only device scratch of the selected stream: expert h rows and the pair token table;
+ * and the shared iota. NOTE: a buffer freed to grow may still be read by work queued on
+ * another stream: moet_gpu_free (cudaFree) waits for the device first. */
 static int ensure_pairs(cuda_be *c, int64_t pairs, int64_t inter)
 {
+	cu_half *hf = cur_half(c);
 	size_t need = moet_gpu_expert_scratch_bytes(pairs, inter);
 	int rc;
-	if (need > c->scratch_bytes) {
-		moet_gpu_free(c->scratch);
-		c->scratch = NULL;
-		c->scratch_bytes = 0;
-		if ((rc = moet_gpu_alloc(need, &c->scratch)))
+	if (need > hf->scratch_bytes) {
+		moet_gpu_free(hf->scratch);
+		hf->scratch = NULL;
+		hf->scratch_bytes = 0;
+		if ((rc = moet_gpu_alloc(need, &hf->scratch)))
 			return rc;
-		c->scratch_bytes = need;
+		hf->scratch_bytes = need;
 	}
-	if (pairs > c->cap_pairs) {
+	if (pairs > hf->cap_pairs) {
+		moet_gpu_free(hf->pair_tok);
+		hf->pair_tok = NULL;
+		hf->cap_pairs = 0;
+		if ((rc = moet_gpu_alloc((size_t)pairs * sizeof(int32_t), (void **)&hf->pair_tok)))
+			return rc;
+		hf->cap_pairs = pairs;
+	}
+	if (pairs > c->cap_iota) {
 		int32_t *iota = malloc((size_t)pairs * sizeof(*iota));
 		if (!iota)
 			return moet_err(MOET_ENOMEM, "iota");
 		for (int64_t i = 0; i < pairs; i++)
 			iota[i] = (int32_t)i;
-		moet_gpu_free(c->pair_tok);
 		moet_gpu_free(c->iota);
-		c->pair_tok = c->iota = NULL;
-		c->cap_pairs = 0;
-		rc = moet_gpu_alloc((size_t)pairs * sizeof(int32_t), (void **)&c->pair_tok);
-		if (!rc)
-			rc = moet_gpu_alloc((size_t)pairs * sizeof(int32_t), (void **)&c->iota);
-		if (!rc)
+		c->iota = NULL;
+		c->cap_iota = 0;
+		rc = moet_gpu_alloc((size_t)pairs * sizeof(int32_t), (void **)&c->iota);
+		if (!rc) /* synchronous, on the legacy stream: done before any use */
 			rc = moet_gpu_copy_h2d(c->iota, iota, (size_t)pairs * sizeof(int32_t));
 		free(iota);
 		if (rc)
 			return rc;
-		c->cap_pairs = pairs;
+		c->cap_iota = pairs;
 	}
 	return 0;
 }
@@ -496,26 +540,27 @@ static int grow(void **p, size_t *bytes, size_t need)
 
 /* The grouped call in the mode MOET_GPU_EXPERT_MODE asks for (read at every call): exact
  * (moet_gpu_expert_ffn) or fast (tensor cores for experts of MOET_GPU_FAST_MIN_TOK+ tokens,
- * docs/fast-mode.md). c->pair_tok holds the pairs' tokens. */
+ * docs/fast-mode.md). The selected stream's pair_tok holds the pairs' tokens. */
 static int grouped_call(cuda_be *c, const moet_gpu_expert *ge, int n_exp, const float *h,
 			int64_t n, float *y)
 {
+	cu_half *hf = cur_half(c);
 	int fast = 0, rc = moet_gpu_expert_mode(&fast);
 	int64_t min_tok = 0, pairs = 0;
 	if (rc)
 		return rc;
 	if (!fast)
-		return moet_gpu_expert_ffn(ge, n_exp, h, n, c->pair_tok, c->scratch, c->scratch_bytes,
-					   y, NULL);
+		return moet_gpu_expert_ffn(ge, n_exp, h, n, hf->pair_tok, hf->scratch,
+					   hf->scratch_bytes, y, NULL);
 	for (int e = 0; e < n_exp; e++)
 		pairs += ge[e].n_tok;
 	if ((rc = moet_gpu_fast_min_tok(&min_tok)) || (!c->fast && (rc = moet_gpu_fast_create(
 								     &c->fast))) ||
-	    (rc = grow(&c->fast_scratch, &c->fast_bytes, moet_gpu_expert_fast_scratch_bytes(
+	    (rc = grow(&hf->fast_scratch, &hf->fast_bytes, moet_gpu_expert_fast_scratch_bytes(
 				pairs, ge[0].gate.rows, ge[0].gate.cols))))
 		return rc;
-	return moet_gpu_expert_ffn_fast(c->fast, ge, n_exp, h, n, c->pair_tok, min_tok,
-					c->fast_scratch, c->fast_bytes, y, NULL);
+	return moet_gpu_expert_ffn_fast(c->fast, ge, n_exp, h, n, hf->pair_tok, min_tok,
+					hf->fast_scratch, hf->fast_bytes, y, NULL);
 }
 
 /* The backend's sample op (moet_backend_draw): gpu/sample.cu on the logits in place; only the
@@ -551,26 +596,26 @@ static int cu_sample(moet_backend *be, const float *logits, int64_t V, const moe
 
 /* The grouped call's host tables for n pairs. The pinned token list is rewritten only after
  * its last copy has run (its event): the copy is asynchronous. */
-static int ensure_group(cuda_be *c, int64_t n)
+static int ensure_group(cu_half *hf, int64_t n)
 {
 	int rc = 0;
-	if (!c->tok_ev && (rc = moet_gpu_event_create(&c->tok_ev)))
+	if (!hf->tok_ev && (rc = moet_gpu_event_create(&hf->tok_ev)))
 		return rc;
-	if (c->tok_ev_used && (rc = moet_gpu_event_sync(c->tok_ev)))
+	if (hf->tok_ev_used && (rc = moet_gpu_event_sync(hf->tok_ev)))
 		return rc;
-	c->tok_ev_used = 0;
-	if (n <= c->cap_group)
+	hf->tok_ev_used = 0;
+	if (n <= hf->cap_group)
 		return 0;
-	moet_gpu_host_free(c->tok_pin);
-	free(c->ge);
-	c->tok_pin = NULL;
-	c->ge = NULL;
-	c->cap_group = 0;
-	if ((rc = moet_gpu_host_alloc((size_t)n * sizeof(*c->tok_pin), (void **)&c->tok_pin)))
+	moet_gpu_host_free(hf->tok_pin);
+	free(hf->ge);
+	hf->tok_pin = NULL;
+	hf->ge = NULL;
+	hf->cap_group = 0;
+	if ((rc = moet_gpu_host_alloc((size_t)n * sizeof(*hf->tok_pin), (void **)&hf->tok_pin)))
 		return rc;
-	if (!(c->ge = malloc((size_t)n * sizeof(*c->ge))))
+	if (!(hf->ge = malloc((size_t)n * sizeof(*hf->ge))))
 		return moet_err(MOET_ENOMEM, "expert grouping of %lld pairs", (long long)n);
-	c->cap_group = n;
+	hf->cap_group = n;
 	return 0;
 }
 
@@ -579,16 +624,17 @@ static int cu_experts_grouped(moet_backend *be, const moet_ffn_w *table,
 			      const float *h, int64_t n, float *y)
 {
 	cuda_be *c = impl(be);
+	cu_half *hf = cur_half(c);
 	if (n_pairs <= 0)
 		return 0;
 	int n_exp = 0;
-	int rc = ensure_group(c, n_pairs);
+	int rc = ensure_group(hf, n_pairs);
 	if (!rc)
 		rc = ensure_pairs(c, n_pairs, table[pairs[0].expert].gate.rows);
 	if (rc)
 		return rc;
-	int32_t *tok = c->tok_pin;
-	moet_gpu_expert *ge = c->ge;
+	int32_t *tok = hf->tok_pin;
+	moet_gpu_expert *ge = hf->ge;
 	for (int64_t q = 0; q < n_pairs; q++) {
 		if (q == 0 || pairs[q].expert != pairs[q - 1].expert) {
 			const moet_ffn_w *e = &table[pairs[q].expert];
@@ -597,12 +643,12 @@ static int cu_experts_grouped(moet_backend *be, const moet_ffn_w *table,
 		ge[n_exp - 1].n_tok++;
 		tok[q] = (int32_t)(pairs[q].pair / top_k);
 	}
-	/* NOTE: on the legacy stream, as the kernels: they see the tokens, the host goes on */
-	if ((rc = moet_gpu_copy_h2d_async(c->pair_tok, tok, (size_t)n_pairs * sizeof(*tok),
+	/* NOTE: on the thread's stream, as the kernels: they see the tokens, the host goes on */
+	if ((rc = moet_gpu_copy_h2d_async(hf->pair_tok, tok, (size_t)n_pairs * sizeof(*tok),
 					  NULL)) ||
-	    (rc = moet_gpu_event_record(c->tok_ev, NULL)))
+	    (rc = moet_gpu_event_record(hf->tok_ev, NULL)))
 		return rc;
-	c->tok_ev_used = 1;
+	hf->tok_ev_used = 1;
 	return grouped_call(c, ge, n_exp, h, n, y); /* exact, or fast (MOET_GPU_EXPERT_MODE) */
 }
 
@@ -613,7 +659,8 @@ static int cu_ffn(moet_backend *be, const moet_ffn_w *w, const float *h, int64_t
 	int rc = ensure_pairs(c, n, w->gate.rows);
 	if (rc)
 		return rc;
-	return moet_gpu_expert_ffn(&e, 1, h, n, c->iota, c->scratch, c->scratch_bytes, out, NULL);
+	cu_half *hf = cur_half(c);
+	return moet_gpu_expert_ffn(&e, 1, h, n, c->iota, hf->scratch, hf->scratch_bytes, out, NULL);
 }
 
 static int cu_gate_up(moet_backend *be, const moet_mat *gate, const moet_mat *up,
@@ -643,7 +690,7 @@ static int cu_idle_mark(moet_backend *be, int resume, int kind)
 	void **ev = &c->idle_ev[!!resume][c->idle_n];
 	int rc = *ev ? 0 : moet_gpu_event_create(ev);
 	if (!rc)
-		rc = moet_gpu_event_record(*ev, c->stream);
+		rc = moet_gpu_event_record(*ev, cur_stream(c));
 	if (rc)
 		return rc;
 	if (!resume)
@@ -668,6 +715,46 @@ static int cu_idle_take(moet_backend *be, double out_s[MOET_IDLE_KINDS])
 	c->idle_n = 0;
 	c->idle_open = 0;
 	return rc;
+}
+
+/* ---- two micro-batch streams (moet_backend_ops.stream_select) ------------------------------ */
+
+/* NOTE: both are blocking streams: work on the legacy stream (synchronous copies) waits for
+ * theirs and they for it, so every copy the pass makes on it stays ordered; with the legacy
+ * stream as the pass's stream that order is all the join needs, with an own stream events. */
+static int cu_stream_select(moet_backend *be, int slot)
+{
+	cuda_be *c = impl(be);
+	int rc = 0;
+	if (slot < -1 || slot > 1)
+		return moet_err(MOET_EINVAL, "CUDA backend: micro-batch stream %d", slot);
+	if (c->capturing)
+		return moet_err(MOET_EUNSUP, "CUDA backend: micro-batch streams in a capture");
+	if (slot < 0) {
+		for (int i = 0; i < 2 && !rc; i++) {
+			if (!c->joined[i])
+				continue;
+			c->joined[i] = 0;
+			if (c->stream && !(rc = c->mb_ev[i] ? 0 : moet_gpu_event_create(&c->mb_ev[i])) &&
+			    !(rc = moet_gpu_event_record(c->mb_ev[i], c->mb_stream[i])))
+				rc = moet_gpu_stream_wait_event(c->stream, c->mb_ev[i]);
+		}
+		c->sel = -1;
+		moet_gpu_set_thread_stream(c->stream);
+		return rc;
+	}
+	if (!c->mb_stream[slot] && (rc = moet_gpu_stream_create_blocking(&c->mb_stream[slot])))
+		return rc;
+	if (!c->joined[slot]) {
+		if (c->stream && ((rc = c->base_ev ? 0 : moet_gpu_event_create(&c->base_ev)) ||
+				  (rc = moet_gpu_event_record(c->base_ev, c->stream)) ||
+				  (rc = moet_gpu_stream_wait_event(c->mb_stream[slot], c->base_ev))))
+			return rc;
+		c->joined[slot] = 1;
+	}
+	c->sel = slot;
+	moet_gpu_set_thread_stream(c->mb_stream[slot]);
+	return 0;
 }
 
 /* ---- CUDA graphs of a pass (runtime/graph.c) ------------------------------------------------ */
@@ -745,6 +832,7 @@ static const moet_backend_ops cuda_ops = {
 	.mem_epoch = cu_mem_epoch,
 	.idle_mark = cu_idle_mark,
 	.idle_take = cu_idle_take,
+	.stream_select = cu_stream_select,
 };
 
 /* MOET_GPU_STREAM: legacy (default: the passes' work on the legacy default stream, as
@@ -772,6 +860,7 @@ int moet_backend_cuda_create(int device, moet_backend **out)
 	if (!c)
 		return moet_err(MOET_ENOMEM, "CUDA backend");
 	c->device = device;
+	c->sel = -1;
 	if (own && ((rc = moet_gpu_stream_create_blocking(&c->stream)) ||
 		    (rc = moet_gpu_event_create(&c->rows_ev[0])) ||
 		    (rc = moet_gpu_event_create(&c->rows_ev[1])))) {

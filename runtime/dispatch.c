@@ -415,8 +415,9 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 	static const char *const ups[] = { "async", "sync" };
 	static const char *const qs[] = { NULL, "0", "1" };
 	static const char *const ros[] = { "0", "1" };
+	static const char *const sts[] = { "1", "2" };
 	const moet_backend_ops *op = m->be->ops;
-	int gpu = 0, sync = 0, q = 0, ro = 0, dg = 0;
+	int gpu = 0, sync = 0, q = 0, ro = 0, st = 0, dg = 0;
 	int rc = moet_env_choice("MOET_TIER_ORDER", orders, 2, &gpu);
 	if (!rc)
 		rc = moet_env_choice("MOET_STEP_UPLOAD", ups, 2, &sync);
@@ -424,14 +425,19 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 		rc = moet_env_choice("MOET_MB_QUEUE", qs, 3, &q);
 	if (!rc)
 		rc = moet_env_choice("MOET_MB_REORDER", ros, 2, &ro);
+	if (!rc)
+		rc = moet_env_choice("MOET_MB_STREAMS", sts, 2, &st);
 	/* unset: on for a decode pass in one pass on one GPU without MOET_TP ranks, where it was
 	 * measured faster (docs/hybrid.md; with or without CPU-tier experts). Not in two
 	 * micro-batches (measured slower: the halves' reordered steps), nor where a prompt's rows
 	 * would all be copied every layer (the dispatch copies the CPU tier's rows alone; staged
 	 * experts need none), nor over more devices (not measured). */
 	const int q_want = q == 2 || (q == 0 && n_mb == 1 && decode && m->n_devices <= 1 && !m->tp);
-	if (!rc && q_want)
+	const int st_want = st && n_mb == 2 && op->stream_select && m->n_devices <= 1 && !m->tp &&
+			    !m->xtier;
+	if (!rc && (q_want || st_want))
 		rc = moet_devgroup_switch(&dg);
+	m->mb_streams = !rc && st_want && !dg;
 	m->q_on = !rc && q_want && !m->xtier && !dg && op->download_async && op->fence &&
 		  op->fence_wait;
 	m->q_reorder = m->q_on && ro;

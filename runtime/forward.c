@@ -401,11 +401,13 @@ typedef struct mb_pass {
 	moet_fwd_bufs *b;
 } mb_pass;
 
-static void use(moet_model *m, const mb_pass *p)
+static int use(moet_model *m, const mb_pass *p)
 {
 	m->cur = p->b;
 	m->mb_slot = p->slot;
 	m->mb_seq_base = p->seq_base;
+	/* two streams (MOET_MB_STREAMS=2): the micro-batch's work on its own */
+	return m->mb_streams ? m->be->ops->stream_select(m->be, p->slot) : 0;
 }
 
 /* Row table of a micro-batch (host work and its upload: never in a captured graph). */
@@ -443,7 +445,7 @@ static int mb_stage1a(moet_model *m, const mb_pass *p, int64_t l)
 	const int64_t H = c->hidden_size, n = p->n;
 	moet_fwd_bufs *b = p->b;
 	int rc;
-	use(m, p);
+	TRY(use(m, p));
 	TRY(op->rmsnorm(m->be, b->x, H, lw->in_norm, n, H, c->rms_norm_eps, b->h, H));
 	TRY(attention(m, l, n, p->rows));
 	TRY(op->add(m->be, b->x, b->out, n * H));
@@ -454,8 +456,8 @@ static int mb_stage1a(moet_model *m, const mb_pass *p, int64_t l)
 /* ... to the running expert tiers (1b) ... */
 static int mb_stage1b(moet_model *m, const mb_pass *p, int64_t l)
 {
-	use(m, p);
-	return ff_start(m, l, p->n);
+	int rc = use(m, p);
+	return rc ? rc : ff_start(m, l, p->n);
 }
 
 static int mb_stage1(moet_model *m, const mb_pass *p, int64_t l)
@@ -468,7 +470,7 @@ static int mb_stage1(moet_model *m, const mb_pass *p, int64_t l)
 static int mb_stage2(moet_model *m, const mb_pass *p, int64_t l)
 {
 	int rc;
-	use(m, p);
+	TRY(use(m, p));
 	TRY(ff_finish(m, l, p->n));
 	TRY(m->be->ops->add(m->be, p->b->x, p->b->out, p->n * m->cfg.hidden_size));
 	if (m->xtier) /* the next MoE layer's experts, predicted from x, read ahead */
@@ -515,13 +517,12 @@ static int pass_body(moet_model *m, mb_pass *p, int n_mb)
 		}
 	}
 	for (int i = 0; rc && i < n_mb; i++) { /* nothing left running on a failure */
-		use(m, &p[i]);
+		(void)use(m, &p[i]);
 		moet_moe_dispatch_finish(m);
 	}
-	for (int i = 0; i < n_mb && !rc; i++) {
-		use(m, &p[i]);
-		rc = logits_compute(m, p[i].steps, p[i].n_steps);
-	}
+	for (int i = 0; i < n_mb && !rc; i++)
+		if (!(rc = use(m, &p[i])))
+			rc = logits_compute(m, p[i].steps, p[i].n_steps);
 	return rc;
 }
 
@@ -714,12 +715,19 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 		rc = moet_pass_switches(m, n_mb, n == n_steps);
 	if (!rc && n_mb == 2)
 		rc = moet_mb_merge_begin(m, n, &merged);
+	if (merged) /* a merged call reads both halves' rows: one stream */
+		m->mb_streams = 0;
 	if (!rc)
 		rc = pass_run(m, p, n_mb, steps, n_steps);
 	if (merged)
 		moet_mb_merge_end(m);
+	if (m->mb_streams) { /* the pass's stream after both halves' work, also on a failure */
+		m->mb_streams = 0;
+		const int rj = m->be->ops->stream_select(m->be, -1);
+		rc = rc ? rc : rj;
+	}
 	for (int i = 0; i < n_mb && !rc; i++) {
-		use(m, &p[i]);
+		(void)use(m, &p[i]);
 		rc = logits_deliver(m, p[i].steps, p[i].n_steps);
 	}
 	/* after the logits' download every idle mark of the pass was reached; a failed pass's

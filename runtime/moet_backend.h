@@ -215,6 +215,13 @@ typedef struct moet_backend_ops {
 	 * given at the pair's first mark, MOET_IDLE_*; ignored at the second). Unpaired or surplus
 	 * marks are dropped; marks while a capture is open are ignored. */
 	int (*idle_mark)(moet_backend *be, int resume, int kind);
+	/* Optional (NULL: one stream): two micro-batches on two streams (MOET_MB_STREAMS=2).
+	 * stream_select(be, slot) with slot 0 or 1: this thread's following work goes on that
+	 * micro-batch's stream, which first waits for the work queued before on the pass's
+	 * stream (once after each join); slot -1, the join: the pass's stream waits for both and
+	 * takes the following work. The two streams' work may overlap: the caller keeps their
+	 * data apart. */
+	int (*stream_select)(moet_backend *be, int slot);
 	int (*idle_take)(moet_backend *be, double out_s[MOET_IDLE_KINDS]);
 } moet_backend_ops;
 

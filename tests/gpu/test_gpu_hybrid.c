@@ -15,7 +15,9 @@
  *     sync), and the routing copies queued with the shared experts before the dispatch's
  *     wait (MOET_MB_QUEUE: by default in one-pass decode on one GPU; =1 also in two
  *     micro-batches, in the plain order and with the halves' steps reordered,
- *     MOET_MB_REORDER=1, also merged) and not (=0): the same bits;
+ *     MOET_MB_REORDER=1, also merged) and not (=0): the same bits; the halves on two
+ *     streams (MOET_MB_STREAMS=2), queued and not, with the legacy and an own pass stream
+ *     (MOET_GPU_STREAM=own): the same bits;
  *   - the tier counts add up, the random placement sends >= 25% of routings to the CPU;
  *   - the CPU tier's counters agree with the tier counts (pairs, bytes copied back);
  *   - the GPU's idle marks (moet_model_set_gpu_idle, CUDA events) on for the all-CPU and the
@@ -205,11 +207,12 @@ int main(void)
 				"random gpu-first", "random one pass gpu-first", "random sync uploads",
 				"random one pass sync uploads", "random queued",
 				"random merged queued reordered", "random one pass queued",
-				"random queued reordered", "random merged queued" };
+				"random queued reordered", "random merged queued",
+				"random two streams", "random two streams unqueued" };
 	int64_t moe_layers = 0;
 	for (int64_t l = 0; l < L; l++)
 		moe_layers += moet_config_is_moe_layer(c, l);
-	for (int pl = 0; pl < 17; pl++) {
+	for (int pl = 0; pl < 19; pl++) {
 		const int merged = pl == 6 || pl == 7 || pl == 13 || pl == 16;
 		for (int64_t i = 0; i < L * E; i++) {
 			int64_t l = i / E, e = i % E;
@@ -249,6 +252,12 @@ int main(void)
 			setenv("MOET_MB_QUEUE", "1", 1);
 		if (pl == 13 || pl == 15) /* the halves' steps reordered around them */
 			setenv("MOET_MB_REORDER", "1", 1);
+		/* the halves on two streams (the pass's stream the legacy one here; an own one
+		 * below), with the copies queued and not */
+		if (pl == 17 || pl == 18)
+			setenv("MOET_MB_STREAMS", "2", 1);
+		if (pl == 18)
+			setenv("MOET_MB_QUEUE", "0", 1);
 		if (pl == 2 || pl == 5)
 			setenv("MOET_MB_QUEUE", "0", 1);
 		for (int batched = 0; batched < 2; batched++) {
@@ -264,6 +273,7 @@ int main(void)
 		unsetenv("MOET_STEP_UPLOAD");
 		unsetenv("MOET_MB_QUEUE");
 		unsetenv("MOET_MB_REORDER");
+		unsetenv("MOET_MB_STREAMS");
 		uint64_t cnt[2];
 		moet_model_tier_counts(gpu, cnt, 2);
 		moet_hybrid_stats hs;
@@ -312,6 +322,36 @@ int main(void)
 		       "reference\n", names[pl], (unsigned long long)cnt[0],
 		       (unsigned long long)cnt[1], hs.ns_cpu / 1e6, hs.ns_wait / 1e6,
 		       hs.ns_gpu_idle / 1e6, hs.bytes_d2h / 1e3, hs.bytes_h2d / 1e3);
+	}
+	/* two streams with an own pass stream (MOET_GPU_STREAM=own, read when the backend is
+	 * made: a second model), the halves' copies queued: the same bits, batched and solo */
+	{
+		moet_model *g2 = NULL;
+		setenv("MOET_GPU_STREAM", "own", 1);
+		CHECK(moet_model_open_on(dir, "cuda", &g2) == 0, "own stream: %s", moet_errmsg());
+		unsetenv("MOET_GPU_STREAM");
+		for (int64_t i = 0; i < L * E; i++)
+			own[i] = (int16_t)((next() % 2) ? 0 : -1);
+		CHECK(g2 && moet_model_set_placement(g2, own, 1) == 0, "own stream placement: %s",
+		      moet_errmsg());
+		setenv("MOET_MICROBATCH", "1", 1);
+		setenv("MOET_MB_QUEUE", "1", 1);
+		setenv("MOET_MB_STREAMS", "2", 1);
+		for (int batched = 0; g2 && batched < 2; batched++) {
+			memset(got, 0xCD, n_log * sizeof(float));
+			CHECK(run(g2, batched, got) == 0, "own stream, two streams: %s", moet_errmsg());
+			CHECK(memcmp(ref, got, n_log * sizeof(float)) == 0, "own stream, two streams "
+			      "(%s): logits differ from the CPU reference", batched ? "batched" : "solo");
+		}
+		unsetenv("MOET_MICROBATCH");
+		unsetenv("MOET_MB_QUEUE");
+		unsetenv("MOET_MB_STREAMS");
+		moet_hybrid_stats hs2;
+		if (g2)
+			moet_model_hybrid_stats(g2, &hs2, 1);
+		CHECK(!g2 || hs2.split_passes > 0, "own stream, two streams: passes split");
+		moet_model_close(g2);
+		printf("two streams, own pass stream: logits equal the CPU reference\n");
 	}
 	/* the shadow check on the GPU: CPU-tier experts staged into a device slot, recomputed by
 	 * the GPU kernel and compared bit for bit */

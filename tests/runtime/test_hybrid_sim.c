@@ -249,9 +249,9 @@ int main(void)
 		const int64_t t1[1] = { 1 };
 		CHECK(moet_kv_create(m, 4, &kv) == 0, "kv");
 		moet_seq_step st = { .kv = kv, .tokens = t1, .n_tok = 1, .out_logits = got };
-		const char *var[4] = { "MOET_TIER_ORDER", "MOET_STEP_UPLOAD", "MOET_MB_QUEUE",
-				       "MOET_MB_REORDER" };
-		for (int i = 0; i < 4; i++) {
+		const char *var[5] = { "MOET_TIER_ORDER", "MOET_STEP_UPLOAD", "MOET_MB_QUEUE",
+				       "MOET_MB_REORDER", "MOET_MB_STREAMS" };
+		for (int i = 0; i < 5; i++) {
 			setenv(var[i], "sideways", 1);
 			int r = moet_model_forward_batch(m, &st, 1);
 			unsetenv(var[i]);

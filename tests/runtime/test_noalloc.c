@@ -240,6 +240,9 @@ int main(void)
 		setenv("MOET_MB_REORDER", "1", 1);
 		expect_none(m, "cuda + CPU tier, 2 halves queued, reordered");
 		unsetenv("MOET_MB_REORDER");
+		setenv("MOET_MB_STREAMS", "2", 1); /* the halves on two streams */
+		expect_none(m, "cuda + CPU tier, 2 halves queued, two streams");
+		unsetenv("MOET_MB_STREAMS");
 		unsetenv("MOET_MB_QUEUE");
 		unsetenv("MOET_MICROBATCH");
 		moet_model_close(m);
