@@ -137,9 +137,13 @@ static void cu_destroy(moet_backend *be)
 		if (moet_gpu_thread_stream() == c->stream)
 			moet_gpu_set_thread_stream(NULL);
 	}
-	for (int i = 0; i < 2; i++)
-		if (c->mb_stream[i] && moet_gpu_thread_stream() == c->mb_stream[i])
+	for (int i = 0; i < 2; i++) { /* their work done before anything is freed */
+		if (!c->mb_stream[i])
+			continue;
+		(void)moet_gpu_sync(c->mb_stream[i]);
+		if (moet_gpu_thread_stream() == c->mb_stream[i])
 			moet_gpu_set_thread_stream(NULL);
+	}
 	for (int i = 0; i < c->n_owned; i++)
 		moet_gpu_free(c->owned[i]);
 	free(c->owned);
@@ -164,8 +168,6 @@ static void cu_destroy(moet_backend *be)
 		free(hf->ge);
 		moet_gpu_event_destroy(hf->tok_ev);
 		moet_gpu_free(hf->fast_scratch);
-		if (c->mb_stream[i])
-			(void)moet_gpu_sync(c->mb_stream[i]);
 		moet_gpu_stream_destroy(c->mb_stream[i]);
 		moet_gpu_event_destroy(c->mb_ev[i]);
 	}
