@@ -429,9 +429,9 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 		rc = moet_env_choice("MOET_MB_STREAMS", sts, 2, &st);
 	/* unset: on for a decode pass in one pass on one GPU without MOET_TP ranks, where it was
 	 * measured faster (docs/hybrid.md; with or without CPU-tier experts). Not in two
-	 * micro-batches (measured slower: the halves' reordered steps), nor where a prompt's rows
-	 * would all be copied every layer (the dispatch copies the CPU tier's rows alone; staged
-	 * experts need none), nor over more devices (not measured). */
+	 * micro-batches (reordered: measured slower; plain order: within the spread), nor where a
+	 * prompt's rows would all be copied every layer (the dispatch copies the CPU tier's rows
+	 * alone; staged experts need none), nor over more devices (not measured). */
 	const int q_want = q == 2 || (q == 0 && n_mb == 1 && decode && m->n_devices <= 1 && !m->tp);
 	const int st_want = st && n_mb == 2 && op->stream_select && m->n_devices <= 1 && !m->tp &&
 			    !m->xtier;
