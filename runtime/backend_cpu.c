@@ -46,6 +46,11 @@ typedef struct cpu_be {
 	 * time is the driver's wait itself (clock at the open mark, the sum since the take) */
 	uint64_t idle_t0, idle_ns[MOET_IDLE_KINDS];
 	int idle_open, idle_kind;
+	/* stream_select, a test double of two micro-batch streams (MOET_MB_STREAMS=2): one
+	 * thread runs everything in order, so nothing overlaps; the selections are recorded
+	 * (moet_backend_cpu_streams) for tests of the driver's protocol */
+	int st_sel;
+	uint64_t st_selects, st_joins;
 } cpu_be;
 
 static cpu_be *impl(moet_backend *be)
@@ -559,6 +564,19 @@ static int cpu_idle_take(moet_backend *be, double out_s[MOET_IDLE_KINDS])
 	return 0;
 }
 
+static int cpu_stream_select(moet_backend *be, int slot)
+{
+	cpu_be *c = impl(be);
+	if (slot < -1 || slot > 1)
+		return moet_err(MOET_EINVAL, "CPU backend: micro-batch stream %d", slot);
+	if (slot < 0)
+		c->st_joins++;
+	else
+		c->st_selects++;
+	c->st_sel = slot;
+	return 0;
+}
+
 static const moet_backend_ops cpu_ops = {
 	.name = "cpu",
 	.host_memory = 1,
@@ -592,7 +610,16 @@ static const moet_backend_ops cpu_ops = {
 	.combine = cpu_combine,
 	.idle_mark = cpu_idle_mark,
 	.idle_take = cpu_idle_take,
+	.stream_select = cpu_stream_select,
 };
+
+void moet_backend_cpu_streams(moet_backend *be, int *sel, uint64_t *selects, uint64_t *joins)
+{
+	const cpu_be *c = be && be->ops == &cpu_ops ? impl(be) : NULL;
+	*sel = c ? c->st_sel : -1;
+	*selects = c ? c->st_selects : 0;
+	*joins = c ? c->st_joins : 0;
+}
 
 int moet_backend_cpu_create(int n_threads, int64_t max_inter, moet_backend **out)
 {
@@ -600,6 +627,7 @@ int moet_backend_cpu_create(int n_threads, int64_t max_inter, moet_backend **out
 	if (!c)
 		return moet_err(MOET_ENOMEM, "CPU backend");
 	c->kern = moet_cpu_kernels_get();
+	c->st_sel = -1;
 	int rc_a = moet_cpu_attend_choose(&c->attend);
 	if (rc_a) {
 		free(c);

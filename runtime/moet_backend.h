@@ -244,6 +244,10 @@ struct moet_backend {
  * moet_cpu_kernels_get()); n_threads workers of the expert executor (0: MOET_CPU_THREADS, else
  * one per core; 1: everything on the calling thread); max_inter: the largest FFN width. */
 int moet_backend_cpu_create(int n_threads, int64_t max_inter, moet_backend **out);
+/* The CPU backend's record of stream_select (its test double of two micro-batch streams): the
+ * selected stream (-1: joined), the selections of a half's stream and the joins so far; zeros
+ * and -1 for another backend. */
+void moet_backend_cpu_streams(moet_backend *be, int *sel, uint64_t *selects, uint64_t *joins);
 
 /* The CUDA backend on device `device`; MOET_EUNSUP in a build without CUDA. */
 int moet_backend_cuda_create(int device, moet_backend **out);

@@ -14,11 +14,15 @@
  * in two micro-batches (MOET_TIER_ORDER=gpu), and the routing copies queued with the shared
  * experts before the dispatch's wait (MOET_MB_QUEUE=1: in one pass; in two micro-batches in
  * the plain order and with the halves' steps reordered, MOET_MB_REORDER=1, also merged): the
- * same bits; a bad value of these or of MOET_STEP_UPLOAD refused by name.
+ * same bits; the halves on two streams (MOET_MB_STREAMS=2, the CPU backend's test double
+ * records the selections): the same bits, both halves selected and one join per split pass,
+ * none when merged, nothing left selected; a bad value of these or of MOET_STEP_UPLOAD refused
+ * by name.
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "model_int.h" /* m->be: the CPU backend's record of its stream test double */
 #include "moet_err.h"
 #include "moet_gen.h"
 #include "moet_model.h"
@@ -98,13 +102,15 @@ int main(void)
 				"random-1 merged", "random-1 merged staged", "random-1 merged all staged",
 				"random-3 gpu-first", "random-3 one pass gpu-first", "random-3 queued",
 				"random-1 merged queued reordered", "random-3 one pass queued",
-				"random-3 queued reordered", "random-1 merged queued" };
+				"random-3 queued reordered", "random-1 merged queued",
+				"random-1 two streams", "random-1 merged two streams" };
 	int64_t moe_layers = 0;
 	for (int64_t l = 0; l < L; l++)
 		moe_layers += moet_config_is_moe_layer(c, l);
-	for (int pl = 0; pl < 18; pl++) {
-		const int merged = (pl >= 8 && pl <= 10) || pl == 14 || pl == 17;
-		int n_dev = pl == 0 ? 0 : pl == 1 || merged ? 1 : 3;
+	for (int pl = 0; pl < 20; pl++) {
+		const int merged = (pl >= 8 && pl <= 10) || pl == 14 || pl == 17 || pl == 19;
+		const int streams = pl == 18 || pl == 19; /* MOET_MB_STREAMS=2 */
+		int n_dev = pl == 0 ? 0 : pl == 1 || merged || streams ? 1 : 3;
 		for (int64_t l = 0; l < L; l++)
 			for (int64_t e = 0; e < E; e++) {
 				int16_t o;
@@ -159,7 +165,18 @@ int main(void)
 			setenv("MOET_MB_QUEUE", "1", 1);
 		if (pl == 14 || pl == 16)
 			setenv("MOET_MB_REORDER", "1", 1);
+		/* the halves on two streams: the CPU backend's test double records the driver's
+		 * selections (one thread: nothing overlaps) */
+		if (streams)
+			setenv("MOET_MB_STREAMS", "2", 1);
+		int sel0;
+		uint64_t sels0, joins0;
+		moet_backend_cpu_streams(m->be, &sel0, &sels0, &joins0);
 		run(m, pl != 4, got);
+		int sel1;
+		uint64_t sels1, joins1;
+		moet_backend_cpu_streams(m->be, &sel1, &sels1, &joins1);
+		unsetenv("MOET_MB_STREAMS");
 		unsetenv("MOET_MICROBATCH");
 		unsetenv("MOET_MB_MERGE");
 		unsetenv("MOET_TIER_ORDER");
@@ -222,6 +239,16 @@ int main(void)
 			      "%s: %llu row copies of %llu bytes for %llu split passes of %d", names[pl],
 			      (unsigned long long)hs.d2h_copies, (unsigned long long)hs.bytes_d2h,
 			      (unsigned long long)hs.split_passes, STEPS + 1);
+		/* every split pass selected each half's stream and joined (also merged passes: one
+		 * stream), and none was left selected; without the switch nothing was selected */
+		CHECK(sel1 == -1 && (pl == 18 ? sels1 - sels0 >= 2 * hs.split_passes &&
+							joins1 - joins0 == hs.split_passes &&
+							hs.split_passes > 0
+						  : sels1 == sels0 && joins1 == joins0),
+		      "%s: streams: %llu selections, %llu joins for %llu split passes, left at %d",
+		      names[pl], (unsigned long long)(sels1 - sels0),
+		      (unsigned long long)(joins1 - joins0), (unsigned long long)hs.split_passes,
+		      sel1);
 		if (pl == 9 || pl == 10)
 			CHECK(hs.staged_pairs > 0 && (hs.cpu_pairs > 0) == (pl == 9), "%s: %llu "
 			      "staged pairs, %llu on the CPU tier", names[pl],
@@ -230,7 +257,7 @@ int main(void)
 			CHECK(cnt[0] == total, "all-cpu: every pair on the CPU tier");
 		if (pl == 1)
 			CHECK(cnt[1] == total, "all-device: every pair on device 0");
-		if (merged)
+		if (merged || streams)
 			CHECK(cnt[0] * 4 >= total && cnt[1], "%s: CPU share %llu of %llu (>= 25%%), "
 			      "the device used", names[pl], (unsigned long long)cnt[0],
 			      (unsigned long long)total);
