@@ -138,10 +138,12 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 	free(m->sim);
 	moet_resident_release(m);
 	free(m->owner);
+	free(m->cpu_layer);
 	free(m->tier_pairs);
 	memset(m->mb_tune, 0, sizeof(m->mb_tune)); /* timings of another placement */
 	m->sim = NULL;
 	m->owner = NULL;
+	m->cpu_layer = NULL;
 	m->cpu_tier = 0;
 	m->tier_pairs = NULL;
 	m->n_devices = 0;
@@ -163,15 +165,17 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 					"not -1 (CPU) or a device below %d", (long long)(i / E),
 					(long long)(i % E), owner[i], n_devices);
 	m->owner = malloc((size_t)(L * E) * sizeof(*m->owner));
+	m->cpu_layer = calloc((size_t)L, sizeof(*m->cpu_layer));
 	m->tier_pairs = calloc((size_t)(1 + n_devices), sizeof(*m->tier_pairs));
 	m->sim = calloc((size_t)(n_devices ? n_devices : 1), sizeof(*m->sim));
-	if (!m->owner || !m->tier_pairs || !m->sim) {
+	if (!m->owner || !m->cpu_layer || !m->tier_pairs || !m->sim) {
 		rc = moet_err(MOET_ENOMEM, "placement tables");
 		goto fail;
 	}
 	memcpy(m->owner, owner, (size_t)(L * E) * sizeof(*owner));
-	for (int64_t i = 0; i < L * E && !m->cpu_tier; i++) /* forward.c: split_point */
-		m->cpu_tier = m->layers[i / E].is_moe && owner[i] < 0;
+	for (int64_t i = 0; i < L * E; i++) /* forward.c: split_point */
+		if (m->layers[i / E].is_moe && owner[i] < 0)
+			m->cpu_tier = m->cpu_layer[i / E] = 1;
 	m->n_devices = n_devices;
 	if ((rc = moet_hybrid_create(m->be, c, &m->hy)) || (rc = moet_resident_bind(m, owner)))
 		goto fail;
@@ -469,14 +473,12 @@ int moet_moe_dispatch_queue(moet_model *m, int64_t l, const int32_t *ids, int64_
 {
 	const int i = m->mb_slot & 1;
 	const int64_t H = m->cfg.hidden_size, P = n * m->cfg.num_experts_per_tok;
-	const int64_t E = m->cfg.n_routed_experts;
 	moet_backend *be = m->be;
-	int rc, rows = 0;
+	const int rows = m->cpu_layer && m->cpu_layer[l]; /* a layer with a CPU tier */
+	int rc;
 	m->q[i].layer = -1;
 	if (!m->q_on)
 		return 0;
-	for (int64_t e = 0; m->owner && e < E && !rows; e++) /* rows: a layer with a CPU tier */
-		rows = m->owner[l * E + e] < 0;
 	if ((rc = pin_grow(m, (void **)&m->q[i].ids, &m->q[i].cap_p, P, sizeof(int32_t),
 			   "queued routing ids, pairs")) ||
 	    (rows && (rc = pin_grow(m, (void **)&m->q[i].h, &m->q[i].cap_rows, n,
@@ -492,7 +494,6 @@ int moet_moe_dispatch_queue(moet_model *m, int64_t l, const int32_t *ids, int64_
 	if (rows)
 		moet_hybrid_count_d2h(m->hy, (uint64_t)(n * H) * sizeof(float));
 	m->q[i].layer = l;
-	m->q[i].rows = rows;
 	return 0;
 }
 
@@ -674,9 +675,9 @@ int moet_model_gpu_idle_take(moet_model *m)
 		return 0;
 	int rc = m->be->ops->idle_take(m->be, s);
 	if (!rc) {
-		m->ns_gpu_idle_route += (uint64_t)(s[MOET_IDLE_ROUTE] * 1e9);
-		m->ns_gpu_idle += (uint64_t)(s[MOET_IDLE_ROUTE] * 1e9) +
-				  (uint64_t)(s[MOET_IDLE_TIER] * 1e9);
+		const uint64_t route = (uint64_t)(s[MOET_IDLE_ROUTE] * 1e9);
+		m->ns_gpu_idle_route += route;
+		m->ns_gpu_idle += route + (uint64_t)(s[MOET_IDLE_TIER] * 1e9);
 	}
 	return rc;
 }
@@ -703,7 +704,7 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 			 : m->be->ops->download(m->be, m->ids_h, ids, (size_t)P * sizeof(int32_t))))
 		return rc;
 	const int32_t *idh = queued ? m->q[qi].ids : m->ids_h;
-	const float *h_host = queued && m->q[qi].rows ? m->q[qi].h : NULL;
+	const float *h_host = queued && m->cpu_layer && m->cpu_layer[l] ? m->q[qi].h : NULL;
 	for (int64_t p = 0; p < P; p++)
 		if (idh[p] < 0 || idh[p] >= E)
 			return moet_err(MOET_ERANGE, "layer %lld: routed expert %d outside [0, %lld)",

@@ -280,7 +280,8 @@ static int ff_route(moet_model *m, int64_t l, int64_t n, const moet_seq_step *st
 	TRY(op->linear(be, &lw->router, b->h, c->hidden_size, n, b->rlogits, c->n_routed_experts));
 	TRY(op->route(be, c, b->rlogits, lw->router_bias, n, b->ids, b->rw));
 	/* the CPU tier's workers woken now, while the device routes (MOET_CPU_PREWAKE) */
-	moet_hybrid_prewake(m->hy);
+	if (m->cpu_layer && m->cpu_layer[l])
+		moet_hybrid_prewake(m->hy);
 	if (m->route_fn)
 		TRY(observe_routes(m, l, n, steps, n_steps));
 	return moet_moe_dispatch_queue(m, l, b->ids, n, b->h);

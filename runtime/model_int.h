@@ -313,6 +313,7 @@ struct moet_model {
 	/* expert placement (moet_model_set_placement); NULL: every expert on the backend */
 	int16_t *owner;           /* [layers x E]: -1 CPU tier, g >= 0 device g */
 	int cpu_tier;             /* some routed expert of a MoE layer has owner -1 */
+	unsigned char *cpu_layer; /* [layers]: layer l's MoE has a routed expert with owner -1 */
 	int n_devices;
 	moet_sim_device *sim;     /* [n_devices] test doubles (CPU backend only) */
 	moet_hybrid *hy;          /* the CPU tier's engine (with a placement) */
@@ -361,8 +362,8 @@ struct moet_model {
 		int32_t *ids;     /* host_alloc [cap_p]: the layer's routing ids */
 		float *h;         /* host_alloc [cap_rows x hidden]: its rows */
 		int64_t cap_p, cap_rows;
-		int64_t layer;    /* the layer queued and not yet dispatched, or -1 */
-		int rows;         /* its rows were copied (the layer has CPU-tier experts) */
+		int64_t layer;    /* the layer queued and not yet dispatched, or -1; its rows
+				     were copied where it has CPU-tier experts (cpu_layer) */
 	} q[2];
 	/* Two micro-batches' home-device experts as one call (MOET_MB_MERGE, dispatch.c): the
 	 * first micro-batch's dispatch of a layer defers its pairs, the second's computes both. */
