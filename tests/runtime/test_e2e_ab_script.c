@@ -155,7 +155,9 @@ int main(void)
 		char name[32];
 		int r, b;
 		double st;
-		if (sscanf(line, "%31s %d %d %lf", name, &r, &b, &st) != 4 || b != BATCH)
+		/* a run's row, not a median row ("name batch step ratio (runs)") */
+		if (strchr(line, '(') || sscanf(line, "%31s %d %d %lf", name, &r, &b, &st) != 4 ||
+		    b != BATCH)
 			continue;
 		snprintf(path, sizeof(path), "%s-gpu/e2e-%s-%d.json", out, name, r);
 		json_t *rec = json_load_file(path, 0, NULL);
