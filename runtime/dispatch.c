@@ -419,7 +419,7 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 	static const char *const ups[] = { "async", "sync" };
 	static const char *const qs[] = { NULL, "0", "1" };
 	static const char *const ros[] = { "0", "1" };
-	static const char *const sts[] = { "1", "2" };
+	static const char *const sts[] = { NULL, "1", "2" };
 	const moet_backend_ops *op = m->be->ops;
 	int gpu = 0, sync = 0, q = 0, ro = 0, st = 0, dg = 0;
 	int rc = moet_env_choice("MOET_TIER_ORDER", orders, 2, &gpu);
@@ -430,15 +430,18 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 	if (!rc)
 		rc = moet_env_choice("MOET_MB_REORDER", ros, 2, &ro);
 	if (!rc)
-		rc = moet_env_choice("MOET_MB_STREAMS", sts, 2, &st);
-	/* unset: on for a decode pass in one pass on one GPU without MOET_TP ranks, where it was
-	 * measured faster (docs/hybrid.md; with or without CPU-tier experts). Not in two
-	 * micro-batches (reordered: measured slower; plain order: within the spread), nor where a
-	 * prompt's rows would all be copied every layer (the dispatch copies the CPU tier's rows
-	 * alone; staged experts need none), nor over more devices (not measured). */
-	const int q_want = q == 2 || (q == 0 && n_mb == 1 && decode && m->n_devices <= 1 && !m->tp);
-	const int st_want = st && n_mb == 2 && op->stream_select && m->n_devices <= 1 && !m->tp &&
-			    !m->xtier;
+		rc = moet_env_choice("MOET_MB_STREAMS", sts, 3, &st);
+	/* Both unset: on for a decode pass on one GPU without MOET_TP ranks, where they were
+	 * measured faster (docs/hybrid.md): the copies queued in one pass (with or without
+	 * CPU-tier experts), and a split pass's halves on two streams with their copies queued (a
+	 * copy on the legacy stream would drain both). Not queued in a split pass on one stream
+	 * (plain order: within the spread; reordered: slower), nor where a prompt's rows would
+	 * all be copied every layer (the dispatch copies the CPU tier's rows alone; staged experts
+	 * need none), nor over more devices (not measured). */
+	const int one_dev = decode && m->n_devices <= 1 && !m->tp;
+	const int st_want = (st == 2 || (st == 0 && one_dev)) && n_mb == 2 && op->stream_select &&
+			    m->n_devices <= 1 && !m->tp && !m->xtier;
+	const int q_want = q == 2 || (q == 0 && one_dev && (n_mb == 1 || st_want));
 	if (!rc && (q_want || st_want))
 		rc = moet_devgroup_switch(&dg);
 	m->mb_streams = !rc && st_want && !dg;

@@ -357,7 +357,7 @@ struct moet_model {
 	int64_t cap_slot_pin[3];
 	int q_on;                 /* this pass queues its routing downloads (MOET_MB_QUEUE) */
 	int q_reorder;            /* and reorders its halves' steps around them (MOET_MB_REORDER) */
-	int mb_streams;           /* its halves run on two streams (MOET_MB_STREAMS=2) */
+	int mb_streams;           /* its halves run on two streams (MOET_MB_STREAMS) */
 	struct {                  /* per micro-batch: moet_moe_dispatch_queue's copies */
 		int32_t *ids;     /* host_alloc [cap_p]: the layer's routing ids */
 		float *h;         /* host_alloc [cap_rows x hidden]: its rows */
@@ -473,14 +473,14 @@ int moet_moe_dispatch_finish(struct moet_model *m);
 /* A pass's dispatch switches (dispatch.c), read at every pass (n_mb micro-batches); the same
  * bits either way; MOET_EINVAL for a bad value, naming it.
  * MOET_MB_QUEUE: "1", "0" or unset (on in a decode pass, `decode`: one token per sequence,
- * of one micro-batch, n_mb, with one device and no MOET_TP ranks): m->q_on
+ * with one device and no MOET_TP ranks, in one pass, n_mb 1, or in two on two streams): m->q_on
  * (moet_moe_dispatch_queue): forward.c then queues the shared experts before the dispatch's
  * wait. MOET_MB_REORDER: "0" (unset) or "1": with queued copies in two micro-batches,
  * forward.c orders the halves' steps around them (m->q_reorder) instead of the plain order.
- * MOET_MB_STREAMS: "1" (unset) or "2": two micro-batches on two backend streams
- * (moet_backend_ops.stream_select; m->mb_streams) where the backend has them, one device
- * without MOET_TP ranks, no NVMe tier, MOET_GPU_DEVGROUP off; not with merged calls
- * (forward.c clears it then).
+ * MOET_MB_STREAMS: "1", "2" or unset (as 2 in a decode pass, as 1 otherwise): two
+ * micro-batches on two backend streams (moet_backend_ops.stream_select; m->mb_streams) where
+ * the backend has them, one device without MOET_TP ranks, no NVMe tier, MOET_GPU_DEVGROUP
+ * off; not with merged calls (forward.c clears it then).
  * MOET_TIER_ORDER: whether the CPU tier's jobs start before the device tiers' launches ("cpu",
  * unset) or after them ("gpu": m->gpu_first; measured no faster, docs/hybrid.md); always
  * before them when the tier does not overlap (MOET_HYBRID_OVERLAP=0: it runs alone, the

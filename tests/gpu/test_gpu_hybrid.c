@@ -16,8 +16,9 @@
  *     wait (MOET_MB_QUEUE: by default in one-pass decode on one GPU; =1 also in two
  *     micro-batches, in the plain order and with the halves' steps reordered,
  *     MOET_MB_REORDER=1, also merged) and not (=0): the same bits; the halves on two
- *     streams (MOET_MB_STREAMS=2), queued and not, with the legacy and an own pass stream
- *     (MOET_GPU_STREAM=own): the same bits;
+ *     streams (MOET_MB_STREAMS=2, and unset: two in the decode passes of a split, queued),
+ *     queued and not, with the legacy and an own pass stream (MOET_GPU_STREAM=own), and on
+ *     one (=1, the reference): the same bits;
  *   - the tier counts add up, the random placement sends >= 25% of routings to the CPU;
  *   - the CPU tier's counters agree with the tier counts (pairs, bytes copied back);
  *   - the GPU's idle marks (moet_model_set_gpu_idle, CUDA events) on for the all-CPU and the
@@ -202,7 +203,7 @@ int main(void)
 	CHECK(run(cpu, 1, ref) == 0, "reference: %s", moet_errmsg());
 	unsetenv("MOET_MB_QUEUE");
 
-	const char *names[] = { "all-gpu", "all-cpu", "random-half unqueued", "per-layer",
+	const char *names[] = { "all-gpu", "all-cpu", "random-half one stream unqueued", "per-layer",
 				"random serial", "random one pass unqueued", "random merged", "random merged staged",
 				"random gpu-first", "random one pass gpu-first", "random sync uploads",
 				"random one pass sync uploads", "random queued",
@@ -246,8 +247,8 @@ int main(void)
 		if (pl == 10 || pl == 11)
 			setenv("MOET_STEP_UPLOAD", "sync", 1);
 		/* the routing copies queued with the shared experts before the dispatch's wait
-		 * (unset: in one-pass decode, also each call of the solo runs); pl 2 and 5 not
-		 * queued */
+		 * (unset: in decode passes, one pass or split on two streams, also each call of
+		 * the solo runs); pl 2 and 5 not queued */
 		if (pl >= 12)
 			setenv("MOET_MB_QUEUE", "1", 1);
 		if (pl == 13 || pl == 15) /* the halves' steps reordered around them */
@@ -260,6 +261,10 @@ int main(void)
 			setenv("MOET_MB_QUEUE", "0", 1);
 		if (pl == 2 || pl == 5)
 			setenv("MOET_MB_QUEUE", "0", 1);
+		/* unset: a decode pass's halves on two streams, queued; pl 2 the reference path,
+		 * one stream, nothing queued */
+		if (pl == 2)
+			setenv("MOET_MB_STREAMS", "1", 1);
 		for (int batched = 0; batched < 2; batched++) {
 			memset(got, 0xCD, n_log * sizeof(float));
 			CHECK(run(gpu, batched, got) == 0, "%s: %s", names[pl], moet_errmsg());

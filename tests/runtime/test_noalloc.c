@@ -231,7 +231,10 @@ int main(void)
 		setenv("MOET_MICROBATCH", "0", 1);
 		expect_none(m, "cuda + CPU tier, one pass");
 		setenv("MOET_MICROBATCH", "1", 1);
-		expect_none(m, "cuda + CPU tier, 2 halves");
+		expect_none(m, "cuda + CPU tier, 2 halves (default: two streams, queued)");
+		setenv("MOET_MB_STREAMS", "1", 1);
+		expect_none(m, "cuda + CPU tier, 2 halves, one stream");
+		unsetenv("MOET_MB_STREAMS");
 		setenv("MOET_MB_MERGE", "1", 1);
 		expect_none(m, "cuda + CPU tier, 2 halves merged");
 		unsetenv("MOET_MB_MERGE");
