@@ -101,6 +101,19 @@ extern "C" int moet_gpu_stream_create_blocking(void **out)
 	return 0;
 }
 
+extern "C" int moet_gpu_stream_create_blocking_prio(void **out, int prio)
+{
+	cudaStream_t st;
+	int least = 0, greatest = 0;
+	if (!out)
+		return moet_err(MOET_EINVAL, "moet_gpu_stream_create_blocking_prio: out is NULL");
+	MOET_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+	MOET_CUDA_TRY(cudaStreamCreateWithPriority(&st, cudaStreamDefault,
+						   prio > 0 ? greatest : prio < 0 ? least : 0));
+	*out = (void *)st;
+	return 0;
+}
+
 extern "C" void moet_gpu_stream_destroy(void *stream)
 {
 	if (stream)

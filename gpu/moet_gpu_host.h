@@ -48,6 +48,9 @@ void moet_gpu_stream_destroy(void *stream);
  * (work on either waits for the other's earlier work), as a thread's default stream must be
  * (moet_gpu_set_thread_stream). */
 int moet_gpu_stream_create_blocking(void **out);
+/* The same with a scheduling priority: prio > 0 the device's highest, < 0 its lowest, 0 the
+ * default (the block scheduler starts a higher stream's waiting blocks first). */
+int moet_gpu_stream_create_blocking_prio(void **out, int prio);
 
 /* Events (cudaEvent_t as void *): created with timing on. record queues a mark on `stream`;
  * event_sync waits for it; elapsed_ms is the time between two completed marks. */

@@ -62,6 +62,13 @@ int moet_gpu_stream_create_blocking(void **out)
 	return no_cuda("moet_gpu_stream_create_blocking");
 }
 
+int moet_gpu_stream_create_blocking_prio(void **out, int prio)
+{
+	(void)out;
+	(void)prio;
+	return no_cuda("moet_gpu_stream_create_blocking_prio");
+}
+
 void moet_gpu_stream_destroy(void *stream)
 {
 	(void)stream;

@@ -79,6 +79,12 @@ typedef struct cuda_be {
 	 * whether stream i has waited for the pass's stream since its last join */
 	void *mb_stream[2], *mb_ev[2], *base_ev;
 	int sel, joined[2];
+	/* MOET_MB_PRIO=1: the micro-batch streams at the device's highest priority, and each
+	 * half's grouped expert calls on a stream of the lowest (`xs`, made at the first call;
+	 * events xs_ev[i][0] into it, [1] back), so that one half's dense work (the CPU tier's
+	 * next start waits for it) runs before the other's expert blocks */
+	int prio;
+	void *xs_stream[2], *xs_ev[2][2];
 	/* issue 4: device sampling and the fast expert mode (grow-only, own scratch) */
 	void *smp_scratch;   /* gpu/sample.cu's scratch */
 	size_t smp_bytes;
@@ -144,6 +150,9 @@ static void cu_destroy(moet_backend *be)
 		if (moet_gpu_thread_stream() == c->mb_stream[i])
 			moet_gpu_set_thread_stream(NULL);
 	}
+	for (int i = 0; i < 2; i++) /* the low-priority expert streams (MOET_MB_PRIO=1) */
+		if (c->xs_stream[i])
+			(void)moet_gpu_sync(c->xs_stream[i]);
 	for (int i = 0; i < c->n_owned; i++)
 		moet_gpu_free(c->owned[i]);
 	free(c->owned);
@@ -170,6 +179,9 @@ static void cu_destroy(moet_backend *be)
 		moet_gpu_free(hf->fast_scratch);
 		moet_gpu_stream_destroy(c->mb_stream[i]);
 		moet_gpu_event_destroy(c->mb_ev[i]);
+		moet_gpu_stream_destroy(c->xs_stream[i]);
+		moet_gpu_event_destroy(c->xs_ev[i][0]);
+		moet_gpu_event_destroy(c->xs_ev[i][1]);
 	}
 	moet_gpu_event_destroy(c->base_ev);
 	moet_gpu_free(c->iota);
@@ -621,11 +633,43 @@ static int ensure_group(cu_half *hf, int64_t n)
 	return 0;
 }
 
+static int experts_grouped(cuda_be *c, const moet_ffn_w *table, const moet_expert_pair *pairs,
+			   int64_t n_pairs, int64_t top_k, const float *h, int64_t n, float *y);
+
+/* MOET_MB_PRIO=1 on a micro-batch stream: the call on the half's low-priority stream, after
+ * the work queued on the half's stream, which then waits for it (the rows it reads and the y
+ * it writes are touched by nothing else in between: the CPU tier's rows of y go up later, the
+ * combine reads y after the wait). */
 static int cu_experts_grouped(moet_backend *be, const moet_ffn_w *table,
 			      const moet_expert_pair *pairs, int64_t n_pairs, int64_t top_k,
 			      const float *h, int64_t n, float *y)
 {
 	cuda_be *c = impl(be);
+	const int i = c->sel;
+	if (!c->prio || i < 0 || n_pairs <= 0)
+		return experts_grouped(c, table, pairs, n_pairs, top_k, h, n, y);
+	void **ev = c->xs_ev[i];
+	int rc = 0;
+	if (!c->xs_stream[i] &&
+	    (rc = moet_gpu_stream_create_blocking_prio(&c->xs_stream[i], -1)))
+		return rc;
+	for (int k = 0; k < 2 && !rc; k++)
+		rc = ev[k] ? 0 : moet_gpu_event_create(&ev[k]);
+	if (rc || (rc = moet_gpu_event_record(ev[0], c->mb_stream[i])) ||
+	    (rc = moet_gpu_stream_wait_event(c->xs_stream[i], ev[0])))
+		return rc;
+	moet_gpu_set_thread_stream(c->xs_stream[i]);
+	rc = experts_grouped(c, table, pairs, n_pairs, top_k, h, n, y);
+	moet_gpu_set_thread_stream(c->mb_stream[i]);
+	/* also after a failure: nothing of the call's may be left unjoined */
+	const int rj = moet_gpu_event_record(ev[1], c->xs_stream[i]);
+	rc = rc ? rc : rj;
+	return rc ? rc : moet_gpu_stream_wait_event(c->mb_stream[i], ev[1]);
+}
+
+static int experts_grouped(cuda_be *c, const moet_ffn_w *table, const moet_expert_pair *pairs,
+			   int64_t n_pairs, int64_t top_k, const float *h, int64_t n, float *y)
+{
 	cu_half *hf = cur_half(c);
 	if (n_pairs <= 0)
 		return 0;
@@ -745,7 +789,9 @@ static int cu_stream_select(moet_backend *be, int slot)
 		moet_gpu_set_thread_stream(c->stream);
 		return rc;
 	}
-	if (!c->mb_stream[slot] && (rc = moet_gpu_stream_create_blocking(&c->mb_stream[slot])))
+	if (!c->mb_stream[slot] &&
+	    (rc = c->prio ? moet_gpu_stream_create_blocking_prio(&c->mb_stream[slot], 1)
+			  : moet_gpu_stream_create_blocking(&c->mb_stream[slot])))
 		return rc;
 	if (!c->joined[slot]) {
 		if (c->stream && ((rc = c->base_ev ? 0 : moet_gpu_event_create(&c->base_ev)) ||
@@ -850,9 +896,12 @@ int moet_backend_cuda_stream_switch(int *out_own)
 
 int moet_backend_cuda_create(int device, moet_backend **out)
 {
+	static const char *const prios[] = { "0", "1" };
 	const char *why = NULL;
-	int own = 0;
+	int own = 0, prio = 0;
 	int rc = moet_backend_cuda_stream_switch(&own);
+	if (!rc) /* MOET_MB_PRIO: read here, the streams' priorities are fixed when made */
+		rc = moet_env_choice("MOET_MB_PRIO", prios, 2, &prio);
 	if (rc)
 		return rc;
 	if (moet_gpu_count(&why) <= device)
@@ -863,6 +912,7 @@ int moet_backend_cuda_create(int device, moet_backend **out)
 		return moet_err(MOET_ENOMEM, "CUDA backend");
 	c->device = device;
 	c->sel = -1;
+	c->prio = prio;
 	if (own && ((rc = moet_gpu_stream_create_blocking(&c->stream)) ||
 		    (rc = moet_gpu_event_create(&c->rows_ev[0])) ||
 		    (rc = moet_gpu_event_create(&c->rows_ev[1])))) {

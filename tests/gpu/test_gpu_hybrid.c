@@ -328,13 +328,21 @@ int main(void)
 		       (unsigned long long)cnt[1], hs.ns_cpu / 1e6, hs.ns_wait / 1e6,
 		       hs.ns_gpu_idle / 1e6, hs.bytes_d2h / 1e3, hs.bytes_h2d / 1e3);
 	}
-	/* two streams with an own pass stream (MOET_GPU_STREAM=own, read when the backend is
-	 * made: a second model), the halves' copies queued: the same bits, batched and solo */
-	{
+	/* two streams with an own pass stream (MOET_GPU_STREAM=own), and with the expert calls
+	 * on low-priority streams (MOET_MB_PRIO=1; both read when the backend is made: another
+	 * model), the halves' copies queued: the same bits, batched and solo */
+	for (int v = 0; v < 2; v++) {
+		const char *var = v ? "MOET_MB_PRIO" : "MOET_GPU_STREAM", *val = v ? "1" : "own";
 		moet_model *g2 = NULL;
-		setenv("MOET_GPU_STREAM", "own", 1);
-		CHECK(moet_model_open_on(dir, "cuda", &g2) == 0, "own stream: %s", moet_errmsg());
-		unsetenv("MOET_GPU_STREAM");
+		setenv(var, "sideways", 1);
+		CHECK(moet_model_open_on(dir, "cuda", &g2) == MOET_EINVAL &&
+		      strstr(moet_errmsg(), var), "%s=sideways refused: %s", var, moet_errmsg());
+		moet_model_close(g2);
+		g2 = NULL;
+		setenv(var, val, 1);
+		CHECK(moet_model_open_on(dir, "cuda", &g2) == 0, "%s=%s: %s", var, val,
+		      moet_errmsg());
+		unsetenv(var);
 		for (int64_t i = 0; i < L * E; i++)
 			own[i] = (int16_t)((next() % 2) ? 0 : -1);
 		CHECK(g2 && moet_model_set_placement(g2, own, 1) == 0, "own stream placement: %s",
@@ -344,9 +352,11 @@ int main(void)
 		setenv("MOET_MB_STREAMS", "2", 1);
 		for (int batched = 0; g2 && batched < 2; batched++) {
 			memset(got, 0xCD, n_log * sizeof(float));
-			CHECK(run(g2, batched, got) == 0, "own stream, two streams: %s", moet_errmsg());
-			CHECK(memcmp(ref, got, n_log * sizeof(float)) == 0, "own stream, two streams "
-			      "(%s): logits differ from the CPU reference", batched ? "batched" : "solo");
+			CHECK(run(g2, batched, got) == 0, "%s=%s, two streams: %s", var, val,
+			      moet_errmsg());
+			CHECK(memcmp(ref, got, n_log * sizeof(float)) == 0, "%s=%s, two streams (%s): "
+			      "logits differ from the CPU reference", var, val,
+			      batched ? "batched" : "solo");
 		}
 		unsetenv("MOET_MICROBATCH");
 		unsetenv("MOET_MB_QUEUE");
@@ -354,9 +364,9 @@ int main(void)
 		moet_hybrid_stats hs2;
 		if (g2)
 			moet_model_hybrid_stats(g2, &hs2, 1);
-		CHECK(!g2 || hs2.split_passes > 0, "own stream, two streams: passes split");
+		CHECK(!g2 || hs2.split_passes > 0, "%s=%s, two streams: passes split", var, val);
 		moet_model_close(g2);
-		printf("two streams, own pass stream: logits equal the CPU reference\n");
+		printf("two streams, %s=%s: logits equal the CPU reference\n", var, val);
 	}
 	/* the shadow check on the GPU: CPU-tier experts staged into a device slot, recomputed by
 	 * the GPU kernel and compared bit for bit */
