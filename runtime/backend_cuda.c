@@ -74,7 +74,7 @@ typedef struct cuda_be {
 	cu_half half[2];
 	int32_t *iota;       /* device [cap_iota]: 0, 1, 2, ... (dense FFN pairs), read-only */
 	int64_t cap_iota;
-	/* two micro-batch streams (MOET_MB_STREAMS=2, cu_stream_select): made at the first
+	/* two micro-batch streams (MOET_MB_STREAMS, cu_stream_select): made at the first
 	 * select, blocking; `sel` the selected one (-1: the pass's stream, `stream`), `joined`
 	 * whether stream i has waited for the pass's stream since its last join */
 	void *mb_stream[2], *mb_ev[2], *base_ev;

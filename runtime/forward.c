@@ -407,7 +407,7 @@ static int use(moet_model *m, const mb_pass *p)
 	m->cur = p->b;
 	m->mb_slot = p->slot;
 	m->mb_seq_base = p->seq_base;
-	/* two streams (MOET_MB_STREAMS=2): the micro-batch's work on its own */
+	/* two streams (MOET_MB_STREAMS): the micro-batch's work on its own */
 	return m->mb_streams ? m->be->ops->stream_select(m->be, p->slot) : 0;
 }
 
