@@ -51,6 +51,9 @@ typedef struct cpu_be {
 	 * (moet_backend_cpu_streams) for tests of the driver's protocol */
 	int st_sel;
 	uint64_t st_selects, st_joins;
+	/* trace_point: the clock's readings since the last trace_times (grow-only) */
+	uint64_t *tp;
+	int64_t tp_n, tp_cap;
 } cpu_be;
 
 static cpu_be *impl(moet_backend *be)
@@ -82,6 +85,7 @@ static void cpu_destroy(moet_backend *be)
 		free(c->rows[i].tokens);
 	}
 	free(c->scratch);
+	free(c->tp);
 	free(c);
 }
 
@@ -564,6 +568,40 @@ static int cpu_idle_take(moet_backend *be, double out_s[MOET_IDLE_KINDS])
 	return 0;
 }
 
+/* Trace points (MOET_TRACE): every op ran on this thread when it returned, so a point is the
+ * clock's reading now. */
+static int cpu_trace_point(moet_backend *be, int64_t *out_id)
+{
+	cpu_be *c = impl(be);
+	if (c->tp_n == c->tp_cap) {
+		const int64_t cap = c->tp_cap ? 2 * c->tp_cap : 1024;
+		uint64_t *n = realloc(c->tp, (size_t)cap * sizeof(*n));
+		if (!n)
+			return moet_err(MOET_ENOMEM, "CPU backend: %lld trace points",
+					(long long)cap);
+		c->tp = n;
+		c->tp_cap = cap;
+	}
+	c->tp[c->tp_n] = moet_now_ns();
+	*out_id = c->tp_n++;
+	return 0;
+}
+
+static int cpu_trace_times(moet_backend *be, int64_t n, uint64_t *out_ns)
+{
+	cpu_be *c = impl(be);
+	if (n != c->tp_n) {
+		const int64_t had = c->tp_n;
+		c->tp_n = 0;
+		return moet_err(MOET_EINVAL, "CPU backend: %lld trace points asked for, %lld queued",
+				(long long)n, (long long)had);
+	}
+	if (n > 0)
+		memcpy(out_ns, c->tp, (size_t)n * sizeof(*out_ns));
+	c->tp_n = 0;
+	return 0;
+}
+
 static int cpu_stream_select(moet_backend *be, int slot)
 {
 	cpu_be *c = impl(be);
@@ -611,6 +649,8 @@ static const moet_backend_ops cpu_ops = {
 	.idle_mark = cpu_idle_mark,
 	.idle_take = cpu_idle_take,
 	.stream_select = cpu_stream_select,
+	.trace_point = cpu_trace_point,
+	.trace_times = cpu_trace_times,
 };
 
 void moet_backend_cpu_streams(moet_backend *be, int *sel, uint64_t *selects, uint64_t *joins)

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "moet_backend.h"
+#include "moet_clock.h"
 #include "moet_env.h"
 #include "moet_err.h"
 #include "moet_gpu.h"
@@ -85,6 +86,11 @@ typedef struct cuda_be {
 	 * next start waits for it) runs before the other's expert blocks */
 	int prio;
 	void *xs_stream[2], *xs_ev[2][2];
+	/* trace points (MOET_TRACE): events, created as needed and kept; tp_n queued since the
+	 * last trace_times; tp_anchor recorded at trace_times to place them on the host clock */
+	void **tp_ev;
+	int64_t tp_n, tp_cap;
+	void *tp_anchor;
 	/* issue 4: device sampling and the fast expert mode (grow-only, own scratch) */
 	void *smp_scratch;   /* gpu/sample.cu's scratch */
 	size_t smp_bytes;
@@ -184,6 +190,10 @@ static void cu_destroy(moet_backend *be)
 		moet_gpu_event_destroy(c->xs_ev[i][1]);
 	}
 	moet_gpu_event_destroy(c->base_ev);
+	for (int64_t i = 0; i < c->tp_cap; i++)
+		moet_gpu_event_destroy(c->tp_ev[i]);
+	free(c->tp_ev);
+	moet_gpu_event_destroy(c->tp_anchor);
 	moet_gpu_free(c->iota);
 	for (int i = 0; i < 2; i++)
 		for (int j = 0; j < CU_IDLE_PAIRS; j++)
@@ -805,6 +815,59 @@ static int cu_stream_select(moet_backend *be, int slot)
 	return 0;
 }
 
+/* ---- trace points (moet_backend_ops.trace_point, MOET_TRACE) ------------------------------- */
+
+static int cu_trace_point(moet_backend *be, int64_t *out_id)
+{
+	cuda_be *c = impl(be);
+	if (c->capturing)
+		return moet_err(MOET_EUNSUP, "CUDA backend: trace points in a capture");
+	if (c->tp_n == c->tp_cap) {
+		const int64_t cap = c->tp_cap ? 2 * c->tp_cap : 1024;
+		void **n = realloc(c->tp_ev, (size_t)cap * sizeof(*n));
+		if (!n)
+			return moet_err(MOET_ENOMEM, "CUDA backend: %lld trace points", (long long)cap);
+		for (int64_t i = c->tp_cap; i < cap; i++)
+			n[i] = NULL;
+		c->tp_ev = n;
+		c->tp_cap = cap;
+	}
+	void **ev = &c->tp_ev[c->tp_n];
+	int rc = *ev ? 0 : moet_gpu_event_create(ev);
+	if (!rc)
+		rc = moet_gpu_event_record(*ev, cur_stream(c));
+	if (!rc)
+		*out_id = c->tp_n++;
+	return rc;
+}
+
+/* NOTE: the anchor goes on the pass's stream after everything (a trace flush follows the
+ * pass's join and its logits' download); its wait returns within microseconds of its being
+ * reached, so each point's host time is the anchor's less the events' elapsed time. */
+static int cu_trace_times(moet_backend *be, int64_t n, uint64_t *out_ns)
+{
+	cuda_be *c = impl(be);
+	const int64_t had = c->tp_n;
+	c->tp_n = 0;
+	if (n != had)
+		return moet_err(MOET_EINVAL, "CUDA backend: %lld trace points asked for, %lld "
+				"queued", (long long)n, (long long)had);
+	int rc = c->tp_anchor ? 0 : moet_gpu_event_create(&c->tp_anchor);
+	if (!rc)
+		rc = moet_gpu_event_record(c->tp_anchor, c->stream);
+	if (!rc)
+		rc = moet_gpu_event_sync(c->tp_anchor);
+	const uint64_t t_anchor = moet_now_ns();
+	for (int64_t i = 0; i < n && !rc; i++) {
+		float ms = 0;
+		if (!(rc = moet_gpu_event_elapsed_ms(c->tp_ev[i], c->tp_anchor, &ms))) {
+			const double back = ms > 0 ? 1e6 * (double)ms : 0;
+			out_ns[i] = back < (double)t_anchor ? t_anchor - (uint64_t)back : 0;
+		}
+	}
+	return rc;
+}
+
 /* ---- CUDA graphs of a pass (runtime/graph.c) ------------------------------------------------ */
 
 static int cu_capture_begin(moet_backend *be)
@@ -881,6 +944,8 @@ static const moet_backend_ops cuda_ops = {
 	.idle_mark = cu_idle_mark,
 	.idle_take = cu_idle_take,
 	.stream_select = cu_stream_select,
+	.trace_point = cu_trace_point,
+	.trace_times = cu_trace_times,
 };
 
 /* MOET_GPU_STREAM: legacy (default: the passes' work on the legacy default stream, as

@@ -179,6 +179,7 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 	m->n_devices = n_devices;
 	if ((rc = moet_hybrid_create(m->be, c, &m->hy)) || (rc = moet_resident_bind(m, owner)))
 		goto fail;
+	moet_hybrid_set_trace(m->hy, m->trace);
 	uint64_t expert_bytes = 0; /* every routed expert has one size */
 	for (int64_t l = 0; l < L && !expert_bytes; l++) {
 		const moet_ffn_w *w = m->layers[l].is_moe ? &m->layers[l].experts_host[0] : NULL;

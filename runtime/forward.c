@@ -17,6 +17,7 @@
  * every op is row-wise and batch-invariant, so a sequence's logits do not depend on how its
  * tokens are split into calls or which sequences share the batch (tested bit for bit).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -25,6 +26,7 @@
 #include "moet_env.h"
 #include "moet_err.h"
 #include "moet_sample.h"
+#include "moet_trace.h"
 
 static int64_t imax(int64_t a, int64_t b)
 {
@@ -697,6 +699,7 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 	TRY(mb_choose(m, steps, n_steps, n, &k, &form));
 	const int can_split = k < n_steps;
 	const double t0 = now_s();
+	const uint64_t t0_ns = moet_now_ns();
 	if (!form)
 		k = n_steps;
 	mb_pass p[2] = { { .steps = steps, .n_steps = k, .seq_base = 0, .slot = 0,
@@ -738,6 +741,15 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 	/* MOET_GPU_DEVGROUP=1: the device's error words, after the logits' download */
 	const int rd = moet_devgroup_check(m, rc != 0);
 	rc = rc ? rc : rd;
+	if (m->trace) { /* MOET_TRACE: the pass's op spans (all of it has run), and the pass */
+		const int rt = moet_backend_trace_flush(m->be);
+		char name[64];
+		snprintf(name, sizeof(name), "%s %lld rows, %s%s", n == n_steps ? "decode" : "prompts",
+			 (long long)n, n_mb == 2 ? "two micro-batches" : "one pass",
+			 m->hy && !moet_hybrid_overlapped(m->hy) ? ", CPU tier alone" : "");
+		moet_trace_span(m->trace, MOET_TRACE_PASS, name, t0_ns, moet_now_ns());
+		rc = rc ? rc : rt;
+	}
 	if (rc) {
 		if (grown) /* every cache keeps only the blocks it had */
 			moet_kv_undo_batch(steps, n_steps);

@@ -48,6 +48,7 @@
 #include "moet_env.h"
 #include "moet_err.h"
 #include "moet_topo.h"
+#include "moet_trace.h"
 
 #define HY_MAX_TOK 512   /* tokens per executor batch */
 #define HY_MAX_JOBS 256  /* jobs per executor batch */
@@ -93,7 +94,13 @@ struct moet_hybrid {
 	int64_t n_experts;
 	moet_stage *ring;         /* staging slots, made at the first staged expert */
 	int stage_pinned;         /* MOET_STAGE_COPY: 1 pinned (waves), 0 driver */
+	struct moet_trace *trace; /* MOET_TRACE, or NULL */
 };
+
+void moet_hybrid_set_trace(moet_hybrid *hy, struct moet_trace *t)
+{
+	hy->trace = t;
+}
 
 int moet_hybrid_create(moet_backend *be, const moet_config *c, moet_hybrid **out)
 {
@@ -339,6 +346,12 @@ static int end(moet_hybrid *hy, hy_call *cl, moet_hybrid_stats *st)
 	st->ns_wait += t1 - t0;
 	/* the team's own span, and what stood around it: from the submit to its first worker,
 	 * from its last worker to the driver's return when the driver was waiting by then */
+	if (hy->trace) { /* the driver's wait, and below the team's span */
+		moet_trace_span(hy->trace, MOET_TRACE_DRIVER, "wait CPU tier", t0, t1);
+		if (cl->t_first && cl->t_last >= cl->t_first)
+			moet_trace_span(hy->trace, MOET_TRACE_CPU + (int)(cl - hy->call),
+					"CPU tier", cl->t_first, cl->t_last);
+	}
 	if (cl->t_first && cl->t_last >= cl->t_first && cl->t_first >= cl->t_submit) {
 		st->ns_cpu_run += cl->t_last - cl->t_first;
 		st->ns_cpu_start += cl->t_first - cl->t_submit;

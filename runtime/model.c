@@ -8,6 +8,8 @@
  * Layers L >= num_hidden_layers (DeepSeek-V3's multi-token-prediction layer 61) are never
  * looked up, so they are accepted and skipped.
  */
+#include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +18,7 @@
 #include "model_int.h"
 #include "moet_env.h"
 #include "moet_err.h"
+#include "moet_trace.h"
 #include "moet_upload.h"
 
 #define NAME_BYTES 256
@@ -627,6 +630,65 @@ int moet_model_open_on(const char *dir, const char *device, moet_model **out)
 	return moet_model_open_tp(dir, device, 0, out);
 }
 
+/* MOET_TRACE=FILE (unset or empty: off): the timeline of the model's passes (moet_trace.h),
+ * the backend wrapped (backend_trace.c). Models the process opens one after the other with the
+ * same FILE write FILE, FILE.1, FILE.2, ... (bench e2e opens one per mode). MOET_TRACE_MAX: the
+ * most spans written (default 1000000; 0: no limit). Not with MOET_OP_TIMES (whose waits would
+ * be the timeline). */
+static int trace_open(moet_model *m, int timed)
+{
+	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+	static char last[4096];
+	static int opened;
+	const char *path = getenv("MOET_TRACE"), *mx = getenv("MOET_TRACE_MAX");
+	if (!path || !*path)
+		return 0;
+	if (timed)
+		return moet_err(MOET_EINVAL, "MOET_TRACE and MOET_OP_TIMES=1 together: the op "
+				"times wait for every op, choose one");
+	long long max = 1000000;
+	if (mx && *mx) {
+		char *end;
+		errno = 0;
+		max = strtoll(mx, &end, 10);
+		if (*end || errno || max < 0)
+			return moet_err(MOET_EINVAL, "MOET_TRACE_MAX='%s': want a count of spans >= 0 "
+					"(0: no limit)", mx);
+	}
+	pthread_mutex_lock(&mu);
+	if (strcmp(last, path)) {
+		snprintf(last, sizeof(last), "%s", path);
+		opened = 0;
+	}
+	const int n = opened++;
+	pthread_mutex_unlock(&mu);
+	char name[4096];
+	if (n > 0)
+		snprintf(name, sizeof(name), "%s.%d", path, n);
+	else
+		snprintf(name, sizeof(name), "%s", path);
+	moet_backend *traced = NULL;
+	int rc = moet_trace_open(name, max, &m->trace);
+	if (!rc && (rc = moet_backend_trace_create(m->be, m->trace, &traced)))
+		return rc;
+	if (!rc)
+		m->be = traced;
+	return rc;
+}
+
+int moet_model_trace_end(moet_model *m)
+{
+	if (!m || !m->trace)
+		return 0;
+	if (m->be)
+		moet_backend_trace_set(m->be, NULL); /* later passes write nothing */
+	if (m->hy)
+		moet_hybrid_set_trace(m->hy, NULL);
+	int rc = moet_trace_close(m->trace);
+	m->trace = NULL;
+	return rc;
+}
+
 int moet_model_open_tp(const char *dir, const char *device, int tp, moet_model **out)
 {
 	if (tp < 0 || tp > MOET_TP_MAX)
@@ -653,6 +715,8 @@ int moet_model_open_tp(const char *dir, const char *device, int tp, moet_model *
 			goto fail;
 		m->be = timed;
 	}
+	if ((rc = trace_open(m, ot && !strcmp(ot, "1"))))
+		goto fail;
 	/* NOTE: the expanded form (K and V per head cached) is the reference; the absorbed form
 	 * caches the 576-float latent of a Kimi-K2 position instead of 20480 floats.
 	 * MOET_MLA=absorbed selects it where the backend has it. */
@@ -751,6 +815,7 @@ void moet_model_close(moet_model *m)
 		free(m->host_vecs[i]);
 	free(m->host_vecs);
 	free(m->inv_freq);
+	(void)moet_model_trace_end(m); /* a caller that wants its errors ends it first */
 	moet_backend_destroy(m->be);
 	moet_ckpt_close(m->ck);
 	free(m);

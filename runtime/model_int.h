@@ -58,6 +58,9 @@ typedef struct moet_hybrid moet_hybrid;
 #define MOET_HYBRID_SLOTS 2 /* calls in flight at once: one per micro-batch of a pass */
 int moet_hybrid_create(moet_backend *be, const moet_config *c, moet_hybrid **out);
 void moet_hybrid_destroy(moet_hybrid *hy, moet_backend *be);
+/* MOET_TRACE: the CPU tier's calls (team span per slot) and the driver's waits for them go to
+ * t from now on (NULL: nowhere). */
+void moet_hybrid_set_trace(moet_hybrid *hy, struct moet_trace *t);
 /* Starts the CPU tier's pairs (sorted by expert; table: host views by expert) on h (backend
  * memory, n rows): results go to y_dst (backend memory, cnt rows) at finish. One call in
  * flight per slot (0 .. MOET_HYBRID_SLOTS - 1). */
@@ -295,6 +298,7 @@ typedef struct moet_fwd_bufs {
 struct moet_model {
 	moet_config cfg;
 	moet_ckpt *ck;
+	struct moet_trace *trace; /* MOET_TRACE: the timeline (m->be then traced), or NULL */
 	moet_res *res;            /* the placement's CPU tier made resident (resident.c) */
 	moet_resident_report res_report;
 	moet_backend *be;

@@ -223,6 +223,15 @@ typedef struct moet_backend_ops {
 	 * data apart. */
 	int (*stream_select)(moet_backend *be, int slot);
 	int (*idle_take)(moet_backend *be, double out_s[MOET_IDLE_KINDS]);
+	/* Optional (NULL: no timeline; MOET_TRACE, runtime/backend_trace.c): trace_point queues a
+	 * timestamp on the current stream (the selected micro-batch's, or the pass's) and gives
+	 * its number, counted from 0 since the last trace_times; trace_times(be, n, out_ns), with
+	 * n the points queued since then, waits for them and writes each one's time in ns on
+	 * moet_now_ns's clock (when the stream reached it: the work queued before it done), then
+	 * counts from 0 again. The CPU backend runs each op on the calling thread: its points are
+	 * the clock's readings at the calls. */
+	int (*trace_point)(moet_backend *be, int64_t *out_id);
+	int (*trace_times)(moet_backend *be, int64_t n, uint64_t *out_ns);
 } moet_backend_ops;
 
 /*
@@ -275,6 +284,16 @@ int moet_expert_pairs_sort(const int32_t *ids, int64_t n, moet_expert_pair *out)
  * the ops by time, per step (the times divided by `per`) to f (NULL: prints nothing), and may
  * reset them; MOET_EINVAL if be is not a timed backend. */
 int moet_backend_timed_create(moet_backend *inner, moet_backend **out);
+/* MOET_TRACE (runtime/backend_trace.c): a backend that forwards every op to `inner` and
+ * brackets each with the inner backend's trace points (which it must have), without waiting;
+ * moet_backend_trace_flush, after a pass (everything it queued has run), turns the points
+ * into spans on the timeline `t` (one lane per stream). The wrapper owns inner, not t. */
+struct moet_trace;
+int moet_backend_trace_create(moet_backend *inner, struct moet_trace *t, moet_backend **out);
+int moet_backend_trace_flush(moet_backend *be);
+/* The timeline the traced backend writes to from now on (NULL: none; a backend that is not
+ * traced: nothing). */
+void moet_backend_trace_set(moet_backend *be, struct moet_trace *t);
 int moet_backend_timed_report(moet_backend *be, double per, FILE *f, int reset);
 
 /* By name: "cpu" or "cuda" (device 0), sized for the model of config c. */

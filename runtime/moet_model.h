@@ -42,6 +42,11 @@ int moet_model_open_tp(const char *dir, const char *device, int tp, moet_model *
 /* Accepts NULL. */
 void moet_model_close(moet_model *m);
 
+/* MOET_TRACE=FILE at open (docs/cli.md): the timeline of the model's passes, one JSON file of
+ * Chrome trace events (runtime/moet_trace.h). This ends it now and returns its first write error
+ * (MOET_EIO naming the file; 0 without a trace); moet_model_close ends it too, quietly. */
+int moet_model_trace_end(moet_model *m);
+
 /* Borrowed; valid while the model is open. */
 const moet_config *moet_model_config(const moet_model *m);
 const moet_ckpt *moet_model_ckpt(const moet_model *m);

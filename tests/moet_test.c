@@ -12,6 +12,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "moet_err.h"
 #include "moet_gen.h"
 #include "moet_placement.h"
@@ -287,4 +289,60 @@ void moet_test_routing_ids(int32_t *ids, int64_t n, int64_t k, int64_t E, int mo
 			} while (again);
 			ids[t * k + i] = e;
 		}
+}
+
+int moet_test_trace_read(const char *path, moet_test_trace_counts *k)
+{
+	memset(k, 0, sizeof(*k));
+	json_error_t je;
+	json_t *root = json_load_file(path, 0, &je);
+	CHECK(root != NULL, "%s: not JSON: %s (line %d)", path, je.text, je.line);
+	json_t *ev = root ? json_object_get(root, "traceEvents") : NULL;
+	CHECK(json_is_array(ev), "%s: no traceEvents array", path);
+	if (!json_is_array(ev)) {
+		json_decref(root);
+		return -1;
+	}
+	size_t i;
+	json_t *e;
+	double pass_ts[64], pass_end[64];
+	int n_pass = 0;
+	json_array_foreach(ev, i, e) { /* the passes first: the ops are checked against them */
+		const char *ph = json_string_value(json_object_get(e, "ph"));
+		if (ph && !strcmp(ph, "X") && json_integer_value(json_object_get(e, "tid")) == 30 &&
+		    n_pass < 64) {
+			pass_ts[n_pass] = json_number_value(json_object_get(e, "ts"));
+			pass_end[n_pass] = pass_ts[n_pass] + json_number_value(json_object_get(e, "dur"));
+			n_pass++;
+		}
+	}
+	json_array_foreach(ev, i, e) {
+		const char *ph = json_string_value(json_object_get(e, "ph"));
+		if (!ph || strcmp(ph, "X"))
+			continue;
+		const int64_t tid = json_integer_value(json_object_get(e, "tid"));
+		const double ts = json_number_value(json_object_get(e, "ts"));
+		const double dur = json_number_value(json_object_get(e, "dur"));
+		k->spans++;
+		if (!json_is_string(json_object_get(e, "name")) || !(ts >= 0) || !(dur >= 0))
+			k->bad++;
+		if (tid == 30)
+			k->passes++;
+		else if (tid >= 0 && tid <= 2)
+			k->ops[tid]++;
+		else if (tid == 10 || tid == 11)
+			k->cpu++;
+		else if (tid == 20)
+			k->waits++;
+		else
+			k->bad++;
+		if (tid <= 2) { /* an op: inside a pass (0.5 us: the JSON's rounding) */
+			int in = 0;
+			for (int p = 0; p < n_pass && !in; p++)
+				in = ts >= pass_ts[p] - 0.5 && ts + dur <= pass_end[p] + 0.5;
+			k->outside += !in;
+		}
+	}
+	json_decref(root);
+	return 0;
 }

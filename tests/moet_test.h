@@ -113,4 +113,14 @@ moet_model *moet_test_gen_open(const char *tag, const moet_gen_params *gp, char 
  * every sequence and call, [steps + 1][seqs][vocab]. Returns 0 or the first error. */
 int moet_test_ragged_run(moet_model *m, int seqs, int steps, int batched, float *out);
 
+/* A MOET_TRACE file (runtime/moet_trace.h) read back with jansson: its complete events counted
+ * by lane (passes; ops on the pass's stream and the two micro-batch streams; CPU-tier spans;
+ * the driver's waits); bad: no name, a negative start or duration, or an unknown lane; outside:
+ * op spans inside no pass span (0.5 us of rounding allowed). CHECKs that the file is JSON with
+ * a traceEvents array; returns 0, or -1 when it is not. */
+typedef struct moet_test_trace_counts {
+	int64_t passes, ops[3], cpu, waits, bad, outside, spans;
+} moet_test_trace_counts;
+int moet_test_trace_read(const char *path, moet_test_trace_counts *k);
+
 #endif

@@ -328,15 +328,20 @@ int main(void)
 		       (unsigned long long)cnt[1], hs.ns_cpu / 1e6, hs.ns_wait / 1e6,
 		       hs.ns_gpu_idle / 1e6, hs.bytes_d2h / 1e3, hs.bytes_h2d / 1e3);
 	}
-	/* two streams with an own pass stream (MOET_GPU_STREAM=own), and with the expert calls
-	 * on low-priority streams (MOET_MB_PRIO=1; both read when the backend is made: another
-	 * model), the halves' copies queued: the same bits, batched and solo */
-	for (int v = 0; v < 2; v++) {
-		const char *var = v ? "MOET_MB_PRIO" : "MOET_GPU_STREAM", *val = v ? "1" : "own";
+	/* two streams with an own pass stream (MOET_GPU_STREAM=own), with the expert calls on
+	 * low-priority streams (MOET_MB_PRIO=1), and traced (MOET_TRACE: the CUDA backend's
+	 * trace points, the timeline read back); each read when the model is opened: the same
+	 * bits, batched and solo */
+	char *tdir = moet_test_mkdtemp("gpu-hybrid-trace"), tpath[4096];
+	snprintf(tpath, sizeof(tpath), "%s/t.json", tdir ? tdir : ".");
+	for (int v = 0; v < 3; v++) {
+		const char *var = v == 2 ? "MOET_TRACE" : v ? "MOET_MB_PRIO" : "MOET_GPU_STREAM";
+		const char *val = v == 2 ? tpath : v ? "1" : "own";
 		moet_model *g2 = NULL;
-		setenv(var, "sideways", 1);
-		CHECK(moet_model_open_on(dir, "cuda", &g2) == MOET_EINVAL &&
-		      strstr(moet_errmsg(), var), "%s=sideways refused: %s", var, moet_errmsg());
+		setenv(var, v == 2 ? "/nonexistent-dir/t.json" : "sideways", 1);
+		CHECK(moet_model_open_on(dir, "cuda", &g2) != 0 && !g2 &&
+		      strstr(moet_errmsg(), v == 2 ? "/nonexistent-dir/t.json" : var),
+		      "%s refused: %s", var, moet_errmsg());
 		moet_model_close(g2);
 		g2 = NULL;
 		setenv(var, val, 1);
@@ -365,9 +370,24 @@ int main(void)
 		if (g2)
 			moet_model_hybrid_stats(g2, &hs2, 1);
 		CHECK(!g2 || hs2.split_passes > 0, "%s=%s, two streams: passes split", var, val);
+		moet_test_trace_counts k;
+		const int ended = v == 2 ? moet_model_trace_end(g2) : 0;
+		CHECK(ended == 0, "trace end: %s", moet_errmsg());
+		if (v == 2 && g2 && !moet_test_trace_read(tpath, &k)) {
+			CHECK(k.passes > 0 && k.ops[0] > 0 && k.ops[1] > 0 && k.ops[2] > 0 &&
+			      k.cpu > 0 && k.bad == 0 && k.outside == 0,
+			      "trace: %lld passes, ops %lld / %lld / %lld, CPU tier %lld, %lld bad, "
+			      "%lld ops outside every pass", (long long)k.passes, (long long)k.ops[0],
+			      (long long)k.ops[1], (long long)k.ops[2], (long long)k.cpu,
+			      (long long)k.bad, (long long)k.outside);
+			printf("trace: %lld spans, %lld passes, ops %lld / %lld / %lld\n",
+			       (long long)k.spans, (long long)k.passes, (long long)k.ops[0],
+			       (long long)k.ops[1], (long long)k.ops[2]);
+		}
 		moet_model_close(g2);
 		printf("two streams, %s=%s: logits equal the CPU reference\n", var, val);
 	}
+	free(tdir);
 	/* the shadow check on the GPU: CPU-tier experts staged into a device slot, recomputed by
 	 * the GPU kernel and compared bit for bit */
 	for (int64_t i = 0; i < L * E; i++)

@@ -1,0 +1,135 @@
+/*
+ * trace.c: the timeline file of MOET_TRACE (moet_trace.h). Each span is one Chrome trace
+ * "complete" event ({"name", "ph": "X", "ts", "dur", "pid", "tid"}, microseconds), made with
+ * jansson and appended as it comes, so a long run needs no memory for its events.
+ */
+#include "moet_trace.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "moet_clock.h"
+#include "moet_err.h"
+
+struct moet_trace {
+	FILE *f;
+	char *path;
+	uint64_t t0;       /* ns: the trace's origin */
+	int64_t max, written, dropped;
+	int err_no;        /* the first write's errno, or -1 for jansson; 0: none */
+	int bad;
+};
+
+static void put(moet_trace *t, json_t *ev)
+{
+	if (!ev) {
+		t->bad = 1;
+		t->err_no = ENOMEM;
+		return;
+	}
+	errno = 0;
+	if (!t->bad && (fputs(",\n", t->f) == EOF || json_dumpf(ev, t->f, JSON_COMPACT))) {
+		t->bad = 1;
+		t->err_no = errno ? errno : EIO;
+	}
+	json_decref(ev);
+}
+
+static void lane_name(moet_trace *t, int lane, const char *name)
+{
+	put(t, json_pack("{s:s, s:s, s:i, s:i, s:{s:s}}", "name", "thread_name", "ph", "M", "pid",
+			 0, "tid", lane, "args", "name", name));
+	put(t, json_pack("{s:s, s:s, s:i, s:i, s:{s:i}}", "name", "thread_sort_index", "ph", "M",
+			 "pid", 0, "tid", lane, "args", "sort_index", lane));
+}
+
+int moet_trace_open(const char *path, int64_t max_spans, moet_trace **out)
+{
+	*out = NULL;
+	if (!path || !*path)
+		return moet_err(MOET_EINVAL, "MOET_TRACE: no file name");
+	moet_trace *t = calloc(1, sizeof(*t));
+	char *p = strdup(path);
+	if (!t || !p) {
+		free(t);
+		free(p);
+		return moet_err(MOET_ENOMEM, "MOET_TRACE");
+	}
+	t->path = p;
+	t->max = max_spans;
+	t->t0 = moet_now_ns();
+	if (!(t->f = fopen(path, "w"))) {
+		int rc = moet_err(MOET_EIO, "MOET_TRACE: cannot create %s: %s", path, strerror(errno));
+		free(p);
+		free(t);
+		return rc;
+	}
+	/* NOTE: the first element is the process's name, so that every later one follows ",\n" */
+	if (fputs("{\"traceEvents\": [\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, "
+		  "\"args\": {\"name\": \"moet-hybrid\"}}", t->f) == EOF) {
+		t->bad = 1;
+		t->err_no = errno ? errno : EIO;
+	}
+	lane_name(t, MOET_TRACE_STREAM, "backend: pass stream");
+	lane_name(t, MOET_TRACE_STREAM + 1, "backend: micro-batch 0 stream");
+	lane_name(t, MOET_TRACE_STREAM + 2, "backend: micro-batch 1 stream");
+	lane_name(t, MOET_TRACE_CPU, "CPU tier: slot 0");
+	lane_name(t, MOET_TRACE_CPU + 1, "CPU tier: slot 1");
+	lane_name(t, MOET_TRACE_DRIVER, "driver: waits");
+	lane_name(t, MOET_TRACE_PASS, "passes");
+	*out = t;
+	return 0;
+}
+
+void moet_trace_span(moet_trace *t, int lane, const char *name, uint64_t t0_ns, uint64_t t1_ns)
+{
+	if (!t)
+		return;
+	if (t->max > 0 && t->written >= t->max) {
+		t->dropped++;
+		return;
+	}
+	const double ts = t0_ns > t->t0 ? 1e-3 * (double)(t0_ns - t->t0) : 0;
+	const double dur = t1_ns > t0_ns ? 1e-3 * (double)(t1_ns - t0_ns) : 0;
+	put(t, json_pack("{s:s, s:s, s:f, s:f, s:i, s:i}", "name", name, "ph", "X", "ts", ts,
+			 "dur", dur, "pid", 0, "tid", lane));
+	t->written++;
+}
+
+static int write_err(const moet_trace *t)
+{
+	return moet_err(MOET_EIO, "MOET_TRACE: writing %s: %s", t->path, strerror(t->err_no));
+}
+
+int moet_trace_error(const moet_trace *t)
+{
+	return t && t->bad ? write_err(t) : 0;
+}
+
+void moet_trace_counts(const moet_trace *t, int64_t *written, int64_t *dropped)
+{
+	*written = t ? t->written : 0;
+	*dropped = t ? t->dropped : 0;
+}
+
+int moet_trace_close(moet_trace *t)
+{
+	if (!t)
+		return 0;
+	if (!t->bad && fputs("\n], \"displayTimeUnit\": \"ms\"}\n", t->f) == EOF) {
+		t->bad = 1;
+		t->err_no = errno ? errno : EIO;
+	}
+	if (fclose(t->f) && !t->bad) {
+		t->bad = 1;
+		t->err_no = errno ? errno : EIO;
+	}
+	const int rc = t->bad ? write_err(t) : 0;
+	free(t->path);
+	free(t);
+	return rc;
+}
