@@ -175,6 +175,18 @@ int main(void)
 	const char *pe = pt ? strstr(pt, "  embed ") : NULL;
 	CHECK(pe && sscanf(pe, " embed %lf %lf", &ms, &calls) == 2 && calls == 1.0 &&
 	      strstr(pt, "attend"), "prefill op times: embed once (%g)", calls);
+	free(out);
+	out = NULL;
+	/* two micro-batches timed: the timed backend offers one stream (the default's two would
+	 * take the inner backend's stream ops, which the wrapper's callers cannot reach), so each
+	 * step embeds twice, one half after the other */
+	setenv("MOET_MICROBATCH", "1", 1);
+	rc = moet_test_cli(&out, "bench e2e --model %s --device cpu --modes cpu --batches 2 "
+			   "--prefill none --ctx 4 --steps 2 --no-overlap-check --op-times", model);
+	em = out ? strstr(out, "  embed ") : NULL;
+	CHECK(rc == 0 && em && sscanf(em, " embed %lf %lf", &ms, &calls) == 2 && calls == 2.0,
+	      "op times of two micro-batches: exit %d, embed %g per step\n%s", rc, calls,
+	      out ? out : "");
 	unsetenv("MOET_MICROBATCH");
 	free(out);
 	/* --profile-out: the routing of the timed decode steps, every MoE layer top_k per token,
