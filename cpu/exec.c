@@ -623,6 +623,18 @@ int moet_cpuexec_wait(moet_cpuexec *ex, uint64_t ticket)
 	return moet_cpuexec_wait_span(ex, ticket, NULL, NULL);
 }
 
+int moet_cpuexec_done(moet_cpuexec *ex, uint64_t ticket)
+{
+	int done = 1;
+	pthread_mutex_lock(&ex->mu);
+	for (int i = 0; i < ex->max_pending; i++)
+		if (ex->slots[i].state != SLOT_FREE && ex->slots[i].ticket == ticket &&
+		    !ex->slots[i].waited)
+			done = ex->slots[i].state == SLOT_DONE;
+	pthread_mutex_unlock(&ex->mu);
+	return done;
+}
+
 int moet_cpuexec_wait_span(moet_cpuexec *ex, uint64_t ticket, uint64_t *t_first,
 			   uint64_t *t_last)
 {

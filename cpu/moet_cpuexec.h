@@ -97,6 +97,10 @@ uint64_t moet_cpuexec_prewoken(moet_cpuexec *ex);
  */
 int moet_cpuexec_wait(moet_cpuexec *ex, uint64_t ticket);
 
+/* Whether the batch of `ticket` is done (a wait for it would not block); 1 also for a ticket
+ * that is unknown or already waited for (its wait then says so). Thread-safe. */
+int moet_cpuexec_done(moet_cpuexec *ex, uint64_t ticket);
+
 /* moet_cpuexec_wait, and the batch's span on the team (CLOCK_MONOTONIC ns; either pointer may
  * be NULL): when its first worker began it and when its last worker finished. */
 int moet_cpuexec_wait_span(moet_cpuexec *ex, uint64_t ticket, uint64_t *t_first,

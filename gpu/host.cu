@@ -154,6 +154,16 @@ extern "C" int moet_gpu_event_sync(void *ev)
 	return 0;
 }
 
+extern "C" int moet_gpu_event_query(void *ev, int *out_done)
+{
+	const cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+	*out_done = e == cudaSuccess;
+	if (e == cudaErrorNotReady)
+		return 0;
+	MOET_CUDA_TRY(e);
+	return 0;
+}
+
 extern "C" int moet_gpu_event_elapsed_ms(void *start, void *end, float *out_ms)
 {
 	MOET_CUDA_TRY(cudaEventElapsedTime(out_ms, (cudaEvent_t)start, (cudaEvent_t)end));

@@ -58,6 +58,8 @@ int moet_gpu_event_create(void **out);
 void moet_gpu_event_destroy(void *ev);
 int moet_gpu_event_record(void *ev, void *stream);
 int moet_gpu_event_sync(void *ev);
+/* *out_done: whether the mark of ev has been reached (its last record), without waiting. */
+int moet_gpu_event_query(void *ev, int *out_done);
 int moet_gpu_event_elapsed_ms(void *start, void *end, float *out_ms);
 /* The work queued on `stream` after this call waits for the mark of `ev` (its last record). */
 int moet_gpu_stream_wait_event(void *stream, void *ev);

@@ -98,6 +98,13 @@ int moet_gpu_stream_wait_event(void *stream, void *ev)
 	return no_cuda("moet_gpu_stream_wait_event");
 }
 
+int moet_gpu_event_query(void *ev, int *out_done)
+{
+	(void)ev;
+	*out_done = 0;
+	return no_cuda("moet_gpu_event_query");
+}
+
 int moet_gpu_event_sync(void *ev)
 {
 	(void)ev;

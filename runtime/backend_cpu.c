@@ -121,6 +121,12 @@ static int cpu_fence(moet_backend *be, int i)
 						   : 0;
 }
 
+static int cpu_fence_done(moet_backend *be, int i, int *out_done)
+{
+	*out_done = 1;
+	return cpu_fence(be, i);
+}
+
 static int cpu_bind_mat(moet_backend *be, const moet_mat *host, moet_mat *out)
 {
 	(void)be;
@@ -626,6 +632,7 @@ static const moet_backend_ops cpu_ops = {
 	.download_async = cpu_copy,
 	.fence = cpu_fence,
 	.fence_wait = cpu_fence,
+	.fence_done = cpu_fence_done,
 	.copy = cpu_copy,
 	.host_alloc = cpu_alloc,
 	.host_free = cpu_free,

@@ -252,6 +252,14 @@ static int cu_fence_wait(moet_backend *be, int i)
 	return moet_gpu_event_sync(c->fence_ev[i]);
 }
 
+static int cu_fence_done(moet_backend *be, int i, int *out_done)
+{
+	cuda_be *c = impl(be);
+	if (i < 0 || i >= MOET_BACKEND_FENCES || !c->fence_ev[i])
+		return moet_err(MOET_EINVAL, "CUDA backend: fence %d never recorded", i);
+	return moet_gpu_event_query(c->fence_ev[i], out_done);
+}
+
 static int cu_download(moet_backend *be, void *dst, const void *src, size_t bytes)
 {
 	(void)be;
@@ -914,6 +922,7 @@ static const moet_backend_ops cuda_ops = {
 	.download_async = cu_download_async,
 	.fence = cu_fence,
 	.fence_wait = cu_fence_wait,
+	.fence_done = cu_fence_done,
 	.download = cu_download,
 	.copy = cu_copy,
 	.host_alloc = cu_host_alloc,

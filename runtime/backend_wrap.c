@@ -84,6 +84,11 @@ static int wr_fence(moet_backend *be, int i)
 	return IN(be)->ops->fence(IN(be), i);
 }
 
+static int wr_fence_done(moet_backend *be, int i, int *out_done)
+{
+	return IN(be)->ops->fence_done(IN(be), i, out_done);
+}
+
 static int wr_idle_mark(moet_backend *be, int resume, int kind)
 {
 	return IN(be)->ops->idle_mark(IN(be), resume, kind);
@@ -248,7 +253,9 @@ int moet_backend_wrap(moet_backend *inner, const moet_wrap_hooks *h, void *ctx, 
 	w->in = inner;
 	w->h = h;
 	w->ctx = ctx;
-	w->ops = *in; /* name, host_memory */
+	/* NOTE: from nothing, so that an op added to moet_backend_ops later is not handed out
+	 * with the inner backend's signature (its callers would pass the wrapper) */
+	w->ops = (moet_backend_ops){ .name = in->name, .host_memory = in->host_memory };
 	moet_backend_ops *o = &w->ops;
 	o->destroy = wr_destroy;
 	o->alloc = wr_alloc;
@@ -284,6 +291,7 @@ int moet_backend_wrap(moet_backend *inner, const moet_wrap_hooks *h, void *ctx, 
 	o->download_async = queued && in->download_async ? wr_download_async : NULL;
 	o->fence = queued && in->fence ? wr_fence : NULL;
 	o->fence_wait = queued && in->fence_wait ? wr_fence_wait : NULL;
+	o->fence_done = queued && in->fence_done ? wr_fence_done : NULL;
 	o->idle_mark = queued && in->idle_mark ? wr_idle_mark : NULL;
 	o->idle_take = queued && in->idle_take ? wr_idle_take : NULL;
 	o->stream_select = queued && in->stream_select ? wr_stream_select : NULL;

@@ -421,8 +421,9 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 	static const char *const qs[] = { NULL, "0", "1" };
 	static const char *const ros[] = { "0", "1" };
 	static const char *const sts[] = { NULL, "1", "2" };
+	static const char *const polls[] = { "0", "1" };
 	const moet_backend_ops *op = m->be->ops;
-	int gpu = 0, sync = 0, q = 0, ro = 0, st = 0, dg = 0;
+	int gpu = 0, sync = 0, q = 0, ro = 0, st = 0, dg = 0, poll = 0;
 	int rc = moet_env_choice("MOET_TIER_ORDER", orders, 2, &gpu);
 	if (!rc)
 		rc = moet_env_choice("MOET_STEP_UPLOAD", ups, 2, &sync);
@@ -432,6 +433,8 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 		rc = moet_env_choice("MOET_MB_REORDER", ros, 2, &ro);
 	if (!rc)
 		rc = moet_env_choice("MOET_MB_STREAMS", sts, 3, &st);
+	if (!rc)
+		rc = moet_env_choice("MOET_MB_POLL", polls, 2, &poll);
 	/* Both unset: on for a decode pass on one GPU without MOET_TP ranks, where they were
 	 * measured faster (docs/hybrid.md): the copies queued in one pass (with or without
 	 * CPU-tier experts), and a split pass's halves on two streams with their copies queued (a
@@ -449,6 +452,10 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 	m->q_on = !rc && q_want && !m->xtier && !dg && op->download_async && op->fence &&
 		  op->fence_wait;
 	m->q_reorder = m->q_on && ro;
+	/* polled halves: one device without MOET_TP ranks (the CPU tier's calls are the hybrid
+	 * engine's alone), the copies queued, a backend that can tell a fence's state */
+	m->q_poll = m->q_on && poll && n_mb == 2 && op->fence_done && m->n_devices <= 1 &&
+		    !m->tp;
 	m->q[0].layer = m->q[1].layer = -1;
 	m->gpu_first = !rc && gpu && moet_hybrid_overlapped(m->hy);
 	m->up_async = !rc && !sync && m->be->ops->upload_async;
@@ -470,6 +477,19 @@ static int pin_grow(moet_model *m, void **p, int64_t *cap, int64_t n, size_t ele
 		return moet_err_prefix(rc, "dispatch: %s of %lld", what, (long long)n);
 	*cap = n;
 	return 0;
+}
+
+int moet_moe_dispatch_ready(moet_model *m, int slot, int64_t l, int *out_ready)
+{
+	*out_ready = 1;
+	if (!m->q_on || m->q[slot & 1].layer != l)
+		return 0;
+	return m->be->ops->fence_done(m->be, slot & 1, out_ready);
+}
+
+int moet_moe_finish_ready(moet_model *m, int slot)
+{
+	return moet_hybrid_cpu_ready(m->hy, slot);
 }
 
 int moet_moe_dispatch_queue(moet_model *m, int64_t l, const int32_t *ids, int64_t n,

@@ -17,6 +17,7 @@
  * every op is row-wise and batch-invariant, so a sequence's logits do not depend on how its
  * tokens are split into calls or which sequences share the batch (tested bit for bit).
  */
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -481,6 +482,48 @@ static int mb_stage2(moet_model *m, const mb_pass *p, int64_t l)
 	return 0;
 }
 
+/* MOET_MB_POLL=1: each half goes through its own steps (1a; 1b once its routing copies are
+ * there; 2 once its CPU tier is done; then the next layer's 1a) and the driver takes whichever
+ * half can go on without waiting, so that neither half's work waits in the queue behind the
+ * other half's wait (the plain order queues the second half's next layer only after the first
+ * half's routing copies are in). A half runs at most one layer ahead of the other. */
+static int pass_polled(moet_model *m, mb_pass *p)
+{
+	const int64_t L = m->cfg.num_hidden_layers;
+	int64_t lay[2] = { 0, 0 };
+	int due[2] = { 1, 1 }; /* the step due at lay[i]: 1 (1b) or 2 */
+	int rc = mb_stage1a(m, &p[0], 0);
+	rc = rc ? rc : mb_stage1a(m, &p[1], 0);
+	while (!rc && (lay[0] < L || lay[1] < L)) {
+		int moved = 0;
+		for (int i = 0; i < 2 && !rc; i++) {
+			const int64_t l = lay[i];
+			int ready = 1;
+			if (l >= L || l > lay[!i] + 1)
+				continue;
+			if (due[i] == 1) {
+				if ((rc = moet_moe_dispatch_ready(m, p[i].slot, l, &ready)) || !ready)
+					continue;
+				rc = mb_stage1b(m, &p[i], l);
+				due[i] = 2;
+			} else {
+				if (!moet_moe_finish_ready(m, p[i].slot))
+					continue;
+				rc = mb_stage2(m, &p[i], l);
+				lay[i]++;
+				due[i] = 1;
+				if (!rc && l + 1 < L)
+					rc = mb_stage1a(m, &p[i], l + 1);
+			}
+			moved = 1;
+		}
+		if (!moved) /* both wait: the device or the CPU tier works */
+			sched_yield();
+	}
+	m->polled_passes += !rc;
+	return rc;
+}
+
 /* The pass's work from the embedding to the lm_head, for one or two micro-batches (what a
  * CUDA graph captures: graph.c). */
 static int pass_body(moet_model *m, mb_pass *p, int n_mb)
@@ -495,6 +538,8 @@ static int pass_body(moet_model *m, mb_pass *p, int n_mb)
 		for (int64_t l = 0; l < L && !rc; l++)
 			if (!(rc = mb_stage1(m, &p[0], l)))
 				rc = mb_stage2(m, &p[0], l);
+	} else if (m->q_poll) {
+		rc = pass_polled(m, p);
 	} else if (m->q_reorder) {
 		/* queued routing copies reordered (MOET_MB_REORDER=1): each half's dispatch waits
 		 * for its own copies, so the other half's work is queued behind them before (see the
@@ -719,8 +764,10 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 		rc = moet_pass_switches(m, n_mb, n == n_steps);
 	if (!rc && n_mb == 2)
 		rc = moet_mb_merge_begin(m, n, &merged);
-	if (merged) /* a merged call reads both halves' rows: one stream */
+	if (merged) { /* a merged call reads both halves' rows: one stream, the plain order */
 		m->mb_streams = 0;
+		m->q_poll = 0;
+	}
 	if (!rc)
 		rc = pass_run(m, p, n_mb, steps, n_steps);
 	if (merged)

@@ -422,6 +422,19 @@ int moet_hybrid_cpu_begin(moet_hybrid *hy, int slot, moet_backend *be, const moe
 	return rc ? rc : moet_hybrid_cpu_go(hy, slot);
 }
 
+int moet_hybrid_cpu_ready(moet_hybrid *hy, int slot)
+{
+	if (!hy || slot < 0 || slot >= MOET_HYBRID_SLOTS)
+		return 1;
+	const hy_call *cl = &hy->call[slot];
+	/* NOTE: every batch of the call, not just the last: the team's batches may end in any
+	 * order as far as this caller knows */
+	for (int i = 0; cl->pending && hy->ex && i < cl->n_tickets; i++)
+		if (!moet_cpuexec_done(hy->ex, cl->tickets[i]))
+			return 0;
+	return 1;
+}
+
 int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be, int idle_marks,
 			   int async)
 {

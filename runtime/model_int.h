@@ -86,6 +86,9 @@ int moet_model_gpu_idle_take(moet_model *m);
  * idle marks around the wait (moet_backend_ops.idle_mark). */
 int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be, int idle_marks,
 			   int async);
+/* Whether moet_hybrid_cpu_finish(slot) would not wait for the CPU tier: no call in flight,
+ * or its team work done (MOET_MB_POLL). */
+int moet_hybrid_cpu_ready(moet_hybrid *hy, int slot);
 /*
  * The device-grouped form (runtime/devgroup.c, CUDA): the device writes the CPU tier's pairs,
  * their count and their rows (in tier order, in place for the jobs) into the slot's pinned
@@ -361,6 +364,8 @@ struct moet_model {
 	int64_t cap_slot_pin[3];
 	int q_on;                 /* this pass queues its routing downloads (MOET_MB_QUEUE) */
 	int q_reorder;            /* and reorders its halves' steps around them (MOET_MB_REORDER) */
+	int q_poll;               /* or polls both halves' waits (MOET_MB_POLL) */
+	uint64_t polled_passes;   /* split passes run so (tests) */
 	int mb_streams;           /* its halves run on two streams (MOET_MB_STREAMS) */
 	struct {                  /* per micro-batch: moet_moe_dispatch_queue's copies */
 		int32_t *ids;     /* host_alloc [cap_p]: the layer's routing ids */
@@ -471,6 +476,11 @@ int moet_moe_dispatch_queue(struct moet_model *m, int64_t l, const int32_t *ids,
  * y rows and slot[pair] (backend), per the placement. */
 int moet_moe_dispatch(struct moet_model *m, int64_t l, const int32_t *ids, int64_t n,
 		      const float *h, float *y, int32_t *slot);
+/* MOET_MB_POLL: whether micro-batch slot's dispatch of layer l would not wait for its queued
+ * routing copies (*out_ready; 1 where nothing is queued for it), and whether its finish
+ * would not wait for the CPU tier (moet_hybrid_cpu_ready). One device only. */
+int moet_moe_dispatch_ready(struct moet_model *m, int slot, int64_t l, int *out_ready);
+int moet_moe_finish_ready(struct moet_model *m, int slot);
 /* Completes a dispatch whose CPU tier may still be running (the hybrid engine overlaps it
  * with whatever the caller queues on the backend in between). */
 int moet_moe_dispatch_finish(struct moet_model *m);

@@ -110,6 +110,9 @@ typedef struct moet_backend_ops {
 	int (*download_async)(moet_backend *be, void *dst, const void *src, size_t bytes);
 	int (*fence)(moet_backend *be, int i);
 	int (*fence_wait)(moet_backend *be, int i);
+	/* Optional with them (NULL: only fence_wait): *out_done whether fence i has been
+	 * reached, without waiting (MOET_MB_POLL). */
+	int (*fence_done)(moet_backend *be, int i, int *out_done);
 	/* Optional (NULL: not offered): backend memory to backend memory, queued in order with
 	 * the ops (the two micro-batches' merged expert call, dispatch.c). */
 	int (*copy)(moet_backend *be, void *dst, const void *src, size_t bytes);

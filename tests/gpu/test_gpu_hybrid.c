@@ -17,8 +17,11 @@
  *     micro-batches, in the plain order and with the halves' steps reordered,
  *     MOET_MB_REORDER=1, also merged) and not (=0): the same bits; the halves on two
  *     streams (MOET_MB_STREAMS=2, and unset: two in the decode passes of a split, queued),
- *     queued and not, with the legacy and an own pass stream (MOET_GPU_STREAM=own), and on
- *     one (=1, the reference): the same bits;
+ *     queued and not, with the legacy and an own pass stream (MOET_GPU_STREAM=own), on one
+ *     (=1, the reference), with the expert calls on low-priority streams (MOET_MB_PRIO=1) and
+ *     traced (MOET_TRACE: the CUDA backend's trace points; the timeline has op spans on both
+ *     micro-batch streams, each inside its pass), and with the driver polling both halves'
+ *     waits (MOET_MB_POLL=1): the same bits;
  *   - the tier counts add up, the random placement sends >= 25% of routings to the CPU;
  *   - the CPU tier's counters agree with the tier counts (pairs, bytes copied back);
  *   - the GPU's idle marks (moet_model_set_gpu_idle, CUDA events) on for the all-CPU and the
@@ -209,11 +212,12 @@ int main(void)
 				"random one pass sync uploads", "random queued",
 				"random merged queued reordered", "random one pass queued",
 				"random queued reordered", "random merged queued",
-				"random two streams", "random two streams unqueued" };
+				"random two streams", "random two streams unqueued",
+				"random two streams polled" };
 	int64_t moe_layers = 0;
 	for (int64_t l = 0; l < L; l++)
 		moe_layers += moet_config_is_moe_layer(c, l);
-	for (int pl = 0; pl < 19; pl++) {
+	for (int pl = 0; pl < 20; pl++) {
 		const int merged = pl == 6 || pl == 7 || pl == 13 || pl == 16;
 		for (int64_t i = 0; i < L * E; i++) {
 			int64_t l = i / E, e = i % E;
@@ -265,6 +269,9 @@ int main(void)
 		 * one stream, nothing queued */
 		if (pl == 2)
 			setenv("MOET_MB_STREAMS", "1", 1);
+		/* the driver polling both halves' waits (MOET_MB_POLL: the copies' fences queried) */
+		if (pl == 19)
+			setenv("MOET_MB_POLL", "1", 1);
 		for (int batched = 0; batched < 2; batched++) {
 			memset(got, 0xCD, n_log * sizeof(float));
 			CHECK(run(gpu, batched, got) == 0, "%s: %s", names[pl], moet_errmsg());
@@ -279,6 +286,7 @@ int main(void)
 		unsetenv("MOET_MB_QUEUE");
 		unsetenv("MOET_MB_REORDER");
 		unsetenv("MOET_MB_STREAMS");
+		unsetenv("MOET_MB_POLL");
 		uint64_t cnt[2];
 		moet_model_tier_counts(gpu, cnt, 2);
 		moet_hybrid_stats hs;

@@ -103,14 +103,15 @@ int main(void)
 				"random-3 gpu-first", "random-3 one pass gpu-first", "random-3 queued",
 				"random-1 merged queued reordered", "random-3 one pass queued",
 				"random-3 queued reordered", "random-1 merged queued",
-				"random-1 two streams", "random-1 merged two streams" };
+				"random-1 two streams", "random-1 merged two streams",
+				"random-1 two streams polled" };
 	int64_t moe_layers = 0;
 	for (int64_t l = 0; l < L; l++)
 		moe_layers += moet_config_is_moe_layer(c, l);
-	for (int pl = 0; pl < 20; pl++) {
+	for (int pl = 0; pl < 21; pl++) {
 		const int merged = (pl >= 8 && pl <= 10) || pl == 14 || pl == 17 || pl == 19;
 		const int streams = pl == 18 || pl == 19; /* MOET_MB_STREAMS=2 */
-		int n_dev = pl == 0 ? 0 : pl == 1 || merged || streams ? 1 : 3;
+		int n_dev = pl == 0 ? 0 : pl == 1 || merged || streams || pl == 20 ? 1 : 3;
 		for (int64_t l = 0; l < L; l++)
 			for (int64_t e = 0; e < E; e++) {
 				int16_t o;
@@ -172,6 +173,10 @@ int main(void)
 		if (pl == 1) /* the reference: one stream (unset: two in the decode passes of one
 			      * device, unmerged: pl 0) */
 			setenv("MOET_MB_STREAMS", "1", 1);
+		/* the driver polling both halves' waits (the decode passes: their copies queued) */
+		if (pl == 20)
+			setenv("MOET_MB_POLL", "1", 1);
+		const uint64_t polled0 = m->polled_passes;
 		int sel0;
 		uint64_t sels0, joins0;
 		moet_backend_cpu_streams(m->be, &sel0, &sels0, &joins0);
@@ -180,6 +185,7 @@ int main(void)
 		uint64_t sels1, joins1;
 		moet_backend_cpu_streams(m->be, &sel1, &sels1, &joins1);
 		unsetenv("MOET_MB_STREAMS");
+		unsetenv("MOET_MB_POLL");
 		unsetenv("MOET_MICROBATCH");
 		unsetenv("MOET_MB_MERGE");
 		unsetenv("MOET_TIER_ORDER");
@@ -245,9 +251,10 @@ int main(void)
 		/* every split pass selected each half's stream and joined (pl 18; unset, pl 0: the
 		 * decode passes, all but the prompts' first), and none was left selected; without
 		 * the switch (pl 1), merged (one stream) or over several devices nothing was */
+		const int st_dflt = pl == 0 || pl == 20;
 		const uint64_t st_passes = pl == 18 ? hs.split_passes
-					   : pl == 0 && hs.split_passes ? hs.split_passes - 1 : 0;
-		CHECK(sel1 == -1 && (pl == 18 || pl == 0 ? sels1 - sels0 >= 2 * st_passes &&
+					   : st_dflt && hs.split_passes ? hs.split_passes - 1 : 0;
+		CHECK(sel1 == -1 && (pl == 18 || st_dflt ? sels1 - sels0 >= 2 * st_passes &&
 							     joins1 - joins0 == st_passes &&
 							     st_passes > 0
 							   : sels1 == sels0 && joins1 == joins0),
@@ -255,6 +262,11 @@ int main(void)
 		      names[pl], (unsigned long long)(sels1 - sels0),
 		      (unsigned long long)(joins1 - joins0), (unsigned long long)hs.split_passes,
 		      sel1);
+		/* polled: every split pass (pl >= 13 queue the prompts' copies too) */
+		CHECK(m->polled_passes - polled0 == (pl == 20 ? hs.split_passes : 0) &&
+		      (pl != 20 || hs.split_passes > 0),
+		      "%s: %llu polled passes", names[pl],
+		      (unsigned long long)(m->polled_passes - polled0));
 		if (pl == 9 || pl == 10)
 			CHECK(hs.staged_pairs > 0 && (hs.cpu_pairs > 0) == (pl == 9), "%s: %llu "
 			      "staged pairs, %llu on the CPU tier", names[pl],
@@ -263,7 +275,7 @@ int main(void)
 			CHECK(cnt[0] == total, "all-cpu: every pair on the CPU tier");
 		if (pl == 1)
 			CHECK(cnt[1] == total, "all-device: every pair on device 0");
-		if (merged || streams)
+		if (merged || streams || pl == 20)
 			CHECK(cnt[0] * 4 >= total && cnt[1], "%s: CPU share %llu of %llu (>= 25%%), "
 			      "the device used", names[pl], (unsigned long long)cnt[0],
 			      (unsigned long long)total);
@@ -282,9 +294,9 @@ int main(void)
 		const int64_t t1[1] = { 1 };
 		CHECK(moet_kv_create(m, 4, &kv) == 0, "kv");
 		moet_seq_step st = { .kv = kv, .tokens = t1, .n_tok = 1, .out_logits = got };
-		const char *var[5] = { "MOET_TIER_ORDER", "MOET_STEP_UPLOAD", "MOET_MB_QUEUE",
-				       "MOET_MB_REORDER", "MOET_MB_STREAMS" };
-		for (int i = 0; i < 5; i++) {
+		const char *var[6] = { "MOET_TIER_ORDER", "MOET_STEP_UPLOAD", "MOET_MB_QUEUE",
+				       "MOET_MB_REORDER", "MOET_MB_STREAMS", "MOET_MB_POLL" };
+		for (int i = 0; i < 6; i++) {
 			setenv(var[i], "sideways", 1);
 			int r = moet_model_forward_batch(m, &st, 1);
 			unsetenv(var[i]);

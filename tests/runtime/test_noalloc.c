@@ -7,7 +7,8 @@
  * decode steps of the same batch make no allocation at all, for:
  *   - no placement (every expert on the CPU backend);
  *   - a placement over two simulated devices with a CPU tier, the tier overlapped, in one
- *     pass and in two micro-batches (MOET_MICROBATCH=0 / 1);
+ *     pass and in two micro-batches (MOET_MICROBATCH=0 / 1); over one, the halves polled
+ *     (MOET_MB_POLL=1) and merged;
  *   - the same behind the NVMe tier at half the CPU tier's experts (prefetch on);
  *   - the dense part split over two CPU ranks (MOET_TP=2), without and with the placement.
  * With a CUDA device (tests/gpu/run.sh runs this program too when it is in the carried build),
@@ -181,6 +182,9 @@ int main(void)
 	for (int64_t i = 0; own1 && i < L * E; i++)
 		own1[i] = (int16_t)(i % 3 == 0 ? -1 : 0);
 	CHECK(own1 && moet_model_set_placement(m, own1, 1) == 0, "placement: %s", moet_errmsg());
+	setenv("MOET_MB_POLL", "1", 1); /* the driver polling both halves' waits */
+	expect_none(m, "CPU tier + 1 sim device, 2 halves polled");
+	unsetenv("MOET_MB_POLL");
 	setenv("MOET_MB_MERGE", "1", 1);
 	expect_none(m, "CPU tier + 1 sim device, 2 halves merged");
 	unsetenv("MOET_MB_MERGE");
@@ -245,6 +249,9 @@ int main(void)
 		unsetenv("MOET_MB_REORDER");
 		setenv("MOET_MB_STREAMS", "2", 1); /* the halves on two streams */
 		expect_none(m, "cuda + CPU tier, 2 halves queued, two streams");
+		setenv("MOET_MB_POLL", "1", 1); /* the driver polling both halves' waits */
+		expect_none(m, "cuda + CPU tier, 2 halves queued, two streams, polled");
+		unsetenv("MOET_MB_POLL");
 		unsetenv("MOET_MB_STREAMS");
 		unsetenv("MOET_MB_QUEUE");
 		unsetenv("MOET_MICROBATCH");
