@@ -18,6 +18,7 @@
 #include <xmmintrin.h>
 #endif
 
+#include "moet_clock.h"
 #include "moet_cpu.h"
 #include "moet_cpuexec.h"
 #include "moet_dtype.h"
@@ -219,8 +220,19 @@ static void in_flight(void)
 		CHECK(moet_cpuexec_submit(ex, b[i].jobs, b[i].n, &tk[i]) == 0, "submit %d", i);
 	}
 	CHECK(tk[0] < tk[1] && tk[1] < tk[2], "tickets increase");
+	/* moet_cpuexec_done: each batch reads done in time (10 s at most), and then its outputs
+	 * are all there (the done mark is set after the last worker's writes) */
+	for (int i = 0; i < 2; i++) {
+		const uint64_t t0 = moet_now_ns();
+		while (!moet_cpuexec_done(ex, tk[i]) && moet_now_ns() - t0 < 10000000000ull)
+			sched_yield();
+		CHECK(moet_cpuexec_done(ex, tk[i]), "batch %d never done", i);
+		check_outputs(&b[i], i ? "done 1" : "done 0");
+	}
+	CHECK(moet_cpuexec_done(ex, 12345), "an unknown ticket reads done");
 	for (int i = 2; i >= 0; i--)
 		CHECK(moet_cpuexec_wait(ex, tk[i]) == 0, "wait %d: %s", i, moet_errmsg());
+	CHECK(moet_cpuexec_done(ex, tk[0]), "a ticket waited for reads done");
 	check_outputs(&b[0], "in flight 0");
 	check_outputs(&b[1], "in flight 1");
 	for (int j = 1; j < b[2].n; j++) { /* job 0 had no tokens */
