@@ -100,6 +100,10 @@ typedef struct cuda_be {
 	/* idle_mark / idle_take: event pairs (created at the first mark, kept), the pairs
 	 * recorded since the last take, whether a pair is open, whether a capture is */
 	void *idle_ev[2][CU_IDLE_PAIRS];
+	/* with two micro-batch streams, a pair's first mark on the other stream too (the
+	 * device is idle once both have run dry): idle_other[i] whether pair i has it */
+	void *idle_ev_other[CU_IDLE_PAIRS];
+	unsigned char idle_other[CU_IDLE_PAIRS];
 	unsigned char idle_kind[CU_IDLE_PAIRS]; /* each pair's kind (MOET_IDLE_*) */
 	int idle_n, idle_open, capturing;
 	void *fence_ev[MOET_BACKEND_FENCES]; /* created at their first record, kept */
@@ -198,6 +202,8 @@ static void cu_destroy(moet_backend *be)
 	for (int i = 0; i < 2; i++)
 		for (int j = 0; j < CU_IDLE_PAIRS; j++)
 			moet_gpu_event_destroy(c->idle_ev[i][j]);
+	for (int j = 0; j < CU_IDLE_PAIRS; j++)
+		moet_gpu_event_destroy(c->idle_ev_other[j]);
 	for (int i = 0; i < MOET_BACKEND_FENCES; i++)
 		moet_gpu_event_destroy(c->fence_ev[i]);
 	moet_gpu_free(c->smp_scratch); /* issue 4 */
@@ -755,10 +761,20 @@ static int cu_idle_mark(moet_backend *be, int resume, int kind)
 	int rc = *ev ? 0 : moet_gpu_event_create(ev);
 	if (!rc)
 		rc = moet_gpu_event_record(*ev, cur_stream(c));
+	/* two streams: the other micro-batch's stream may still have work (it was made and
+	 * joined this pass if it is selected at all: the first mark goes on it too) */
+	const int other = c->sel >= 0 && c->mb_stream[!c->sel] && c->joined[!c->sel];
+	if (!rc && !resume && other) {
+		void **eo = &c->idle_ev_other[c->idle_n];
+		if (!(rc = *eo ? 0 : moet_gpu_event_create(eo)))
+			rc = moet_gpu_event_record(*eo, c->mb_stream[!c->sel]);
+	}
 	if (rc)
 		return rc;
-	if (!resume)
+	if (!resume) {
 		c->idle_kind[c->idle_n] = (unsigned char)kind;
+		c->idle_other[c->idle_n] = (unsigned char)other;
+	}
 	c->idle_open = !resume;
 	c->idle_n += !!resume;
 	return 0;
@@ -773,8 +789,15 @@ static int cu_idle_take(moet_backend *be, double out_s[MOET_IDLE_KINDS])
 	for (int i = 0; i < c->idle_n && !rc; i++) {
 		float ms = 0;
 		if (!(rc = moet_gpu_event_sync(c->idle_ev[1][i])) &&
-		    !(rc = moet_gpu_event_elapsed_ms(c->idle_ev[0][i], c->idle_ev[1][i], &ms)))
+		    !(rc = moet_gpu_event_elapsed_ms(c->idle_ev[0][i], c->idle_ev[1][i], &ms))) {
+			float mo = ms; /* the device ran dry when the later stream did */
+			if (c->idle_other[i] &&
+			    !(rc = moet_gpu_event_sync(c->idle_ev_other[i])) &&
+			    !(rc = moet_gpu_event_elapsed_ms(c->idle_ev_other[i], c->idle_ev[1][i],
+							     &mo)) && mo < ms)
+				ms = mo;
 			out_s[c->idle_kind[i]] += ms > 0 ? 1e-3 * ms : 0;
+		}
 	}
 	c->idle_n = 0;
 	c->idle_open = 0;

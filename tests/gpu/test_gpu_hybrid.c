@@ -269,6 +269,10 @@ int main(void)
 		 * one stream, nothing queued */
 		if (pl == 2)
 			setenv("MOET_MB_STREAMS", "1", 1);
+		/* the idle checks below (pl 1, 4): the device idles as its one stream runs dry (with
+		 * two, only once both have: the other half's work may fill the driver's wait) */
+		if (idle)
+			setenv("MOET_MB_STREAMS", "1", 1);
 		/* the driver polling both halves' waits (MOET_MB_POLL: the copies' fences queried) */
 		if (pl == 19)
 			setenv("MOET_MB_POLL", "1", 1);
