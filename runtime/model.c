@@ -9,7 +9,6 @@
  * looked up, so they are accepted and skipped.
  */
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -631,15 +630,12 @@ int moet_model_open_on(const char *dir, const char *device, moet_model **out)
 }
 
 /* MOET_TRACE=FILE (unset or empty: off): the timeline of the model's passes (moet_trace.h),
- * the backend wrapped (backend_trace.c). Models the process opens one after the other with the
- * same FILE write FILE, FILE.1, FILE.2, ... (bench e2e opens one per mode). MOET_TRACE_MAX: the
- * most spans written (default 1000000; 0: no limit). Not with MOET_OP_TIMES (whose waits would
- * be the timeline). */
+ * the backend wrapped (backend_trace.c); the file is made at the first pass (a model that runs
+ * none, as bench e2e's placement reader, writes nothing), FILE.1, FILE.2, ... for the later
+ * models of the process with the same FILE. MOET_TRACE_MAX: the most spans written (default
+ * 1000000; 0: no limit). Not with MOET_OP_TIMES (whose waits would be the timeline). */
 static int trace_open(moet_model *m, int timed)
 {
-	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-	static char last[4096];
-	static int opened;
 	const char *path = getenv("MOET_TRACE"), *mx = getenv("MOET_TRACE_MAX");
 	if (!path || !*path)
 		return 0;
@@ -655,23 +651,9 @@ static int trace_open(moet_model *m, int timed)
 			return moet_err(MOET_EINVAL, "MOET_TRACE_MAX='%s': want a count of spans >= 0 "
 					"(0: no limit)", mx);
 	}
-	pthread_mutex_lock(&mu);
-	if (strcmp(last, path)) {
-		snprintf(last, sizeof(last), "%s", path);
-		opened = 0;
-	}
-	const int n = opened++;
-	pthread_mutex_unlock(&mu);
-	char name[4096];
-	if (n > 0)
-		snprintf(name, sizeof(name), "%s.%d", path, n);
-	else
-		snprintf(name, sizeof(name), "%s", path);
 	moet_backend *traced = NULL;
-	int rc = moet_trace_open(name, max, &m->trace);
-	if (!rc && (rc = moet_backend_trace_create(m->be, m->trace, &traced)))
-		return rc;
-	if (!rc)
+	int rc = moet_trace_open(path, max, &m->trace);
+	if (!rc && !(rc = moet_backend_trace_create(m->be, m->trace, &traced)))
 		m->be = traced;
 	return rc;
 }

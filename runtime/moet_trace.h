@@ -20,8 +20,10 @@ enum {
 
 typedef struct moet_trace moet_trace;
 
-/* Creates FILE and writes the header and the lanes' names; MOET_EIO naming the file. At most
- * max_spans spans are written (0: no limit); those past it are counted and dropped. */
+/* A timeline for FILE, made at the first span (with the header and the lanes' names): FILE, or
+ * FILE.n for the n-th timeline of the process after the first that writes to the same FILE
+ * (the last name kept). MOET_EIO naming the file when its directory cannot be written now. At
+ * most max_spans spans are written (0: no limit); those past it are counted and dropped. */
 int moet_trace_open(const char *path, int64_t max_spans, moet_trace **out);
 
 /* A span [t0_ns, t1_ns] (moet_now_ns) on a lane; name is copied. NULL t: nothing. A write error

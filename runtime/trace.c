@@ -6,9 +6,12 @@
 #include "moet_trace.h"
 
 #include <errno.h>
+#include <libgen.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -16,8 +19,9 @@
 #include "moet_err.h"
 
 struct moet_trace {
-	FILE *f;
-	char *path;
+	FILE *f;           /* made at the first span (a model that runs no pass writes nothing) */
+	char *base;        /* the name asked for */
+	char *path;        /* the file's name, once made */
 	uint64_t t0;       /* ns: the trace's origin */
 	int64_t max, written, dropped;
 	int err_no;        /* the first write's errno, or -1 for jansson; 0: none */
@@ -26,6 +30,10 @@ struct moet_trace {
 
 static void put(moet_trace *t, json_t *ev)
 {
+	if (!t->f) {
+		json_decref(ev);
+		return;
+	}
 	if (!ev) {
 		t->bad = 1;
 		t->err_no = ENOMEM;
@@ -52,6 +60,13 @@ int moet_trace_open(const char *path, int64_t max_spans, moet_trace **out)
 	*out = NULL;
 	if (!path || !*path)
 		return moet_err(MOET_EINVAL, "MOET_TRACE: no file name");
+	/* the file is made at the first span; its directory is checked now */
+	char *dir = strdup(path);
+	const int ok = dir && access(dirname(dir), W_OK | X_OK) == 0;
+	const int e = errno;
+	free(dir);
+	if (!ok)
+		return moet_err(MOET_EIO, "MOET_TRACE: cannot create %s: %s", path, strerror(e));
 	moet_trace *t = calloc(1, sizeof(*t));
 	char *p = strdup(path);
 	if (!t || !p) {
@@ -59,14 +74,42 @@ int moet_trace_open(const char *path, int64_t max_spans, moet_trace **out)
 		free(p);
 		return moet_err(MOET_ENOMEM, "MOET_TRACE");
 	}
-	t->path = p;
+	t->base = p;
 	t->max = max_spans;
 	t->t0 = moet_now_ns();
-	if (!(t->f = fopen(path, "w"))) {
-		int rc = moet_err(MOET_EIO, "MOET_TRACE: cannot create %s: %s", path, strerror(errno));
-		free(p);
-		free(t);
-		return rc;
+	*out = t;
+	return 0;
+}
+
+/* The file, at the first span: FILE, or FILE.n for the n-th timeline of this process that
+ * writes to the same FILE after the first (the last name kept: bench e2e's models one after
+ * the other). */
+static void make_file(moet_trace *t)
+{
+	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+	static char last[4096];
+	static int made;
+	pthread_mutex_lock(&mu);
+	if (strcmp(last, t->base)) {
+		snprintf(last, sizeof(last), "%s", t->base);
+		made = 0;
+	}
+	const int n = made++;
+	pthread_mutex_unlock(&mu);
+	const size_t len = strlen(t->base) + 16;
+	if (!(t->path = malloc(len))) {
+		t->bad = 1;
+		t->err_no = ENOMEM;
+		return;
+	}
+	if (n > 0)
+		snprintf(t->path, len, "%s.%d", t->base, n);
+	else
+		snprintf(t->path, len, "%s", t->base);
+	if (!(t->f = fopen(t->path, "w"))) {
+		t->bad = 1;
+		t->err_no = errno;
+		return;
 	}
 	/* NOTE: the first element is the process's name, so that every later one follows ",\n" */
 	if (fputs("{\"traceEvents\": [\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, "
@@ -81,14 +124,14 @@ int moet_trace_open(const char *path, int64_t max_spans, moet_trace **out)
 	lane_name(t, MOET_TRACE_CPU + 1, "CPU tier: slot 1");
 	lane_name(t, MOET_TRACE_DRIVER, "driver: waits");
 	lane_name(t, MOET_TRACE_PASS, "passes");
-	*out = t;
-	return 0;
 }
 
 void moet_trace_span(moet_trace *t, int lane, const char *name, uint64_t t0_ns, uint64_t t1_ns)
 {
 	if (!t)
 		return;
+	if (!t->f && !t->bad)
+		make_file(t);
 	if (t->max > 0 && t->written >= t->max) {
 		t->dropped++;
 		return;
@@ -102,7 +145,8 @@ void moet_trace_span(moet_trace *t, int lane, const char *name, uint64_t t0_ns, 
 
 static int write_err(const moet_trace *t)
 {
-	return moet_err(MOET_EIO, "MOET_TRACE: writing %s: %s", t->path, strerror(t->err_no));
+	return moet_err(MOET_EIO, "MOET_TRACE: writing %s: %s", t->path ? t->path : t->base,
+			strerror(t->err_no));
 }
 
 int moet_trace_error(const moet_trace *t)
@@ -120,16 +164,17 @@ int moet_trace_close(moet_trace *t)
 {
 	if (!t)
 		return 0;
-	if (!t->bad && fputs("\n], \"displayTimeUnit\": \"ms\"}\n", t->f) == EOF) {
+	if (t->f && !t->bad && fputs("\n], \"displayTimeUnit\": \"ms\"}\n", t->f) == EOF) {
 		t->bad = 1;
 		t->err_no = errno ? errno : EIO;
 	}
-	if (fclose(t->f) && !t->bad) {
+	if (t->f && fclose(t->f) && !t->bad) {
 		t->bad = 1;
 		t->err_no = errno ? errno : EIO;
 	}
 	const int rc = t->bad ? write_err(t) : 0;
 	free(t->path);
+	free(t->base);
 	free(t);
 	return rc;
 }

@@ -19,7 +19,9 @@
 # (default 16), MOET_AB_DEVICE (default cuda; cpu runs the same on the CPU backend),
 # MOET_AB_MODE (default hybrid; gpu: every expert resident, the placement file still needed,
 # no overlap check: Tc, Tg and the bound are nan), MOET_AB_TIMEOUT (seconds per run, default
-# 300).
+# 300), MOET_AB_TRACE (1: after the rounds one more run per variant, untimed in the table, with
+# MOET_TRACE and without the overlap check: trace-NAME.txt from tests/gpu/trace_table.py, the
+# trace itself as trace-NAME.json.xz).
 # Debian runtime libraries may be carried as .deb files in .deb/ (as for tests/gpu/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -64,6 +66,27 @@ for r in $(seq 1 "$rounds"); do
 	done
 done
 MOET_AB_MODE=$mode python3 tests/gpu/e2e_table.py "$out" "$@" | tee "$out/table.txt"
+if [ "${MOET_AB_TRACE:-0}" = 1 ]; then
+	for v in "$@"; do
+		name=${v%%:*} envs=()
+		[ "$name" = "$v" ] || IFS=, read -ra envs <<<"${v#*:}"
+		echo "== $(date +%T) $name traced ${envs[*]:-}"
+		rm -f "$out/trace-$name.json" "$out/trace-$name.json.xz"
+		rc=0
+		env "${envs[@]}" MOET_TRACE="$out/trace-$name.json" MOET_TRACE_MAX=2000000 \
+			timeout "${MOET_AB_TIMEOUT:-300}" "$build/moet-hybrid" bench e2e \
+			--model "$ckpt" --device "${MOET_AB_DEVICE:-cuda}" --modes "$mode" \
+			--placement "$place" --batches "${MOET_AB_BATCHES:-16,64}" --prefill none \
+			--steps "${MOET_AB_STEPS:-16}" --no-overlap-check \
+			>"$out/trace-$name.log" 2>&1 || rc=$?
+		if [ "$rc" != 0 ]; then
+			echo "e2e_ab: $name traced run failed (exit $rc): $out/trace-$name.log" >&2
+			continue
+		fi
+		python3 tests/gpu/trace_table.py "$out/trace-$name.json" 6 >"$out/trace-$name.txt"
+		! command -v xz >/dev/null || xz -f "$out/trace-$name.json"
+	done
+fi
 # NOTE: written outside OUT_DIR, then moved in: tar fails on a file that grows while read
 arch=$(mktemp)
 tar -czf "$arch" -C "$out" --exclude ab.tar.gz .

@@ -49,6 +49,9 @@ def main():
         ev = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
     passes = sorted((e for e in ev if e["tid"] == 30), key=lambda e: e["ts"])
     spans = sorted((e for e in ev if e["tid"] != 30), key=lambda e: e["ts"])
+    if not passes:
+        print("no passes in %s" % sys.argv[1])
+        return 0
     groups = {}
     for p in passes:
         groups.setdefault(p["name"], []).append(p)

@@ -72,12 +72,25 @@ int main(void)
 		fclose(f);
 	}
 	char *text = NULL;
-	snprintf(args, sizeof(args), "MOET_AB_ROUNDS=2 bash tests/gpu/e2e_ab.sh %s %s %s %s def "
-		 "'split:MOET_MICROBATCH=1' 'bad:MOET_MB_QUEUE=2'", build, out, ckpt, place);
+	snprintf(args, sizeof(args), "MOET_AB_ROUNDS=2 MOET_AB_TRACE=1 bash tests/gpu/e2e_ab.sh "
+		 "%s %s %s %s def 'split:MOET_MICROBATCH=1' 'bad:MOET_MB_QUEUE=2'", build, out,
+		 ckpt, place);
 	int rc = run(args, &text);
 	CHECK(rc == 0 && text, "e2e_ab.sh: exit %d\n%s", rc, text ? text : "");
 	CHECK(text && strstr(text, "MOET_MB_QUEUE") && strstr(text, "bad round 1 failed"),
 	      "the refused variant's failure named:\n%s", text ? text : "");
+	/* MOET_AB_TRACE=1: a traced run per variant, summed up (the refused one failed) */
+	for (int v = 0; v < 2; v++) {
+		size_t tn = 0;
+		snprintf(path, sizeof(path), "%s/trace-%s.txt", out, v ? "split" : "def");
+		char *tt = moet_test_read_file(path, &tn);
+		CHECK(tt &&
+		      strstr(tt, v ? "decode 4 rows, two micro-batches:" : "decode 4 rows, ") &&
+		      strstr(tt, "cpu tier busy"), "%s:\n%s", path, tt ? tt : "(missing)");
+		free(tt);
+	}
+	CHECK(text && strstr(text, "bad traced run failed"), "the refused variant's traced run "
+	      "failed:\n%s", text ? text : "");
 
 	/* the table against the records */
 	snprintf(path, sizeof(path), "%s/table.txt", out);
