@@ -24,7 +24,7 @@ struct moet_trace {
 	char *path;        /* the file's name, once made */
 	uint64_t t0;       /* ns: the trace's origin */
 	int64_t max, written, dropped;
-	int err_no;        /* the first write's errno, or -1 for jansson; 0: none */
+	int err_no;        /* the first failure's errno (EIO where none was set); 0: none */
 	int bad;
 };
 
