@@ -891,7 +891,8 @@ static int cu_trace_times(moet_backend *be, int64_t n, uint64_t *out_ns)
 	const uint64_t t_anchor = moet_now_ns();
 	for (int64_t i = 0; i < n && !rc; i++) {
 		float ms = 0;
-		if (!(rc = moet_gpu_event_elapsed_ms(c->tp_ev[i], c->tp_anchor, &ms))) {
+		if (!(rc = moet_gpu_event_sync(c->tp_ev[i])) && /* reached: at once here */
+		    !(rc = moet_gpu_event_elapsed_ms(c->tp_ev[i], c->tp_anchor, &ms))) {
 			const double back = ms > 0 ? 1e6 * (double)ms : 0;
 			out_ns[i] = back < (double)t_anchor ? t_anchor - (uint64_t)back : 0;
 		}
