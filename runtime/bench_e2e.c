@@ -85,6 +85,8 @@ typedef struct step_split {
 	double gpu_idle_s;            /* per step: moet_hybrid_stats' ns_gpu_idle */
 	double gpu_idle_route_s;      /* of which at the routing's waits (ns_gpu_idle_route) */
 	double split_share;           /* timed passes run as two micro-batches / all */
+	double stream_share;          /* of all: split on two streams (MOET_MB_STREAMS) */
+	double polled_share;          /* of all: split with the driver polling (MOET_MB_POLL) */
 	double merged_calls;          /* per step: GPU expert calls of both halves (MOET_MB_MERGE) */
 	int warmup;                   /* untimed steps before them */
 } step_split;
@@ -153,6 +155,8 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int warmup, int steps, 
 		split->cpu_layers = (double)hs.calls / steps;
 		split->pcie_bytes = (double)(hs.bytes_d2h + hs.bytes_h2d) / steps;
 		split->split_share = (double)hs.split_passes / steps;
+		split->stream_share = (double)hs.stream_passes / steps;
+		split->polled_share = (double)hs.polled_passes / steps;
 		split->merged_calls = (double)hs.merged_calls / steps;
 	}
 	for (int64_t b = 0; kv && b < B; b++)
@@ -463,7 +467,7 @@ static void ram_bound_print(FILE *out, const moet_xtier_stats *t, const ram_boun
 static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 {
 	return json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
-			 "s:f, s:f, s:i, s:f, s:f, s:f}",
+			 "s:f, s:f, s:f, s:f, s:i, s:f, s:f, s:f}",
 			 "mode",
 			 mode, "batch", (json_int_t)B, "step_s", sp->step_s, "tokens_per_s",
 			 (double)B / sp->step_s, "cpu_busy_s", sp->cpu_s, "cpu_wait_s", sp->wait_s,
@@ -471,7 +475,8 @@ static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 			 "cpu_wake_lag_s", sp->cpu_wake_s,
 			 "pcie_s", sp->pcie_s, "cpu_pairs", sp->cpu_pairs, "cpu_calls",
 			 sp->cpu_calls, "cpu_weight_bytes", sp->cpu_bytes, "pcie_bytes",
-			 sp->pcie_bytes, "split_share", sp->split_share, "merged_calls",
+			 sp->pcie_bytes, "split_share", sp->split_share, "stream_share",
+			 sp->stream_share, "polled_share", sp->polled_share, "merged_calls",
 			 sp->merged_calls, "warmup_steps", sp->warmup, "gpu_idle_s", sp->gpu_idle_s,
 			 "gpu_idle_route_s", sp->gpu_idle_route_s, "gpu_busy_s",
 			 sp->mean_s - sp->gpu_idle_s);

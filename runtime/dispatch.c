@@ -242,6 +242,8 @@ void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset)
 {
 	moet_hybrid_get_stats(m->hy, out);
 	out->split_passes = m->split_passes;
+	out->stream_passes = m->stream_passes;
+	out->polled_passes = m->polled_passes;
 	out->merged_calls = m->merged_calls;
 	out->ns_gpu_idle = m->ns_gpu_idle;
 	out->ns_gpu_idle_route = m->ns_gpu_idle_route;
@@ -249,6 +251,8 @@ void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset)
 	if (reset) {
 		moet_hybrid_reset_stats(m->hy);
 		m->split_passes = 0;
+		m->stream_passes = 0;
+		m->polled_passes = 0;
 		m->merged_calls = 0;
 		m->ns_gpu_idle = 0;
 		m->ns_gpu_idle_route = 0;

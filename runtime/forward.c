@@ -773,6 +773,7 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 	if (merged)
 		moet_mb_merge_end(m);
 	if (m->mb_streams) { /* the pass's stream after both halves' work, also on a failure */
+		m->stream_passes += !rc;
 		m->mb_streams = 0;
 		const int rj = m->be->ops->stream_select(m->be, -1);
 		rc = rc ? rc : rj;

@@ -365,7 +365,8 @@ struct moet_model {
 	int q_on;                 /* this pass queues its routing downloads (MOET_MB_QUEUE) */
 	int q_reorder;            /* and reorders its halves' steps around them (MOET_MB_REORDER) */
 	int q_poll;               /* or polls both halves' waits (MOET_MB_POLL) */
-	uint64_t polled_passes;   /* split passes run so (tests) */
+	uint64_t polled_passes;   /* split passes run so (moet_hybrid_stats) */
+	uint64_t stream_passes;   /* split passes on two streams (the same) */
 	int mb_streams;           /* its halves run on two streams (MOET_MB_STREAMS) */
 	struct {                  /* per micro-batch: moet_moe_dispatch_queue's copies */
 		int32_t *ids;     /* host_alloc [cap_p]: the layer's routing ids */

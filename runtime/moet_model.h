@@ -197,6 +197,8 @@ typedef struct moet_hybrid_stats {
 	uint64_t bytes_h2d;  /* expert outputs copied back to the backend */
 	uint64_t ns_d2h, ns_h2d;
 	uint64_t split_passes; /* forward passes run as two pipelined micro-batches */
+	uint64_t stream_passes; /* of which with the halves on two streams (MOET_MB_STREAMS) */
+	uint64_t polled_passes; /* of which with the driver polling both halves (MOET_MB_POLL) */
 	uint64_t d2h_copies; /* copies of hidden rows: only the rows the CPU tier's pairs use, in
 				ranges (gaps merged when cheaper than a copy's latency); queued:
 				one per layer */

@@ -286,12 +286,38 @@ int main(void)
 	for (size_t i = 0; i < 2; i++) {
 		const json_t *st4 = json_array_get(json_object_get(r4, "steps"), i);
 		CHECK(st4 && num(st4, "split_share") == 1 &&
-			      num(st4, "merged_calls") == (double)MOE_LAYERS,
+			      num(st4, "merged_calls") == (double)MOE_LAYERS &&
+			      num(st4, "stream_share") == 0 && num(st4, "polled_share") == 0,
 		      "merged, batch %zu: split share %g, %g merged calls per step (want %lld)", i,
 		      st4 ? num(st4, "split_share") : -1.0, st4 ? num(st4, "merged_calls") : -1.0,
 		      (long long)MOE_LAYERS);
 	}
 	json_decref(r4);
+	/* two micro-batches unmerged on one device: by default on two streams (the CPU
+	 * backend's test double), and polled with MOET_MB_POLL=1 */
+	for (int pv = 0; pv < 2; pv++) {
+		setenv("MOET_MICROBATCH", "1", 1);
+		if (pv)
+			setenv("MOET_MB_POLL", "1", 1);
+		rc = moet_test_cli(&out, "bench e2e --model %s --device cpu --placement %s --modes "
+				   "hybrid --batches 2,3 --prefill none --ctx 4 --steps 2 --json %s",
+				   model, place, jsm);
+		unsetenv("MOET_MB_POLL");
+		unsetenv("MOET_MICROBATCH");
+		CHECK(rc == 0, "streams%s: exit %d\n%s", pv ? ", polled" : "", rc, out ? out : "");
+		free(out);
+		json_t *r5 = json_load_file(jsm, 0, NULL);
+		for (size_t i = 0; i < 2; i++) {
+			const json_t *st5 = json_array_get(json_object_get(r5, "steps"), i);
+			CHECK(st5 && num(st5, "split_share") == 1 && num(st5, "stream_share") == 1 &&
+				      num(st5, "polled_share") == pv,
+			      "streams%s, batch %zu: split %g, streams %g, polled %g",
+			      pv ? ", polled" : "", i, st5 ? num(st5, "split_share") : -1.0,
+			      st5 ? num(st5, "stream_share") : -1.0,
+			      st5 ? num(st5, "polled_share") : -1.0);
+		}
+		json_decref(r5);
+	}
 	/* --ram-budgets: decode again behind the NVMe tier, a row per budget and batch */
 	char js2[600];
 	snprintf(js2, sizeof(js2), "%s/e2e-ram.json", dir);

@@ -176,7 +176,6 @@ int main(void)
 		/* the driver polling both halves' waits (the decode passes: their copies queued) */
 		if (pl == 20)
 			setenv("MOET_MB_POLL", "1", 1);
-		const uint64_t polled0 = m->polled_passes;
 		int sel0;
 		uint64_t sels0, joins0;
 		moet_backend_cpu_streams(m->be, &sel0, &sels0, &joins0);
@@ -252,6 +251,9 @@ int main(void)
 		 * decode passes, all but the prompts' first), and none was left selected; without
 		 * the switch (pl 1), merged (one stream) or over several devices nothing was */
 		const int st_dflt = pl == 0 || pl == 20;
+		CHECK(hs.stream_passes == joins1 - joins0, "%s: %llu passes on two streams, %llu "
+		      "joins", names[pl], (unsigned long long)hs.stream_passes,
+		      (unsigned long long)(joins1 - joins0));
 		const uint64_t st_passes = pl == 18 ? hs.split_passes
 					   : st_dflt && hs.split_passes ? hs.split_passes - 1 : 0;
 		CHECK(sel1 == -1 && (pl == 18 || st_dflt ? sels1 - sels0 >= 2 * st_passes &&
@@ -263,10 +265,10 @@ int main(void)
 		      (unsigned long long)(joins1 - joins0), (unsigned long long)hs.split_passes,
 		      sel1);
 		/* polled: every split pass (pl >= 13 queue the prompts' copies too) */
-		CHECK(m->polled_passes - polled0 == (pl == 20 ? hs.split_passes : 0) &&
+		CHECK(hs.polled_passes == (pl == 20 ? hs.split_passes : 0) &&
 		      (pl != 20 || hs.split_passes > 0),
 		      "%s: %llu polled passes", names[pl],
-		      (unsigned long long)(m->polled_passes - polled0));
+		      (unsigned long long)hs.polled_passes);
 		if (pl == 9 || pl == 10)
 			CHECK(hs.staged_pairs > 0 && (hs.cpu_pairs > 0) == (pl == 9), "%s: %llu "
 			      "staged pairs, %llu on the CPU tier", names[pl],
