@@ -3,8 +3,8 @@
 e2e records (OUT_DIR/e2e-NAME-R.json): per variant, round and batch the median step, the
 one-pass step, Tc, Tg, the overlap bound and step / bound, the CPU tier's team span, the
 driver's wait for it, the GPU's idle time and its part at the routing's waits (i_rt), and the
-share of passes in two micro-batches (ms per step); then per variant and batch the median over
-rounds of the step and of step / bound.
+shares of passes in two micro-batches, of those on two streams (strm) and polled (poll) (ms per
+step); then per variant and batch the median over rounds of the step and of step / bound.
 The records' steps of mode MOET_AB_MODE (default hybrid; gpu has no overlap check: nan there).
 A missing or unreadable record is named on its row, never skipped silently."""
 import json
@@ -30,7 +30,7 @@ def main():
     runs = sorted({int(f[:-5].rsplit("-", 1)[1]) for f in os.listdir(out)
                    if f.startswith("e2e-") and f.endswith(".json")})
     print("variant  round batch    step      1p      Tc      Tg   bound st/bd   run"
-          "    wait   idle  i_rt split")
+          "    wait   idle  i_rt split  strm  poll")
     agg = {}
     for name in names:
         for r in runs:
@@ -45,8 +45,11 @@ def main():
                 ratio = s.get("step_over_bound", float("nan"))
                 agg.setdefault((name, s["batch"]), []).append((v[0], ratio))
                 print("%-8s %5d %5d %7.2f %7.2f %7.2f %7.2f %7.2f %5.3f %6.2f %6.2f %6.2f %5.2f "
-                      "%5.2f" % (name, r, s["batch"], v[0], v[1], v[2], v[3], v[4], ratio, v[5],
-                                 v[6], v[7], v[8], s.get("split_share", float("nan"))))
+                      "%5.2f %5.2f %5.2f" % (name, r, s["batch"], v[0], v[1], v[2], v[3], v[4],
+                                             ratio, v[5], v[6], v[7], v[8],
+                                             s.get("split_share", float("nan")),
+                                             s.get("stream_share", float("nan")),
+                                             s.get("polled_share", float("nan"))))
     print("\nmedians over rounds: variant batch step_ms step/bound (runs)")
     for (name, b), vals in agg.items():
         print("%-8s %5d %8.2f %6.3f (%d)" % (name, b, statistics.median(x for x, _ in vals),
