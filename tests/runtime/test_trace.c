@@ -98,7 +98,9 @@ int main(void)
 						: "decode 3 rows, two micro-batches:";
 			CHECK(moet_test_run(cmd, &text) == 0 && text && strstr(text, want) &&
 			      strstr(text, form ? "gpu pass stream" : "gpu stream 1") &&
-			      strstr(text, "cpu tier busy"), "trace_table.py on form %d: %s", form,
+			      strstr(text, "cpu tier busy") && strstr(text, "neither") &&
+			      strstr(text, "while the CPU tier ran no call"),
+			      "trace_table.py on form %d: %s", form,
 			      text ? text : "(no output)");
 		}
 		free(text);
