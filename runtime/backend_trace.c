@@ -20,7 +20,6 @@
 
 #include "backend_wrap.h"
 #include "moet_backend.h"
-#include "moet_clock.h"
 #include "moet_err.h"
 #include "moet_trace.h"
 
@@ -42,13 +41,10 @@ typedef struct trace_be {
 } trace_be;
 
 /* The point before an op queued, and a span for it: its index, or -1 when either failed (the
- * op still runs; the flush reports the failure). The fence's wait is the driving thread's: its
- * clock's reading, returned as -2 - the reading. */
+ * op still runs; the flush reports the failure). */
 static int64_t tr_pre(void *ctx, const char *key)
 {
 	trace_be *t = ctx;
-	if (!strcmp(key, MOET_WRAP_FENCE_WAIT))
-		return -2 - (int64_t)moet_now_ns();
 	if (t->n_sp == t->cap_sp) {
 		const int64_t cap = t->cap_sp ? 2 * t->cap_sp : 1024;
 		tr_span *n = realloc(t->sp, (size_t)cap * sizeof(*n));
@@ -76,11 +72,6 @@ static int tr_post(void *ctx, const char *key, int64_t i, int rc)
 {
 	trace_be *t = ctx;
 	(void)key;
-	if (i < -1) { /* the fence's wait */
-		moet_trace_span(t->t, MOET_TRACE_DRIVER, "wait fence (routing copies)",
-				(uint64_t)(-2 - i), moet_now_ns());
-		return rc;
-	}
 	if (i < 0)
 		return rc;
 	int r = t->in->ops->trace_point(t->in, &t->sp[i].p1);
@@ -91,6 +82,14 @@ static int tr_post(void *ctx, const char *key, int64_t i, int rc)
 	}
 	t->n_points++;
 	return rc;
+}
+
+/* The driver's wait for a fence: a span on its lane, host clock. */
+static void tr_host_wait(void *ctx, const char *key, uint64_t t0, uint64_t t1)
+{
+	(void)key;
+	moet_trace_span(((trace_be *)ctx)->t, MOET_TRACE_DRIVER, "wait fence (routing copies)",
+			t0, t1);
 }
 
 static void tr_selected(void *ctx, int slot)
@@ -107,7 +106,8 @@ static void tr_destroy(void *ctx)
 }
 
 static const moet_wrap_hooks trace_hooks = { .pre = tr_pre, .post = tr_post,
-					     .selected = tr_selected, .destroy = tr_destroy };
+					     .host_wait = tr_host_wait, .selected = tr_selected,
+					     .destroy = tr_destroy };
 
 void moet_backend_trace_set(moet_backend *be, moet_trace *t)
 {

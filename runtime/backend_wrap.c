@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "moet_clock.h"
 #include "moet_err.h"
 
 typedef struct wrap_be {
@@ -131,7 +132,13 @@ static int wr_download_async(moet_backend *be, void *d, const void *s, size_t b)
 
 static int wr_fence_wait(moet_backend *be, int i)
 {
-	HOOKED(MOET_WRAP_FENCE_WAIT, fence_wait(w_->in, i));
+	wrap_be *w = wb(be);
+	if (!w->h->host_wait)
+		HOOKED("fence_wait", fence_wait(w_->in, i));
+	const uint64_t t0 = moet_now_ns();
+	const int rc = w->in->ops->fence_wait(w->in, i);
+	w->h->host_wait(w->ctx, "fence_wait", t0, moet_now_ns());
+	return rc;
 }
 
 static int wr_copy(moet_backend *be, void *dst, const void *src, size_t bytes)

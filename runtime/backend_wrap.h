@@ -10,15 +10,16 @@
 
 #include "moet_backend.h"
 
-/* The key of fence_wait: the driving thread's wait, not work on a stream. */
-#define MOET_WRAP_FENCE_WAIT "fence_wait"
-
 typedef struct moet_wrap_hooks {
 	/* Before an op (key: its name; linear, ffn and gate_up with their shapes): a token that
 	 * the op's post gets. */
 	int64_t (*pre)(void *ctx, const char *key);
 	/* After it, with the op's result rc: the op's result as the caller sees it. */
 	int (*post)(void *ctx, const char *key, int64_t token, int rc);
+	/* Optional: the driving thread's wait for a fence (fence_wait, not work on a stream)
+	 * between host clock readings t0 and t1 (moet_now_ns); without it fence_wait is hooked
+	 * as the ops are. */
+	void (*host_wait)(void *ctx, const char *key, uint64_t t0, uint64_t t1);
 	/* Optional: the stream the following ops go on (stream_select's slot, -1: the pass's). */
 	void (*selected)(void *ctx, int slot);
 	/* Optional: at the wrapper's destroy, before the inner backend's (which it may use). */

@@ -491,11 +491,6 @@ int moet_moe_dispatch_ready(moet_model *m, int slot, int64_t l, int *out_ready)
 	return m->be->ops->fence_done(m->be, slot & 1, out_ready);
 }
 
-int moet_moe_finish_ready(moet_model *m, int slot)
-{
-	return moet_hybrid_cpu_ready(m->hy, slot);
-}
-
 int moet_moe_dispatch_queue(moet_model *m, int64_t l, const int32_t *ids, int64_t n,
 			    const float *h)
 {

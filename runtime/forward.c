@@ -507,7 +507,7 @@ static int pass_polled(moet_model *m, mb_pass *p)
 				rc = mb_stage1b(m, &p[i], l);
 				due[i] = 2;
 			} else {
-				if (!moet_moe_finish_ready(m, p[i].slot))
+				if (!moet_hybrid_cpu_ready(m->hy, p[i].slot))
 					continue;
 				rc = mb_stage2(m, &p[i], l);
 				lay[i]++;

@@ -344,14 +344,14 @@ static int end(moet_hybrid *hy, hy_call *cl, moet_hybrid_stats *st)
 	st->ns_cpu += (cl->t_done ? cl->t_done : t1) - cl->t_submit;
 	cl->t_done = 0;
 	st->ns_wait += t1 - t0;
-	/* the team's own span, and what stood around it: from the submit to its first worker,
-	 * from its last worker to the driver's return when the driver was waiting by then */
-	if (hy->trace) { /* the driver's wait, and below the team's span */
+	if (hy->trace) { /* MOET_TRACE: the driver's wait, and the team's span */
 		moet_trace_span(hy->trace, MOET_TRACE_DRIVER, "wait CPU tier", t0, t1);
 		if (cl->t_first && cl->t_last >= cl->t_first)
 			moet_trace_span(hy->trace, MOET_TRACE_CPU + (int)(cl - hy->call),
 					"CPU tier", cl->t_first, cl->t_last);
 	}
+	/* the team's own span, and what stood around it: from the submit to its first worker,
+	 * from its last worker to the driver's return when the driver was waiting by then */
 	if (cl->t_first && cl->t_last >= cl->t_first && cl->t_first >= cl->t_submit) {
 		st->ns_cpu_run += cl->t_last - cl->t_first;
 		st->ns_cpu_start += cl->t_first - cl->t_submit;

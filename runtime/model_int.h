@@ -478,10 +478,9 @@ int moet_moe_dispatch_queue(struct moet_model *m, int64_t l, const int32_t *ids,
 int moet_moe_dispatch(struct moet_model *m, int64_t l, const int32_t *ids, int64_t n,
 		      const float *h, float *y, int32_t *slot);
 /* MOET_MB_POLL: whether micro-batch slot's dispatch of layer l would not wait for its queued
- * routing copies (*out_ready; 1 where nothing is queued for it), and whether its finish
- * would not wait for the CPU tier (moet_hybrid_cpu_ready). One device only. */
+ * routing copies (*out_ready; 1 where nothing is queued for it); its finish waits for nothing
+ * once moet_hybrid_cpu_ready says so (one device only). */
 int moet_moe_dispatch_ready(struct moet_model *m, int slot, int64_t l, int *out_ready);
-int moet_moe_finish_ready(struct moet_model *m, int slot);
 /* Completes a dispatch whose CPU tier may still be running (the hybrid engine overlaps it
  * with whatever the caller queues on the backend in between). */
 int moet_moe_dispatch_finish(struct moet_model *m);

@@ -554,12 +554,6 @@ static void create_destroy_loop(void)
 	free_batch(&b);
 }
 
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* MOET_CPU_SPIN / MOET_CPU_WAIT_SPIN: bad values refused naming the variable; with spins
  * off (sleep at once) and long, the bits are the reference's; moet_cpuexec_wait_span's span
@@ -591,11 +585,11 @@ static void spins_and_span(void)
 		make_batch(&b, 3, MOET_DT_F8_E4M3, 96, 160, 3);
 		for (int round = 0; round < 3; round++) {
 			clear_outputs(&b);
-			uint64_t tk = 0, f = 0, l = 0, t0 = mono_ns();
+			uint64_t tk = 0, f = 0, l = 0, t0 = moet_now_ns();
 			CHECK(moet_cpuexec_submit(ex, b.jobs, b.n, &tk) == 0, "submit: %s",
 			      moet_errmsg());
 			CHECK(moet_cpuexec_wait_span(ex, tk, &f, &l) == 0, "wait: %s", moet_errmsg());
-			uint64_t t1 = mono_ns();
+			uint64_t t1 = moet_now_ns();
 			CHECK(t0 <= f && f <= l && l <= t1,
 			      "spins %s/%s: span [%llu, %llu] outside [%llu, %llu]", spin[c][0],
 			      spin[c][1], (unsigned long long)f, (unsigned long long)l,
