@@ -14,118 +14,22 @@
  *                  token index of each pair goes up and the grouped call of gpu/expert.cu
  *                  computes them
  *
- * NOTE: one stream (the legacy default stream, or with MOET_GPU_STREAM=own a blocking stream of
- * the backend's, which CUDA graphs capture: runtime/graph.c): copies and kernels run in issue
- * order, and a download waits for what came before it. Weights are bound once at open;
- * nothing but the grow-only row table and expert scratch is allocated per batch.
+ * NOTE: a pass's work goes on one stream (the legacy default stream, or with
+ * MOET_GPU_STREAM=own a blocking stream of the backend's, which CUDA graphs capture:
+ * runtime/graph.c), or its two micro-batches' on two streams of their own
+ * (backend_cuda_sync.c, with the fences, idle marks, trace points and capture); on each,
+ * copies and kernels run in issue order, and a download waits for what came before it.
+ * Weights are bound once at open; nothing but the grow-only row table and expert scratch is
+ * allocated per batch.
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "moet_backend.h"
-#include "moet_clock.h"
+#include "backend_cuda_int.h"
 #include "moet_env.h"
 #include "moet_err.h"
-#include "moet_gpu.h"
-#include "moet_gpu_host.h"
 #include "moet_upload.h"
 
-#define CU_IDLE_PAIRS 256 /* idle marks kept between two takes (a pass has a few per layer) */
-
-struct moet_rows {
-	int32_t *tok;        /* device [n] */
-	int32_t *pos;        /* device [n] */
-	float **kbase;       /* device [n_layers][n]: row t's cache K at layer l */
-	float **vbase;       /* device [n_layers][n] */
-	moet_gpu_pages pages;/* device: each row's block table, its offset and block shift */
-	int64_t k_row, v_row;/* floats per position (from the row table) */
-	int64_t n;
-	int64_t max_run;     /* the longest run of consecutive rows of one sequence */
-};
-
-/* An expert call's device scratch and host tables, grown (never shrunk): nothing allocated per
- * call. One per micro-batch stream, so that the two halves' calls never share them. */
-typedef struct cu_half {
-	void *scratch;       /* expert h rows */
-	size_t scratch_bytes;
-	int32_t *pair_tok;   /* device [cap_pairs]: the token of each grouped pair */
-	int64_t cap_pairs;
-	int32_t *tok_pin;    /* pinned [cap_group]: the pairs' tokens, copied to pair_tok */
-	moet_gpu_expert *ge; /* [cap_group]: the call's experts */
-	int64_t cap_group;
-	void *tok_ev;        /* recorded after tok_pin's copy: it may be rewritten once done */
-	int tok_ev_used;
-	void *fast_scratch;  /* issue 4's fast mode */
-	size_t fast_bytes;
-} cu_half;
-
-typedef struct cuda_be {
-	moet_backend be;
-	int device;
-	void *stream;        /* MOET_GPU_STREAM=own: the passes' stream (blocking), else NULL */
-	void **owned;        /* bound weights and vectors */
-	int n_owned, cap_owned;
-	moet_rows rows[2];   /* per slot (the micro-batches of a pass) */
-	void *rows_dev[2];   /* one device block behind each slot's rows */
-	size_t rows_bytes[2];
-	void *host_stage[2]; /* host staging of the row block (pinned with an own stream) */
-	void *rows_ev[2];    /* own stream: recorded after each slot's async row copy */
-	int rows_ev_used[2];
-	/* the expert calls' state, one per micro-batch stream (cu_stream_select; [0] on one) */
-	cu_half half[2];
-	int32_t *iota;       /* device [cap_iota]: 0, 1, 2, ... (dense FFN pairs), read-only */
-	int64_t cap_iota;
-	/* two micro-batch streams (MOET_MB_STREAMS, cu_stream_select): made at the first
-	 * select, blocking; `sel` the selected one (-1: the pass's stream, `stream`), `joined`
-	 * whether stream i has waited for the pass's stream since its last join */
-	void *mb_stream[2], *mb_ev[2], *base_ev;
-	int sel, joined[2];
-	/* MOET_MB_PRIO=1: the micro-batch streams at the device's highest priority, and each
-	 * half's grouped expert calls on a stream of the lowest (`xs`, made at the first call;
-	 * events xs_ev[i][0] into it, [1] back), so that one half's dense work (the CPU tier's
-	 * next start waits for it) runs before the other's expert blocks */
-	int prio;
-	void *xs_stream[2], *xs_ev[2][2];
-	/* trace points (MOET_TRACE): events, created as needed and kept; tp_n queued since the
-	 * last trace_times; tp_anchor recorded at trace_times to place them on the host clock */
-	void **tp_ev;
-	int64_t tp_n, tp_cap;
-	void *tp_anchor;
-	/* issue 4: device sampling and the fast expert mode (grow-only, own scratch) */
-	void *smp_scratch;   /* gpu/sample.cu's scratch */
-	size_t smp_bytes;
-	int32_t *smp_ids;    /* device [smp_cap] */
-	int64_t smp_cap;
-	moet_gpu_fast *fast; /* created at the first fast call */
-	/* idle_mark / idle_take: event pairs (created at the first mark, kept), the pairs
-	 * recorded since the last take, whether a pair is open, whether a capture is */
-	void *idle_ev[2][CU_IDLE_PAIRS];
-	/* with two micro-batch streams, a pair's first mark on the other stream too (the
-	 * device is idle once both have run dry): idle_other[i] whether pair i has it */
-	void *idle_ev_other[CU_IDLE_PAIRS];
-	unsigned char idle_other[CU_IDLE_PAIRS];
-	unsigned char idle_kind[CU_IDLE_PAIRS]; /* each pair's kind (MOET_IDLE_*) */
-	int idle_n, idle_open, capturing;
-	void *fence_ev[MOET_BACKEND_FENCES]; /* created at their first record, kept */
-} cuda_be;
-
-static cuda_be *impl(moet_backend *be)
-{
-	return (cuda_be *)be->impl;
-}
-
-/* The expert calls' state of the selected stream (cu_stream_select). */
-static cu_half *cur_half(cuda_be *c)
-{
-	return &c->half[c->sel > 0];
-}
-
-/* The stream the backend's own copies and marks go on: the selected micro-batch's, or the
- * pass's (NULL: the legacy stream). */
-static void *cur_stream(cuda_be *c)
-{
-	return c->sel >= 0 ? c->mb_stream[c->sel] : c->stream;
-}
 
 static int keep(cuda_be *c, void *p)
 {
@@ -241,30 +145,6 @@ static int cu_download_async(moet_backend *be, void *dst, const void *src, size_
 	return moet_gpu_copy_d2h_async(dst, src, bytes, cur_stream(impl(be)));
 }
 
-static int cu_fence(moet_backend *be, int i)
-{
-	cuda_be *c = impl(be);
-	if (i < 0 || i >= MOET_BACKEND_FENCES)
-		return moet_err(MOET_EINVAL, "CUDA backend: fence %d", i);
-	int rc = c->fence_ev[i] ? 0 : moet_gpu_event_create(&c->fence_ev[i]);
-	return rc ? rc : moet_gpu_event_record(c->fence_ev[i], cur_stream(c));
-}
-
-static int cu_fence_wait(moet_backend *be, int i)
-{
-	cuda_be *c = impl(be);
-	if (i < 0 || i >= MOET_BACKEND_FENCES || !c->fence_ev[i])
-		return moet_err(MOET_EINVAL, "CUDA backend: fence %d never recorded", i);
-	return moet_gpu_event_sync(c->fence_ev[i]);
-}
-
-static int cu_fence_done(moet_backend *be, int i, int *out_done)
-{
-	cuda_be *c = impl(be);
-	if (i < 0 || i >= MOET_BACKEND_FENCES || !c->fence_ev[i])
-		return moet_err(MOET_EINVAL, "CUDA backend: fence %d never recorded", i);
-	return moet_gpu_event_query(c->fence_ev[i], out_done);
-}
 
 static int cu_download(moet_backend *be, void *dst, const void *src, size_t bytes)
 {
@@ -749,192 +629,6 @@ static int cu_combine(moet_backend *be, const float *y, int64_t n_y, const int32
 	return moet_gpu_combine(y, n_y, slot, weights, top_k, shared, n, dim, out, NULL);
 }
 
-/* ---- idle time around the driver's waits (moet_backend_ops.idle_mark) ------------------------ */
-
-static int cu_idle_mark(moet_backend *be, int resume, int kind)
-{
-	cuda_be *c = impl(be);
-	if (c->capturing || c->idle_n == CU_IDLE_PAIRS || c->idle_open != !!resume ||
-	    (!resume && (kind < 0 || kind >= MOET_IDLE_KINDS)))
-		return 0; /* inside a capture, the pairs full, or a mark out of turn: dropped */
-	void **ev = &c->idle_ev[!!resume][c->idle_n];
-	int rc = *ev ? 0 : moet_gpu_event_create(ev);
-	if (!rc)
-		rc = moet_gpu_event_record(*ev, cur_stream(c));
-	/* two streams: the other micro-batch's stream may still have work (it was made and
-	 * joined this pass if it is selected at all: the first mark goes on it too) */
-	const int other = c->sel >= 0 && c->mb_stream[!c->sel] && c->joined[!c->sel];
-	if (!rc && !resume && other) {
-		void **eo = &c->idle_ev_other[c->idle_n];
-		if (!(rc = *eo ? 0 : moet_gpu_event_create(eo)))
-			rc = moet_gpu_event_record(*eo, c->mb_stream[!c->sel]);
-	}
-	if (rc)
-		return rc;
-	if (!resume) {
-		c->idle_kind[c->idle_n] = (unsigned char)kind;
-		c->idle_other[c->idle_n] = (unsigned char)other;
-	}
-	c->idle_open = !resume;
-	c->idle_n += !!resume;
-	return 0;
-}
-
-static int cu_idle_take(moet_backend *be, double out_s[MOET_IDLE_KINDS])
-{
-	cuda_be *c = impl(be);
-	int rc = 0;
-	for (int k = 0; k < MOET_IDLE_KINDS; k++)
-		out_s[k] = 0;
-	for (int i = 0; i < c->idle_n && !rc; i++) {
-		float ms = 0;
-		if (!(rc = moet_gpu_event_sync(c->idle_ev[1][i])) &&
-		    !(rc = moet_gpu_event_elapsed_ms(c->idle_ev[0][i], c->idle_ev[1][i], &ms))) {
-			float mo = ms; /* the device ran dry when the later stream did */
-			if (c->idle_other[i] &&
-			    !(rc = moet_gpu_event_sync(c->idle_ev_other[i])) &&
-			    !(rc = moet_gpu_event_elapsed_ms(c->idle_ev_other[i], c->idle_ev[1][i],
-							     &mo)) && mo < ms)
-				ms = mo;
-			out_s[c->idle_kind[i]] += ms > 0 ? 1e-3 * ms : 0;
-		}
-	}
-	c->idle_n = 0;
-	c->idle_open = 0;
-	return rc;
-}
-
-/* ---- two micro-batch streams (moet_backend_ops.stream_select) ------------------------------ */
-
-/* NOTE: both are blocking streams: work on the legacy stream (synchronous copies) waits for
- * theirs and they for it, so every copy the pass makes on it stays ordered; with the legacy
- * stream as the pass's stream that order is all the join needs, with an own stream events. */
-static int cu_stream_select(moet_backend *be, int slot)
-{
-	cuda_be *c = impl(be);
-	int rc = 0;
-	if (slot < -1 || slot > 1)
-		return moet_err(MOET_EINVAL, "CUDA backend: micro-batch stream %d", slot);
-	if (c->capturing)
-		return moet_err(MOET_EUNSUP, "CUDA backend: micro-batch streams in a capture");
-	if (slot < 0) {
-		for (int i = 0; i < 2 && !rc; i++) {
-			if (!c->joined[i])
-				continue;
-			c->joined[i] = 0;
-			if (c->stream && !(rc = c->mb_ev[i] ? 0 : moet_gpu_event_create(&c->mb_ev[i])) &&
-			    !(rc = moet_gpu_event_record(c->mb_ev[i], c->mb_stream[i])))
-				rc = moet_gpu_stream_wait_event(c->stream, c->mb_ev[i]);
-		}
-		c->sel = -1;
-		moet_gpu_set_thread_stream(c->stream);
-		return rc;
-	}
-	if (!c->mb_stream[slot] &&
-	    (rc = c->prio ? moet_gpu_stream_create_blocking_prio(&c->mb_stream[slot], 1)
-			  : moet_gpu_stream_create_blocking(&c->mb_stream[slot])))
-		return rc;
-	if (!c->joined[slot]) {
-		if (c->stream && ((rc = c->base_ev ? 0 : moet_gpu_event_create(&c->base_ev)) ||
-				  (rc = moet_gpu_event_record(c->base_ev, c->stream)) ||
-				  (rc = moet_gpu_stream_wait_event(c->mb_stream[slot], c->base_ev))))
-			return rc;
-		c->joined[slot] = 1;
-	}
-	c->sel = slot;
-	moet_gpu_set_thread_stream(c->mb_stream[slot]);
-	return 0;
-}
-
-/* ---- trace points (moet_backend_ops.trace_point, MOET_TRACE) ------------------------------- */
-
-static int cu_trace_point(moet_backend *be, int64_t *out_id)
-{
-	cuda_be *c = impl(be);
-	if (c->capturing)
-		return moet_err(MOET_EUNSUP, "CUDA backend: trace points in a capture");
-	if (c->tp_n == c->tp_cap) {
-		const int64_t cap = c->tp_cap ? 2 * c->tp_cap : 1024;
-		void **n = realloc(c->tp_ev, (size_t)cap * sizeof(*n));
-		if (!n)
-			return moet_err(MOET_ENOMEM, "CUDA backend: %lld trace points", (long long)cap);
-		for (int64_t i = c->tp_cap; i < cap; i++)
-			n[i] = NULL;
-		c->tp_ev = n;
-		c->tp_cap = cap;
-	}
-	void **ev = &c->tp_ev[c->tp_n];
-	int rc = *ev ? 0 : moet_gpu_event_create(ev);
-	if (!rc)
-		rc = moet_gpu_event_record(*ev, cur_stream(c));
-	if (!rc)
-		*out_id = c->tp_n++;
-	return rc;
-}
-
-/* NOTE: the anchor goes on the pass's stream after everything (a trace flush follows the
- * pass's join and its logits' download); its wait returns within microseconds of its being
- * reached, so each point's host time is the anchor's less the events' elapsed time. */
-static int cu_trace_times(moet_backend *be, int64_t n, uint64_t *out_ns)
-{
-	cuda_be *c = impl(be);
-	const int64_t had = c->tp_n;
-	c->tp_n = 0;
-	if (n != had)
-		return moet_err(MOET_EINVAL, "CUDA backend: %lld trace points asked for, %lld "
-				"queued", (long long)n, (long long)had);
-	int rc = c->tp_anchor ? 0 : moet_gpu_event_create(&c->tp_anchor);
-	if (!rc)
-		rc = moet_gpu_event_record(c->tp_anchor, c->stream);
-	if (!rc)
-		rc = moet_gpu_event_sync(c->tp_anchor);
-	const uint64_t t_anchor = moet_now_ns();
-	for (int64_t i = 0; i < n && !rc; i++) {
-		float ms = 0;
-		if (!(rc = moet_gpu_event_sync(c->tp_ev[i])) && /* reached: at once here */
-		    !(rc = moet_gpu_event_elapsed_ms(c->tp_ev[i], c->tp_anchor, &ms))) {
-			const double back = ms > 0 ? 1e6 * (double)ms : 0;
-			out_ns[i] = back < (double)t_anchor ? t_anchor - (uint64_t)back : 0;
-		}
-	}
-	return rc;
-}
-
-/* ---- CUDA graphs of a pass (runtime/graph.c) ------------------------------------------------ */
-
-static int cu_capture_begin(moet_backend *be)
-{
-	cuda_be *c = impl(be);
-	if (!c->stream)
-		return moet_err(MOET_EUNSUP, "CUDA graphs need MOET_GPU_STREAM=own (the legacy "
-				"stream cannot be captured)");
-	int rc = moet_gpu_capture_begin(c->stream);
-	c->capturing = !rc;
-	return rc;
-}
-
-static int cu_capture_end(moet_backend *be, void **out_graph)
-{
-	impl(be)->capturing = 0;
-	return moet_gpu_capture_end(impl(be)->stream, out_graph);
-}
-
-static int cu_graph_launch(moet_backend *be, void *graph)
-{
-	return moet_gpu_graph_launch(graph, impl(be)->stream);
-}
-
-static void cu_graph_free(moet_backend *be, void *graph)
-{
-	(void)be;
-	moet_gpu_graph_destroy(graph);
-}
-
-static uint64_t cu_mem_epoch(moet_backend *be)
-{
-	(void)be;
-	return moet_gpu_mem_epoch();
-}
 
 static const moet_backend_ops cuda_ops = {
 	.name = "cuda",
@@ -944,9 +638,9 @@ static const moet_backend_ops cuda_ops = {
 	.upload = cu_upload,
 	.upload_async = cu_upload_async,
 	.download_async = cu_download_async,
-	.fence = cu_fence,
-	.fence_wait = cu_fence_wait,
-	.fence_done = cu_fence_done,
+	.fence = moet_cu_fence,
+	.fence_wait = moet_cu_fence_wait,
+	.fence_done = moet_cu_fence_done,
 	.download = cu_download,
 	.copy = cu_copy,
 	.host_alloc = cu_host_alloc,
@@ -969,16 +663,16 @@ static const moet_backend_ops cuda_ops = {
 	.gate_up = cu_gate_up,
 	.combine = cu_combine,
 	.sample = cu_sample, /* issue 4 */
-	.capture_begin = cu_capture_begin,
-	.capture_end = cu_capture_end,
-	.graph_launch = cu_graph_launch,
-	.graph_free = cu_graph_free,
-	.mem_epoch = cu_mem_epoch,
-	.idle_mark = cu_idle_mark,
-	.idle_take = cu_idle_take,
-	.stream_select = cu_stream_select,
-	.trace_point = cu_trace_point,
-	.trace_times = cu_trace_times,
+	.capture_begin = moet_cu_capture_begin,
+	.capture_end = moet_cu_capture_end,
+	.graph_launch = moet_cu_graph_launch,
+	.graph_free = moet_cu_graph_free,
+	.mem_epoch = moet_cu_mem_epoch,
+	.idle_mark = moet_cu_idle_mark,
+	.idle_take = moet_cu_idle_take,
+	.stream_select = moet_cu_stream_select,
+	.trace_point = moet_cu_trace_point,
+	.trace_times = moet_cu_trace_times,
 };
 
 /* MOET_GPU_STREAM: legacy (default: the passes' work on the legacy default stream, as
