@@ -48,9 +48,10 @@ typedef struct cpu_be {
 	int idle_open, idle_kind;
 	/* stream_select, a test double of two micro-batch streams (MOET_MB_STREAMS=2): one
 	 * thread runs everything in order, so nothing overlaps; the selections are recorded
-	 * (moet_backend_cpu_streams) for tests of the driver's protocol */
+	 * (moet_backend_cpu_streams) for tests of the driver's protocol, and so are stream_wait's
+	 * waits of one half's stream for the other's */
 	int st_sel;
-	uint64_t st_selects, st_joins;
+	uint64_t st_selects, st_joins, st_waits;
 	/* trace_point: the clock's readings since the last trace_times (grow-only) */
 	uint64_t *tp;
 	int64_t tp_n, tp_cap;
@@ -621,6 +622,16 @@ static int cpu_stream_select(moet_backend *be, int slot)
 	return 0;
 }
 
+static int cpu_stream_wait(moet_backend *be, int slot)
+{
+	cpu_be *c = impl(be);
+	if (c->st_sel < 0 || slot != !c->st_sel)
+		return moet_err(MOET_EINVAL, "CPU backend: micro-batch stream %d waits for %d",
+				c->st_sel, slot);
+	c->st_waits++;
+	return 0;
+}
+
 static const moet_backend_ops cpu_ops = {
 	.name = "cpu",
 	.host_memory = 1,
@@ -656,16 +667,19 @@ static const moet_backend_ops cpu_ops = {
 	.idle_mark = cpu_idle_mark,
 	.idle_take = cpu_idle_take,
 	.stream_select = cpu_stream_select,
+	.stream_wait = cpu_stream_wait,
 	.trace_point = cpu_trace_point,
 	.trace_times = cpu_trace_times,
 };
 
-void moet_backend_cpu_streams(moet_backend *be, int *sel, uint64_t *selects, uint64_t *joins)
+void moet_backend_cpu_streams(moet_backend *be, int *sel, uint64_t *selects, uint64_t *joins,
+			      uint64_t *waits)
 {
 	const cpu_be *c = be && be->ops == &cpu_ops ? impl(be) : NULL;
 	*sel = c ? c->st_sel : -1;
 	*selects = c ? c->st_selects : 0;
 	*joins = c ? c->st_joins : 0;
+	*waits = c ? c->st_waits : 0;
 }
 
 int moet_backend_cpu_create(int n_threads, int64_t max_inter, moet_backend **out)

@@ -93,6 +93,7 @@ static void cu_destroy(moet_backend *be)
 		moet_gpu_free(hf->fast_scratch);
 		moet_gpu_stream_destroy(c->mb_stream[i]);
 		moet_gpu_event_destroy(c->mb_ev[i]);
+		moet_gpu_event_destroy(c->wait_ev[i]);
 		moet_gpu_stream_destroy(c->xs_stream[i]);
 		moet_gpu_event_destroy(c->xs_ev[i][0]);
 		moet_gpu_event_destroy(c->xs_ev[i][1]);
@@ -671,6 +672,7 @@ static const moet_backend_ops cuda_ops = {
 	.idle_mark = moet_cu_idle_mark,
 	.idle_take = moet_cu_idle_take,
 	.stream_select = moet_cu_stream_select,
+	.stream_wait = moet_cu_stream_wait,
 	.trace_point = moet_cu_trace_point,
 	.trace_times = moet_cu_trace_times,
 };

@@ -59,8 +59,9 @@ typedef struct cuda_be {
 	int64_t cap_iota;
 	/* two micro-batch streams (MOET_MB_STREAMS, moet_cu_stream_select): made at the first
 	 * select, blocking; `sel` the selected one (-1: the pass's stream, `stream`), `joined`
-	 * whether stream i has waited for the pass's stream since its last join */
-	void *mb_stream[2], *mb_ev[2], *base_ev;
+	 * whether stream i has waited for the pass's stream since its last join; wait_ev[i]
+	 * recorded on stream i for the other's wait (moet_cu_stream_wait) */
+	void *mb_stream[2], *mb_ev[2], *base_ev, *wait_ev[2];
 	int sel, joined[2];
 	/* MOET_MB_PRIO=1: the micro-batch streams at the device's highest priority, and each
 	 * half's grouped expert calls on a stream of the lowest (`xs`, made at the first call;
@@ -116,6 +117,7 @@ int moet_cu_fence_done(moet_backend *be, int i, int *out_done);
 int moet_cu_idle_mark(moet_backend *be, int resume, int kind);
 int moet_cu_idle_take(moet_backend *be, double out_s[MOET_IDLE_KINDS]);
 int moet_cu_stream_select(moet_backend *be, int slot);
+int moet_cu_stream_wait(moet_backend *be, int slot);
 int moet_cu_trace_point(moet_backend *be, int64_t *out_id);
 int moet_cu_trace_times(moet_backend *be, int64_t n, uint64_t *out_ns);
 int moet_cu_capture_begin(moet_backend *be);

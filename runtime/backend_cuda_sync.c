@@ -132,6 +132,24 @@ int moet_cu_stream_select(moet_backend *be, int slot)
 	return 0;
 }
 
+/* The selected micro-batch stream waits for the work queued so far on the other, `slot`
+ * (moet_backend_ops.stream_wait): an event recorded there. NOTE: the wait takes the event's
+ * state at this call, so recording it again at the next wait is safe. */
+int moet_cu_stream_wait(moet_backend *be, int slot)
+{
+	cuda_be *c = impl(be);
+	int rc;
+	if (c->sel < 0 || slot != !c->sel || !c->mb_stream[slot])
+		return moet_err(MOET_EINVAL, "CUDA backend: micro-batch stream %d waits for %d",
+				c->sel, slot);
+	if (c->capturing)
+		return moet_err(MOET_EUNSUP, "CUDA backend: micro-batch streams in a capture");
+	if ((rc = c->wait_ev[slot] ? 0 : moet_gpu_event_create(&c->wait_ev[slot])) ||
+	    (rc = moet_gpu_event_record(c->wait_ev[slot], c->mb_stream[slot])))
+		return rc;
+	return moet_gpu_stream_wait_event(c->mb_stream[c->sel], c->wait_ev[slot]);
+}
+
 /* ---- trace points (moet_backend_ops.trace_point, MOET_TRACE) ------------------------------- */
 
 int moet_cu_trace_point(moet_backend *be, int64_t *out_id)

@@ -109,6 +109,11 @@ static int wr_stream_select(moet_backend *be, int slot)
 	return rc;
 }
 
+static int wr_stream_wait(moet_backend *be, int slot)
+{
+	return IN(be)->ops->stream_wait(IN(be), slot);
+}
+
 /* The queued work: each op between the hooks, keyed by its name (linear and ffn by shape). */
 static int wr_upload(moet_backend *be, void *d, const void *s, size_t b)
 {
@@ -302,6 +307,7 @@ int moet_backend_wrap(moet_backend *inner, const moet_wrap_hooks *h, void *ctx, 
 	o->idle_mark = queued && in->idle_mark ? wr_idle_mark : NULL;
 	o->idle_take = queued && in->idle_take ? wr_idle_take : NULL;
 	o->stream_select = queued && in->stream_select ? wr_stream_select : NULL;
+	o->stream_wait = queued && in->stream_select && in->stream_wait ? wr_stream_wait : NULL;
 	o->mem_epoch = in->mem_epoch ? wr_mem_epoch : NULL;
 	o->capture_begin = NULL;
 	o->capture_end = NULL;

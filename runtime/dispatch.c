@@ -405,7 +405,11 @@ static int run_tier(moet_model *m, int64_t l, int tier, const moet_ffn_w *table,
  * Two y by layer parity: the first micro-batch's dispatch of layer l+1 runs before the second's
  * combine of layer l. The first's device rows are computed later than in the unmerged pass
  * (after the second's attention), the CPU tier's overlap is the same; rows are independent
- * and the kernel batch-invariant, so the bits are the unmerged pass's.
+ * and the kernel batch-invariant, so the bits are the unmerged pass's. On two streams
+ * (MOET_MB_STREAMS, a backend with stream_wait) the second's stream waits for the first's
+ * before the call (its rows) and the first's for the second's before its combine (the call's
+ * outputs and its slot table); those two waits also order every reuse of the layers' two y,
+ * of h2 and of the first's rows, since each half's work of layer l+1 is queued after them.
  */
 /* *p (backend memory) holds at least `floats` floats; grown, never shrunk. */
 static int mg_grow(moet_model *m, float **p, int64_t have, int64_t floats)
@@ -629,8 +633,10 @@ static int mg_run(moet_model *m, int64_t l, int64_t P, int64_t k, const float *h
 	m->merged_calls++;
 	const moet_backend_ops *op = m->be->ops;
 	const size_t rb = (size_t)H * sizeof(float);
-	int rc = 0;
-	if (w && !(rc = op->copy(m->be, m->mg.h2, m->mg.h, (size_t)na * rb)))
+	/* on two streams (MOET_MB_STREAMS) the first's rows are its stream's work: wait for it
+	 * (its combine waits for this call in turn: ff_finish, forward.c) */
+	int rc = m->mb_streams ? op->stream_wait(m->be, 0) : 0;
+	if (!rc && w && !(rc = op->copy(m->be, m->mg.h2, m->mg.h, (size_t)na * rb)))
 		rc = op->copy(m->be, m->mg.h2 + na * H, h, (size_t)n * rb);
 	if (!rc && w)
 		rc = op->experts_grouped(m->be, tier_table(m, l, 0), m->mg.pairs, w, k, m->mg.h2,

@@ -322,8 +322,11 @@ static int ff_finish(moet_model *m, int64_t l, int64_t n)
 	if (!lw->is_moe)
 		return 0;
 	TRY(moet_moe_dispatch_finish(m));
-	/* two micro-batches with their expert calls merged: the layer's shared y (dispatch.c) */
+	/* two micro-batches with their expert calls merged: the layer's shared y (dispatch.c);
+	 * on two streams the first half's combine waits for the second's stream (the call) */
 	const float *ym = m->mg.ycur[m->mb_slot & 1];
+	if (ym && m->mb_streams && !(m->mb_slot & 1))
+		TRY(m->be->ops->stream_wait(m->be, 1));
 	return m->be->ops->combine(m->be, ym ? ym : b->y, ym ? m->mg.cap_pairs : n * k, b->slot,
 				   b->rw, k,
 				   lw->has_shared ? b->shared : NULL, n, H, b->out);
@@ -764,8 +767,9 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 		rc = moet_pass_switches(m, n_mb, n == n_steps);
 	if (!rc && n_mb == 2)
 		rc = moet_mb_merge_begin(m, n, &merged);
-	if (merged) { /* a merged call reads both halves' rows: one stream, the plain order */
-		m->mb_streams = 0;
+	if (merged) { /* a merged call reads both halves' rows: no polled halves; two streams
+		       * only where they can wait for each other (dispatch.c) */
+		m->mb_streams = m->mb_streams && m->be->ops->stream_wait;
 		m->q_poll = 0;
 	}
 	if (!rc)

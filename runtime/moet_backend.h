@@ -225,6 +225,11 @@ typedef struct moet_backend_ops {
 	 * takes the following work. The two streams' work may overlap: the caller keeps their
 	 * data apart. */
 	int (*stream_select)(moet_backend *be, int slot);
+	/* Optional with it (NULL: a merged pass keeps one stream): the selected micro-batch
+	 * stream waits for the work queued so far on the other one, `slot` (a merged expert call
+	 * reads both halves' rows, and the first half's combine its outputs: MOET_MB_MERGE).
+	 * MOET_EINVAL unless a half's stream is selected and slot is the other half's. */
+	int (*stream_wait)(moet_backend *be, int slot);
 	int (*idle_take)(moet_backend *be, double out_s[MOET_IDLE_KINDS]);
 	/* Optional (NULL: no timeline; MOET_TRACE, runtime/backend_trace.c): trace_point queues a
 	 * timestamp on the current stream (the selected micro-batch's, or the pass's) and gives
@@ -256,10 +261,11 @@ struct moet_backend {
  * moet_cpu_kernels_get()); n_threads workers of the expert executor (0: MOET_CPU_THREADS, else
  * one per core; 1: everything on the calling thread); max_inter: the largest FFN width. */
 int moet_backend_cpu_create(int n_threads, int64_t max_inter, moet_backend **out);
-/* The CPU backend's record of stream_select (its test double of two micro-batch streams): the
- * selected stream (-1: joined), the selections of a half's stream and the joins so far; zeros
- * and -1 for another backend. */
-void moet_backend_cpu_streams(moet_backend *be, int *sel, uint64_t *selects, uint64_t *joins);
+/* The CPU backend's record of stream_select and stream_wait (its test double of two
+ * micro-batch streams): the selected stream (-1: joined), the selections of a half's stream,
+ * the joins and the waits so far; zeros and -1 for another backend. */
+void moet_backend_cpu_streams(moet_backend *be, int *sel, uint64_t *selects, uint64_t *joins,
+			      uint64_t *waits);
 
 /* The CUDA backend on device `device`; MOET_EUNSUP in a build without CUDA. */
 int moet_backend_cuda_create(int device, moet_backend **out);

@@ -7,8 +7,10 @@
  *   - ragged batches of prefill and decode give logits equal to the reference bit for bit,
  *     batched and one sequence per call;
  *   - two micro-batches with the GPU's expert calls of both halves merged (MOET_MB_MERGE=1,
- *     runtime/dispatch.c), also with every cold expert staged (MOET_PREFILL_STAGE=1): the
- *     same bits, one merged call per MoE layer of every split pass;
+ *     runtime/dispatch.c), also with every cold expert staged (MOET_PREFILL_STAGE=1), on one
+ *     stream (MOET_MB_STREAMS=1) and on two (unset: the decode passes; =2: every split pass;
+ *     the halves' streams waiting for each other): the same bits, one merged call per MoE
+ *     layer of every split pass;
  *   - the CPU tier's jobs started after the GPU's launches in two micro-batches and in one
  *     pass (MOET_TIER_ORDER=gpu), and the slot
  *     tables and the CPU tier's rows copied at once instead of queued (MOET_STEP_UPLOAD=
@@ -207,18 +209,21 @@ int main(void)
 	unsetenv("MOET_MB_QUEUE");
 
 	const char *names[] = { "all-gpu", "all-cpu", "random-half one stream unqueued", "per-layer",
-				"random serial", "random one pass unqueued", "random merged", "random merged staged",
+				"random serial", "random one pass unqueued", "random merged one stream",
+				"random merged staged",
 				"random gpu-first", "random one pass gpu-first", "random sync uploads",
 				"random one pass sync uploads", "random queued",
 				"random merged queued reordered", "random one pass queued",
 				"random queued reordered", "random merged queued",
 				"random two streams", "random two streams unqueued",
-				"random two streams polled" };
+				"random two streams polled", "random merged two streams" };
 	int64_t moe_layers = 0;
 	for (int64_t l = 0; l < L; l++)
 		moe_layers += moet_config_is_moe_layer(c, l);
-	for (int pl = 0; pl < 20; pl++) {
-		const int merged = pl == 6 || pl == 7 || pl == 13 || pl == 16;
+	for (int pl = 0; pl < 21; pl++) {
+		/* merged: on two streams in the decode passes (unset), in every split pass (pl 20:
+		 * the halves' streams wait for each other), on one (pl 6) */
+		const int merged = pl == 6 || pl == 7 || pl == 13 || pl == 16 || pl == 20;
 		for (int64_t i = 0; i < L * E; i++) {
 			int64_t l = i / E, e = i % E;
 			own[i] = pl == 0 ? 0 : pl == 1 ? -1 : pl == 3 ? (int16_t)((l % 2) ? 0 : -1)
@@ -259,7 +264,7 @@ int main(void)
 			setenv("MOET_MB_REORDER", "1", 1);
 		/* the halves on two streams (the pass's stream the legacy one here; an own one
 		 * below), with the copies queued and not */
-		if (pl == 17 || pl == 18)
+		if (pl == 17 || pl == 18 || pl == 20)
 			setenv("MOET_MB_STREAMS", "2", 1);
 		if (pl == 18)
 			setenv("MOET_MB_QUEUE", "0", 1);
@@ -267,7 +272,7 @@ int main(void)
 			setenv("MOET_MB_QUEUE", "0", 1);
 		/* unset: a decode pass's halves on two streams, queued; pl 2 the reference path,
 		 * one stream, nothing queued */
-		if (pl == 2)
+		if (pl == 2 || pl == 6)
 			setenv("MOET_MB_STREAMS", "1", 1);
 		/* the idle checks below (pl 1, 4): the device idles as its one stream runs dry (with
 		 * two, only once both have: the other half's work may fill the driver's wait) */
@@ -327,6 +332,11 @@ int main(void)
 		      (!merged || hs.split_passes > 0), "%s: %llu merged calls, %llu split passes",
 		      names[pl], (unsigned long long)hs.merged_calls,
 		      (unsigned long long)hs.split_passes);
+		/* on two streams: every split pass where forced, none on one */
+		CHECK(pl == 17 || pl == 18 || pl == 20 ? hs.stream_passes == hs.split_passes
+			   : pl == 2 || pl == 6 || idle ? hs.stream_passes == 0 : 1,
+		      "%s: %llu passes on two streams of %llu split", names[pl],
+		      (unsigned long long)hs.stream_passes, (unsigned long long)hs.split_passes);
 		if (pl == 0)
 			CHECK(cnt[0] == 0, "all-gpu: nothing on the CPU");
 		if (pl == 1)

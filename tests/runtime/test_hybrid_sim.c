@@ -99,7 +99,7 @@ int main(void)
 	 * thread, and batched calls in one pass instead of two micro-batches (forward.c) */
 	const char *names[] = { "all-cpu", "all-device", "random-3", "per-layer", "random-3 solo",
 				"random-3 serial", "random-3 1-thread", "random-3 one pass",
-				"random-1 merged", "random-1 merged staged", "random-1 merged all staged",
+				"random-1 merged one stream", "random-1 merged staged", "random-1 merged all staged",
 				"random-3 gpu-first", "random-3 one pass gpu-first", "random-3 queued",
 				"random-1 merged queued reordered", "random-3 one pass queued",
 				"random-3 queued reordered", "random-1 merged queued",
@@ -170,19 +170,19 @@ int main(void)
 		 * selections (one thread: nothing overlaps) */
 		if (streams)
 			setenv("MOET_MB_STREAMS", "2", 1);
-		if (pl == 1) /* the reference: one stream (unset: two in the decode passes of one
-			      * device, unmerged: pl 0) */
+		if (pl == 1 || pl == 8) /* the reference: one stream (unset: two in the decode
+					 * passes of one device: pl 0, merged pl 9, 10, 14, 17) */
 			setenv("MOET_MB_STREAMS", "1", 1);
 		/* the driver polling both halves' waits (the decode passes: their copies queued) */
 		if (pl == 20)
 			setenv("MOET_MB_POLL", "1", 1);
 		int sel0;
-		uint64_t sels0, joins0;
-		moet_backend_cpu_streams(m->be, &sel0, &sels0, &joins0);
+		uint64_t sels0, joins0, waits0;
+		moet_backend_cpu_streams(m->be, &sel0, &sels0, &joins0, &waits0);
 		run(m, pl != 4, got);
 		int sel1;
-		uint64_t sels1, joins1;
-		moet_backend_cpu_streams(m->be, &sel1, &sels1, &joins1);
+		uint64_t sels1, joins1, waits1;
+		moet_backend_cpu_streams(m->be, &sel1, &sels1, &joins1, &waits1);
 		unsetenv("MOET_MB_STREAMS");
 		unsetenv("MOET_MB_POLL");
 		unsetenv("MOET_MICROBATCH");
@@ -247,23 +247,29 @@ int main(void)
 			      "%s: %llu row copies of %llu bytes for %llu split passes of %d", names[pl],
 			      (unsigned long long)hs.d2h_copies, (unsigned long long)hs.bytes_d2h,
 			      (unsigned long long)hs.split_passes, STEPS + 1);
-		/* every split pass selected each half's stream and joined (pl 18; unset, pl 0: the
-		 * decode passes, all but the prompts' first), and none was left selected; without
-		 * the switch (pl 1), merged (one stream) or over several devices nothing was */
-		const int st_dflt = pl == 0 || pl == 20;
+		/* every split pass selected each half's stream and joined (pl 18, 19; unset, pl 0
+		 * and merged 9, 10, 14, 17: the decode passes, all but the prompts' first), and none
+		 * was left selected; without the switch (pl 1, merged pl 8) or over several devices
+		 * nothing was. Merged on two streams, each MoE layer's call waited for the first
+		 * half's stream and the first half's combine for the second's: two waits a layer */
+		const int st_dflt = pl == 0 || pl == 20 || (merged && pl != 8 && pl != 19);
+		const int st_all = pl == 18 || pl == 19;
 		CHECK(hs.stream_passes == joins1 - joins0, "%s: %llu passes on two streams, %llu "
 		      "joins", names[pl], (unsigned long long)hs.stream_passes,
 		      (unsigned long long)(joins1 - joins0));
-		const uint64_t st_passes = pl == 18 ? hs.split_passes
+		const uint64_t st_passes = st_all ? hs.split_passes
 					   : st_dflt && hs.split_passes ? hs.split_passes - 1 : 0;
-		CHECK(sel1 == -1 && (pl == 18 || st_dflt ? sels1 - sels0 >= 2 * st_passes &&
+		CHECK(sel1 == -1 && (st_all || st_dflt ? sels1 - sels0 >= 2 * st_passes &&
 							     joins1 - joins0 == st_passes &&
 							     st_passes > 0
-							   : sels1 == sels0 && joins1 == joins0),
+						       : sels1 == sels0 && joins1 == joins0),
 		      "%s: streams: %llu selections, %llu joins for %llu split passes, left at %d",
 		      names[pl], (unsigned long long)(sels1 - sels0),
 		      (unsigned long long)(joins1 - joins0), (unsigned long long)hs.split_passes,
 		      sel1);
+		const uint64_t want_waits = merged ? 2 * (uint64_t)moe_layers * st_passes : 0;
+		CHECK(waits1 - waits0 == want_waits, "%s: %llu stream waits, want %llu", names[pl],
+		      (unsigned long long)(waits1 - waits0), (unsigned long long)want_waits);
 		/* polled: every split pass (pl >= 13 queue the prompts' copies too) */
 		CHECK(hs.polled_passes == (pl == 20 ? hs.split_passes : 0) &&
 		      (pl != 20 || hs.split_passes > 0),

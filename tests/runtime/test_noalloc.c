@@ -240,7 +240,10 @@ int main(void)
 		expect_none(m, "cuda + CPU tier, 2 halves, one stream");
 		unsetenv("MOET_MB_STREAMS");
 		setenv("MOET_MB_MERGE", "1", 1);
-		expect_none(m, "cuda + CPU tier, 2 halves merged");
+		expect_none(m, "cuda + CPU tier, 2 halves merged (default: two streams)");
+		setenv("MOET_MB_STREAMS", "1", 1);
+		expect_none(m, "cuda + CPU tier, 2 halves merged, one stream");
+		unsetenv("MOET_MB_STREAMS");
 		unsetenv("MOET_MB_MERGE");
 		setenv("MOET_MB_QUEUE", "1", 1);
 		expect_none(m, "cuda + CPU tier, 2 halves queued");
