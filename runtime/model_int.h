@@ -494,7 +494,8 @@ int moet_moe_dispatch_finish(struct moet_model *m);
  * MOET_MB_STREAMS: "1", "2" or unset (as 2 in a decode pass, as 1 otherwise): two
  * micro-batches on two backend streams (moet_backend_ops.stream_select; m->mb_streams) where
  * the backend has them, one device without MOET_TP ranks, no NVMe tier, MOET_GPU_DEVGROUP
- * off; not with merged calls (forward.c clears it then).
+ * off; with merged calls only where the backend has stream_wait (forward.c clears it
+ * otherwise).
  * MOET_TIER_ORDER: whether the CPU tier's jobs start before the device tiers' launches ("cpu",
  * unset) or after them ("gpu": m->gpu_first; measured no faster, docs/hybrid.md); always
  * before them when the tier does not overlap (MOET_HYBRID_OVERLAP=0: it runs alone, the
