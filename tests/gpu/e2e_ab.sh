@@ -11,7 +11,8 @@
 #   bash tests/gpu/e2e_ab.sh BUILD_DIR OUT_DIR CKPT_DIR PLACEMENT 'NAME[:VAR=V[,VAR=V...]]' ...
 #   BUILD_DIR  a build with moet-hybrid (carried from a development machine is fine)
 #   OUT_DIR    e2e-NAME-R.json / .txt per run, table.txt (also printed) and one archive of it
-#              all, ab.tar.gz (the device tool brings back few files)
+#              all, ab.tar.gz (the device tool brings back few files); the variants' records of
+#              an earlier invocation there are removed first
 #   CKPT_DIR   the checkpoint (e.g. made by gen-checkpoint in /dev/shm)
 #   PLACEMENT  the placement file (e.g. from tests/gpu/plan_auto.sh)
 #   variants   e.g. def 'queued:MOET_MB_QUEUE=1' 'split:MOET_MICROBATCH=1,MOET_MB_MERGE=1'
@@ -48,6 +49,10 @@ for v in "$@"; do
 done
 mkdir -p "$out"
 . tests/gpu/debs.sh
+# an earlier invocation's records of these variants (more rounds, say) would enter the table
+for v in "$@"; do
+	rm -f "$out/e2e-${v%%:*}-"[0-9]*.json "$out/e2e-${v%%:*}-"[0-9]*.txt
+done
 for r in $(seq 1 "$rounds"); do
 	for v in "$@"; do
 		name=${v%%:*} envs=()
@@ -65,7 +70,8 @@ for r in $(seq 1 "$rounds"); do
 		fi
 	done
 done
-MOET_AB_MODE=$mode python3 tests/gpu/e2e_table.py "$out" "$@" | tee "$out/table.txt"
+MOET_AB_MODE=$mode MOET_AB_ROUNDS=$rounds python3 tests/gpu/e2e_table.py "$out" "$@" |
+	tee "$out/table.txt"
 if [ "${MOET_AB_TRACE:-0}" = 1 ]; then
 	for v in "$@"; do
 		name=${v%%:*} envs=()

@@ -6,6 +6,7 @@ driver's wait for it, the GPU's idle time and its part at the routing's waits (i
 shares of passes in two micro-batches, of those on two streams (strm) and polled (poll) (ms per
 step); then per variant and batch the median over rounds of the step and of step / bound.
 The records' steps of mode MOET_AB_MODE (default hybrid; gpu has no overlap check: nan there).
+Rounds 1 .. MOET_AB_ROUNDS (e2e_ab.sh sets it), else those the named variants' records have.
 A missing or unreadable record is named on its row, never skipped silently."""
 import json
 import os
@@ -27,8 +28,14 @@ def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     out, names = sys.argv[1], [v.split(":", 1)[0] for v in sys.argv[2:]]
-    runs = sorted({int(f[:-5].rsplit("-", 1)[1]) for f in os.listdir(out)
-                   if f.startswith("e2e-") and f.endswith(".json")})
+    n = os.environ.get("MOET_AB_ROUNDS", "")
+    if n.isdigit() and int(n) > 0:
+        runs = list(range(1, int(n) + 1))
+    else:
+        runs = sorted({int(f[:-5].rsplit("-", 1)[1]) for f in os.listdir(out)
+                       if f.endswith(".json") and f.startswith("e2e-") and
+                       f[4:-5].rsplit("-", 1)[0] in names and
+                       f[:-5].rsplit("-", 1)[1].isdigit()})
     print("variant  round batch    step      1p      Tc      Tg   bound st/bd   run"
           "    wait   idle  i_rt split  strm  poll")
     agg = {}

@@ -184,6 +184,42 @@ int main(void)
 		fclose(f);
 	CHECK(gpu_rows == 2, "gpu-mode table: %d rows", gpu_rows);
 
+	/* again into the first folder with one round of one variant: its table has that round
+	 * alone (the earlier invocation's round 2 of def removed, split's kept but not read) */
+	snprintf(args, sizeof(args), "MOET_AB_ROUNDS=1 bash tests/gpu/e2e_ab.sh %s %s %s %s def",
+		 build, out, ckpt, place);
+	free(text);
+	text = NULL;
+	rc = run(args, &text);
+	CHECK(rc == 0 && text, "e2e_ab.sh again: exit %d\n%s", rc, text ? text : "");
+	snprintf(path, sizeof(path), "%s/table.txt", out);
+	f = fopen(path, "r");
+	int again_rows = 0, again_other = 0;
+	while (f && fgets(line, sizeof(line), f)) {
+		char name[32];
+		int r, b;
+		double st;
+		if (strchr(line, '(') || sscanf(line, "%31s %d %d %lf", name, &r, &b, &st) != 4) {
+			again_other += strstr(line, "no record") != NULL;
+			continue;
+		}
+		CHECK(!strcmp(name, "def") && r == 1, "table row of the second invocation: %s", line);
+		again_rows++;
+	}
+	if (f)
+		fclose(f);
+	snprintf(path, sizeof(path), "%s/e2e-def-2.json", out);
+	FILE *stale = fopen(path, "r");
+	snprintf(path, sizeof(path), "%s/e2e-split-2.json", out);
+	FILE *kept = fopen(path, "r");
+	CHECK(again_rows == 1 && again_other == 0 && !stale && kept, "second invocation: %d "
+	      "rows, %d missing, def round 2 %s, split round 2 %s", again_rows, again_other,
+	      stale ? "still there" : "removed", kept ? "kept" : "gone");
+	if (stale)
+		fclose(stale);
+	if (kept)
+		fclose(kept);
+
 	/* usage errors */
 	static const char *const bad[4] = {
 		"bash tests/gpu/e2e_ab.sh a b c d",
