@@ -16,6 +16,8 @@
 #include <cuda_runtime.h>
 #include <limits.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 struct linear_ctx {
 	const moet_mat *w;
@@ -32,6 +34,21 @@ static void get_one(const void *ctx, int64_t i, moet_rows_group *g)
 static bool aligned16(const void *p)
 {
 	return ((uintptr_t)p & 15u) == 0;
+}
+
+/* MOET_GPU_LINEAR: "rows" (unset or empty: the default) or "ksplit" (gpu/linear_ks.cu, for
+ * calls of up to MOET_GPU_KS_MAX_TOK tokens it can take; opt-in until measured on a GPU). */
+static int linear_variant(int *out_ks)
+{
+	const char *v = getenv("MOET_GPU_LINEAR");
+	*out_ks = 0;
+	if (!v || !*v || !strcmp(v, "rows"))
+		return 0;
+	if (!strcmp(v, "ksplit")) {
+		*out_ks = 1;
+		return 0;
+	}
+	return moet_err(MOET_EINVAL, "MOET_GPU_LINEAR=%.40s (want rows or ksplit)", v);
 }
 
 extern "C" int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok,
@@ -76,9 +93,16 @@ extern "C" int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stri
 	j.vec = (K * (int64_t)esz) % 16 == 0 && K % 4 == 0 && x_stride % 4 == 0 &&
 		aligned16(w->data) && aligned16(x);
 	j.canon = 0;
-	int rc = moet_rows_variant(&j.wide);
+	int ks = 0, rc = linear_variant(&ks);
+	if (!rc)
+		rc = moet_rows_variant(&j.wide);
 	if (rc)
 		return rc;
+	if (ks && j.vec && K % 128 == 0 && n_tok <= MOET_GPU_KS_MAX_TOK) {
+		const moet_gpu_ks_args a = { j.dt, w->data, w->scale_inv, R, K, x, x_stride, n_tok,
+					     y, y_stride };
+		return moet_gpu_linear_ks(&a, stream);
+	}
 	linear_ctx c = { w, n_tok };
 	return moet_rows_run(&j, get_one, &c, 1, moet_stream(stream));
 }

@@ -141,11 +141,16 @@ int moet_gpu_gate_up(const moet_mat *gate, const moet_mat *up, const float *x, i
  * Linear layer: y[t * y_stride + r] = D(W, r, x + t * x_stride) for every row r of W and
  * t < n_tok: the contract dot, bit for bit moet_dot_ref (non-NaN outputs; a NaN's payload may
  * differ). W is a moet_mat whose data and scale_inv are device pointers (F8_E4M3 with F32
- * block scales, BF16 or F32; scale_inv NULL = 1.0f). Shares the expert kernel's row machinery.
- * Returns MOET_ESHAPE for an empty or oversized matrix.
+ * block scales, BF16 or F32; scale_inv NULL = 1.0f). Shares the expert kernel's row machinery,
+ * or with MOET_GPU_LINEAR=ksplit (opt-in) takes calls of up to 16 tokens with K % 128 == 0 and
+ * aligned rows through gpu/linear_ks.cu (the blocks of K over the warps, the same bits); other
+ * values of it give MOET_EINVAL naming it. Returns MOET_ESHAPE for an empty or oversized
+ * matrix.
  */
 int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,
 		    int64_t y_stride, void *stream);
+/* The calls moet_gpu_linear sent to gpu/linear_ks.cu so far (tests: the path was taken). */
+uint64_t moet_gpu_linear_ks_calls(void);
 
 /*
  * RMSNorm of n_rows rows of n values: out[i] = w[i] * (x[i] * inv), inv = 1/sqrt(mean(x^2)+eps)

@@ -149,6 +149,11 @@ int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stride, int64_t
 	return no_cuda("moet_gpu_linear");
 }
 
+uint64_t moet_gpu_linear_ks_calls(void)
+{
+	return 0;
+}
+
 int moet_gpu_rmsnorm(const float *x, int64_t x_stride, const float *w, int64_t n, int64_t n_rows,
 		     double eps, float *out, int64_t out_stride, void *stream)
 {

@@ -127,6 +127,23 @@ struct moet_rows_kernel {
 /* Token-count classes of a launch: n = 1, 2, 3-4, 5-8, 9-16, >= 17 tokens per group. */
 #define MOET_ROWS_N_CLASS 6
 
+/* A dense linear layer's call for gpu/linear_ks.cu (MOET_GPU_LINEAR=ksplit): dt MOET_ROWS_*,
+ * W [R][K] with its block scales s (NULL: 1.0f), x [n_tok][x_stride], y [n_tok][y_stride];
+ * K % 128 == 0, n_tok 1 .. MOET_GPU_KS_MAX_TOK, the row machinery's vec alignment. */
+#define MOET_GPU_KS_MAX_TOK 16
+struct moet_gpu_ks_args {
+	int dt;
+	const void *w;
+	const float *s;
+	int64_t R, K;
+	const float *x;
+	long long x_stride;
+	int64_t n_tok;
+	float *y;
+	long long y_stride;
+};
+int moet_gpu_linear_ks(const moet_gpu_ks_args *a, void *stream);
+
 /* The wide instance for (dt F8 or BF16, nmat, token class 4 or 5), or fn NULL. */
 moet_rows_kernel moet_rows_wide_pick(int dt, int nmat, int cl);
 

@@ -163,19 +163,30 @@ static void linear_case(const char *name, moet_dtype dt, int64_t R, int64_t K, i
 		goto out;
 	moet_mat hm = { dt, R, K, w, s }, dm = { dt, R, K, dw, ds };
 	/* The reference variant of the row kernels (MOET_GPU_ROWS_KERNEL=ref) and the default
-	 * (wide where it applies), twice: all three bit-identical, and checked below. */
-	static const char *const var[3] = { "ref", "", "" };
-	for (int v = 0; v < 3; v++) {
+	 * (wide where it applies), twice, and the blocks of K over the warps (MOET_GPU_LINEAR=
+	 * ksplit, gpu/linear_ks.cu, where it takes the call: counted): all bit-identical, and the
+	 * first checked below. */
+	static const char *const var[4] = { "ref", "", "", "" };
+	const int ks_fits = K % 128 == 0 && n_tok <= 16 && (K * (int64_t)esz) % 16 == 0 &&
+			    xs % 4 == 0;
+	for (int v = 0; v < 4; v++) {
 		setenv("MOET_GPU_ROWS_KERNEL", var[v], 1);
+		if (v == 3)
+			setenv("MOET_GPU_LINEAR", "ksplit", 1);
+		const uint64_t ks0 = moet_gpu_linear_ks_calls();
 		int bad = dev_fail(moet_gpu_linear(&dm, dx, xs, n_tok, dy, ys, NULL), name) ||
 			  down(v ? y2 : y, dy, (size_t)(n_tok * ys) * sizeof(float));
+		const uint64_t ks_n = moet_gpu_linear_ks_calls() - ks0;
 		unsetenv("MOET_GPU_ROWS_KERNEL");
+		unsetenv("MOET_GPU_LINEAR");
 		if (bad)
 			goto out;
+		CHECK(ks_n == (uint64_t)(v == 3 && ks_fits), "%s: %llu calls through linear_ks "
+		      "(variant %d, fits %d)", name, (unsigned long long)ks_n, v, ks_fits);
 		if (v)
 			CHECK(!memcmp(y, y2, (size_t)(n_tok * ys) * sizeof(float)),
 			      "%s: %s run differs from the ref variant", name,
-			      v == 1 ? "default" : "repeated default");
+			      v == 1 ? "default" : v == 2 ? "repeated default" : "ksplit");
 	}
 	/* Rows to check: all within the budget, else a sample with the first and the last. */
 	int64_t n_rows = R;
@@ -247,6 +258,14 @@ static void test_linear(void)
 	linear_case("kimi-lm_head", MOET_DT_BF16, 163840, 7168, 1, 0, 0, 3e8);
 	linear_case("kimi-lm_head", MOET_DT_BF16, 163840, 7168, 512, 0, 0, 3e8);
 	linear_case("f32-wide", MOET_DT_F32, 1000, 7168, 9, 0, 1, 3e8);
+	/* MOET_GPU_LINEAR=ksplit's edges: rows past a block's 8, a last round of fewer than 8
+	 * blocks, one block, every token tile (1, 2, 4, 8; BF16 and F32 at most 4) and two tiles */
+	static const int64_t ksc[][3] = { { 13, 1152, 16 }, { 129, 128, 3 }, { 8, 256, 1 },
+					  { 200, 1024, 7 }, { 61, 2048, 2 }, { 576, 7168, 12 } };
+	for (int i = 0; i < 6; i++)
+		for (int d = 0; d < 3; d++)
+			linear_case("ksplit-edges", dts[d], ksc[i][0], ksc[i][1], ksc[i][2],
+				    i % 2 ? 4 : 0, (i + d) % 2, 3e8);
 	printf("linear: %lld cases, %lld (row, token) dots compared bit for bit\n",
 	       (long long)n_lin_cases, (long long)n_lin_dots);
 }
@@ -848,6 +867,11 @@ static void test_bad_input(void)
 	CHECK(moet_gpu_linear(NULL, d, 16, 1, d, 16, NULL) == MOET_EINVAL, "linear NULL");
 	CHECK(moet_gpu_linear(&bad, d, 16, 1, d, 16, NULL) == MOET_EUNSUP, "linear F16");
 	CHECK(moet_gpu_linear(&m, d, 8, 1, d, 16, NULL) == MOET_EINVAL, "linear x stride");
+	setenv("MOET_GPU_LINEAR", "sideways", 1);
+	CHECK(moet_gpu_linear(&m, d, 16, 1, d, 16, NULL) == MOET_EINVAL &&
+	      strstr(moet_errmsg(), "MOET_GPU_LINEAR"), "linear: a bad MOET_GPU_LINEAR refused: %s",
+	      moet_errmsg());
+	unsetenv("MOET_GPU_LINEAR");
 	CHECK(moet_gpu_linear(&m, NULL, 16, 1, d, 16, NULL) == MOET_EINVAL, "linear x NULL");
 	CHECK(moet_gpu_linear(&m, d, 16, -1, d, 16, NULL) == MOET_EINVAL, "linear n_tok");
 	CHECK(moet_gpu_linear(&m, d, 16, 0, d, 16, NULL) == 0, "linear no tokens");
