@@ -98,7 +98,8 @@ extern "C" int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stri
 		rc = moet_rows_variant(&j.wide);
 	if (rc)
 		return rc;
-	if (ks && j.vec && K % 128 == 0 && n_tok <= MOET_GPU_KS_MAX_TOK) {
+	if (ks && j.vec && K % 128 == 0 && n_tok <= MOET_GPU_KS_MAX_TOK &&
+	    R * K * (int64_t)esz * moet_gpu_ks_tiles(j.dt, n_tok) <= MOET_GPU_KS_MAX_BYTES) {
 		const moet_gpu_ks_args a = { j.dt, w->data, w->scale_inv, R, K, x, x_stride, n_tok,
 					     y, y_stride };
 		return moet_gpu_linear_ks(&a, stream);

@@ -30,7 +30,8 @@
  * activation stage once every warp is done with it.
  * Eligible (gpu/linear.cu): F8_E4M3 (block scales or none), BF16 or F32; at most
  * MOET_GPU_KS_MAX_TOK tokens; K % 128 == 0; 16-byte aligned rows of W and x (the row
- * machinery's vec conditions).
+ * machinery's vec conditions); at most MOET_GPU_KS_MAX_BYTES of weight reads over the token
+ * tiles (rows_int.h).
  */
 #include "moet_gpu.h"
 

@@ -131,6 +131,15 @@ struct moet_rows_kernel {
  * W [R][K] with its block scales s (NULL: 1.0f), x [n_tok][x_stride], y [n_tok][y_stride];
  * K % 128 == 0, n_tok 1 .. MOET_GPU_KS_MAX_TOK, the row machinery's vec alignment. */
 #define MOET_GPU_KS_MAX_TOK 16
+/* ... and whose weight bytes times its token tiles (gpu/linear_ks.cu reads the matrix once per
+ * tile of 8 tokens, 4 for BF16 and F32) stay within this: an LM head (2.35 GB of BF16) keeps the
+ * row machinery, whose many row tiles already fill the GPU. */
+#define MOET_GPU_KS_MAX_BYTES (256ll << 20)
+static inline int moet_gpu_ks_tiles(int dt, int64_t n_tok)
+{
+	const int64_t tb = dt == MOET_ROWS_F8 && n_tok > 4 ? 8 : n_tok > 2 ? 4 : n_tok > 1 ? 2 : 1;
+	return (int)((n_tok + tb - 1) / tb);
+}
 struct moet_gpu_ks_args {
 	int dt;
 	const void *w;

@@ -167,8 +167,13 @@ static void linear_case(const char *name, moet_dtype dt, int64_t R, int64_t K, i
 	 * ksplit, gpu/linear_ks.cu, where it takes the call: counted): all bit-identical, and the
 	 * first checked below. */
 	static const char *const var[4] = { "ref", "", "", "" };
+	/* gpu/linear.cu's conditions, written out: at most 16 tokens, whole 128-column blocks,
+	 * aligned rows, and at most 256 MiB of weight reads over the token tiles (8 tokens for F8,
+	 * else 4) */
+	const int64_t ks_tb = dt == MOET_DT_F8_E4M3 && n_tok > 4 ? 8 : n_tok > 2 ? 4 : n_tok;
 	const int ks_fits = K % 128 == 0 && n_tok <= 16 && (K * (int64_t)esz) % 16 == 0 &&
-			    xs % 4 == 0;
+			    xs % 4 == 0 &&
+			    R * K * (int64_t)esz * ((n_tok + ks_tb - 1) / ks_tb) <= (256ll << 20);
 	for (int v = 0; v < 4; v++) {
 		setenv("MOET_GPU_ROWS_KERNEL", var[v], 1);
 		if (v == 3)
