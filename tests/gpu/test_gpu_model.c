@@ -6,7 +6,10 @@
  *     the reference's bits), hence also transformers' within the oracle tolerance;
  *   - greedy generation on CUDA equals transformers' greedy ids;
  *   - batch invariance on the GPU: three sequences with ragged lengths at different positions
- *     in one batch give each sequence's solo logits bit for bit; a repeat run is identical.
+ *     in one batch give each sequence's solo logits bit for bit; a repeat run is identical;
+ *   - with MOET_GPU_LINEAR=ksplit (the dense linears of up to 16 tokens with K over the warps,
+ *     gpu/linear_ks.cu) the prompt in chunks of 16 gives the CPU's logits again and greedy
+ *     generation transformers' ids; its calls counted where hidden_size allows them.
  * All of it for both MLA forms (MOET_MLA=expanded, absorbed).
  * Skips (77) without a CUDA device or without the fixtures.
  */
@@ -38,6 +41,22 @@ static int run(moet_model *m, const int64_t *tok, int64_t n, float *out)
 	int rc = moet_kv_create(m, n + 16, &kv);
 	if (!rc)
 		rc = moet_model_forward(m, kv, tok, n, out);
+	moet_kv_destroy(kv);
+	return rc;
+}
+
+/* The prompt in chunks of up to 16 tokens on one cache (each chunk's logits into out): the
+ * calls MOET_GPU_LINEAR=ksplit takes (gpu/linear_ks.cu). Batch invariance makes them the
+ * whole prompt's logits. */
+static int run_chunked(moet_model *m, const int64_t *tok, int64_t n, float *out)
+{
+	const int64_t V = moet_model_config(m)->vocab_size;
+	moet_kv *kv = NULL;
+	int rc = moet_kv_create(m, n + 16, &kv);
+	for (int64_t at = 0; !rc && at < n; at += 16) {
+		const int64_t c = n - at < 16 ? n - at : 16;
+		rc = moet_model_forward(m, kv, tok + at, c, out + at * V);
+	}
 	moet_kv_destroy(kv);
 	return rc;
 }
@@ -132,6 +151,28 @@ int main(void)
 			      memcmp(out, greedy, ng * sizeof(*out)) == 0,
 			      "%s: GPU greedy ids differ from transformers'", de->d_name);
 			batch_invariance(gpu, prompt, (int64_t)np, de->d_name);
+			/* the dense linears with K over the warps (MOET_GPU_LINEAR=ksplit), the
+			 * prompt in chunks of 16 tokens: the CPU's logits again, and greedy ids;
+			 * taken wherever hidden_size is whole 128-column blocks */
+			const uint64_t ks0 = moet_gpu_linear_ks_calls();
+			setenv("MOET_GPU_LINEAR", "ksplit", 1);
+			CHECK(run_chunked(gpu, prompt, (int64_t)np, b2) == 0, "gpu ksplit: %s",
+			      moet_errmsg());
+			int64_t n_ks = 0;
+			CHECK(moet_model_generate(gpu, prompt, (int64_t)np, (int64_t)ng, 0, out,
+						  &n_ks) == 0 && n_ks == (int64_t)ng &&
+			      memcmp(out, greedy, ng * sizeof(*out)) == 0,
+			      "%s: GPU greedy ids with MOET_GPU_LINEAR=ksplit differ", de->d_name);
+			unsetenv("MOET_GPU_LINEAR");
+			const int ks_want = moet_model_config(gpu)->hidden_size % 128 == 0;
+			CHECK(ks_want ? moet_gpu_linear_ks_calls() > ks0
+				      : moet_gpu_linear_ks_calls() == ks0,
+			      "%s: %llu calls through linear_ks (hidden %lld)", de->d_name,
+			      (unsigned long long)(moet_gpu_linear_ks_calls() - ks0),
+			      (long long)moet_model_config(gpu)->hidden_size);
+			CHECK(memcmp(a, b2, np * (size_t)V * sizeof(float)) == 0,
+			      "%s: GPU logits with MOET_GPU_LINEAR=ksplit (chunks of 16) differ from "
+			      "the CPU's", de->d_name);
 			printf("%s (%s MLA): GPU logits %s the CPU's (%zu values); greedy %s\n",
 			       de->d_name, form_name, diff ? "DIFFER from" : "equal", np * (size_t)V,
 			       memcmp(out, greedy, ng * sizeof(*out)) ? "differs" : "equal");
