@@ -51,6 +51,63 @@ static int linear_variant(int *out_ks)
 	return moet_err(MOET_EINVAL, "MOET_GPU_LINEAR=%.40s (want rows or ksplit)", v);
 }
 
+static int rows_dt(moet_dtype dt)
+{
+	return dt == MOET_DT_F8_E4M3 ? MOET_ROWS_F8 : dt == MOET_DT_BF16 ? MOET_ROWS_BF16
+								   : MOET_ROWS_F32;
+}
+
+/* Whether gpu/linear_ks.cu takes W x (x_stride) for n_tok tokens: a supported dtype, the
+ * row machinery's vec conditions, whole 128-column blocks, at most MOET_GPU_KS_MAX_TOK tokens
+ * and MOET_GPU_KS_MAX_BYTES of weight reads over its token tiles. */
+static bool ks_fits(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok)
+{
+	const moet_dtype dt = w->dtype;
+	if (dt != MOET_DT_F8_E4M3 && dt != MOET_DT_BF16 && dt != MOET_DT_F32)
+		return false;
+	const int64_t K = w->cols, esz = dt == MOET_DT_F8_E4M3 ? 1 : dt == MOET_DT_BF16 ? 2 : 4;
+	return (K * esz) % 16 == 0 && K % 128 == 0 && x_stride % 4 == 0 && aligned16(w->data) &&
+	       aligned16(x) && ((uintptr_t)w->scale_inv & 3u) == 0 && n_tok >= 1 &&
+	       n_tok <= MOET_GPU_KS_MAX_TOK && w->rows >= 1 && w->rows <= INT_MAX / 2 &&
+	       K <= INT_MAX / 2 &&
+	       w->rows * K * esz * moet_gpu_ks_tiles(rows_dt(dt), n_tok) <= MOET_GPU_KS_MAX_BYTES;
+}
+
+static int ks_run(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,
+		  int64_t y_stride, int epi, const float *g, void *stream)
+{
+	const moet_gpu_ks_args a = { rows_dt(w->dtype), epi, g, w->data, w->scale_inv, w->rows,
+				     w->cols, x, x_stride, n_tok, y, y_stride };
+	return moet_gpu_linear_ks(&a, stream);
+}
+
+extern "C" int moet_gpu_ffn_ks(const moet_mat *gate, const moet_mat *up, const moet_mat *down,
+			       const float *x, int64_t x_stride, int64_t n_tok, float *scratch,
+			       size_t scratch_bytes, float *out, int64_t out_stride, void *stream,
+			       int *out_taken)
+{
+	int ks = 0, rc = linear_variant(&ks);
+	*out_taken = 0;
+	if (rc || !ks)
+		return rc;
+	const int64_t I = gate->rows, H = gate->cols;
+	if (!gate->data || !up->data || !down->data || up->rows != I || up->cols != H ||
+	    down->rows != H || down->cols != I || !x || !scratch || !out || x_stride < H ||
+	    out_stride < H || ((uintptr_t)out & 3u) ||
+	    (size_t)n_tok * (size_t)I * sizeof(float) > scratch_bytes ||
+	    !ks_fits(gate, x, x_stride, n_tok) || !ks_fits(up, x, x_stride, n_tok) ||
+	    !ks_fits(down, scratch, I, n_tok))
+		return 0;
+	/* g into scratch, then h = silu_c(g) * u over it, then the down pass, NaN made
+	 * canonical: E(x) of docs/numerics.md, as the rows kernel's two passes compute it */
+	if ((rc = ks_run(gate, x, x_stride, n_tok, scratch, I, MOET_KS_PLAIN, NULL, stream)) ||
+	    (rc = ks_run(up, x, x_stride, n_tok, scratch, I, MOET_KS_SILU_MUL, scratch, stream)) ||
+	    (rc = ks_run(down, scratch, I, n_tok, out, out_stride, MOET_KS_CANON, NULL, stream)))
+		return rc;
+	*out_taken = 1;
+	return 0;
+}
+
 extern "C" int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok,
 			       float *y, int64_t y_stride, void *stream)
 {
@@ -79,8 +136,7 @@ extern "C" int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stri
 				(const void *)x, (long long)x_stride, (void *)y, (long long)y_stride,
 				(long long)R, (long long)K);
 	moet_rows_job j = {};
-	j.dt = dt == MOET_DT_F8_E4M3 ? MOET_ROWS_F8 : dt == MOET_DT_BF16 ? MOET_ROWS_BF16
-									 : MOET_ROWS_F32;
+	j.dt = rows_dt(dt);
 	j.nmat = 1;
 	j.rows = (int)R;
 	j.K = (int)K;
@@ -98,12 +154,8 @@ extern "C" int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stri
 		rc = moet_rows_variant(&j.wide);
 	if (rc)
 		return rc;
-	if (ks && j.vec && K % 128 == 0 && n_tok <= MOET_GPU_KS_MAX_TOK &&
-	    R * K * (int64_t)esz * moet_gpu_ks_tiles(j.dt, n_tok) <= MOET_GPU_KS_MAX_BYTES) {
-		const moet_gpu_ks_args a = { j.dt, w->data, w->scale_inv, R, K, x, x_stride, n_tok,
-					     y, y_stride };
-		return moet_gpu_linear_ks(&a, stream);
-	}
+	if (ks && ks_fits(w, x, x_stride, n_tok))
+		return ks_run(w, x, x_stride, n_tok, y, y_stride, MOET_KS_PLAIN, NULL, stream);
 	linear_ctx c = { w, n_tok };
 	return moet_rows_run(&j, get_one, &c, 1, moet_stream(stream));
 }

@@ -38,6 +38,9 @@
 #include "gpu_int.h"
 #include "rows_int.h"
 
+#include "moet_expc.h"
+#include "moet_hd.h"
+
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -70,11 +73,15 @@ template <int DT> static __device__ __forceinline__ void ks_dec4(const unsigned 
 	}
 }
 
-template <int DT, int TB>
+/* What a block writes for (row r, token t) with the dot d: d (MOET_KS_PLAIN),
+ * silu_c(g[t][r]) * d with g laid out as y, possibly y itself (MOET_KS_SILU_MUL: an expert's
+ * h from its gate outputs and this, the up dot), or d with a NaN made canonical
+ * (MOET_KS_CANON: an expert's output). */
+template <int DT, int TB, int EPI>
 __global__ void __launch_bounds__(KS_THREADS)
 	linear_ks_kernel(const unsigned char *__restrict__ W, const float *__restrict__ S, int R,
 			 int K, const float *__restrict__ x, long long x_stride, int n_tok,
-			 float *__restrict__ y, long long y_stride)
+			 float *y, long long y_stride, const float *g)
 {
 	constexpr int ESZ = DT == MOET_ROWS_F8 ? 1 : DT == MOET_ROWS_BF16 ? 2 : 4;
 	using C = ks_cfg<ESZ>;
@@ -192,25 +199,41 @@ __global__ void __launch_bounds__(KS_THREADS)
 			v += __shfl_down_sync(0xFFFFFFFFu, v, 2, 16);
 			v += __shfl_down_sync(0xFFFFFFFFu, v, 1, 16);
 			const int t = f_t0 + i;
-			if (f_l == 0 && f_q < n_rows && t < n_t)
-				y[(long long)(tok0 + t) * y_stride + row0 + f_q] = v;
+			if (f_l == 0 && f_q < n_rows && t < n_t) {
+				const long long o = (long long)(tok0 + t) * y_stride + row0 + f_q;
+				if (EPI == MOET_KS_SILU_MUL)
+					v = moet_silu_c(g[o]) * v; /* the rows kernel's h, one multiply */
+				else if (EPI == MOET_KS_CANON)
+					v = moet_canon_nan(v);
+				y[o] = v;
+			}
 		}
 	}
 }
 
-template <int DT, int TB> static int ks_launch(const moet_gpu_ks_args *a, cudaStream_t st)
+template <int DT, int TB, int EPI> static int ks_launch3(const moet_gpu_ks_args *a, cudaStream_t st)
 {
 	constexpr int ESZ = DT == MOET_ROWS_F8 ? 1 : DT == MOET_ROWS_BF16 ? 2 : 4;
 	constexpr int SMEM = 2 * (ks_cfg<ESZ>::WBYTES + 8 * TB * ks_cfg<ESZ>::XSTR * 4);
 	static_assert(SMEM <= 99 * 1024, "sm_120: 99 KB of shared memory per block");
-	auto *fn = linear_ks_kernel<DT, TB>;
+	auto *fn = linear_ks_kernel<DT, TB, EPI>;
 	MOET_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
 	const dim3 grid((unsigned)((a->R + KS_ROWS - 1) / KS_ROWS),
 			(unsigned)((a->n_tok + TB - 1) / TB));
 	fn<<<grid, KS_THREADS, SMEM, st>>>((const unsigned char *)a->w, a->s, (int)a->R, (int)a->K,
-					   a->x, a->x_stride, (int)a->n_tok, a->y, a->y_stride);
+					   a->x, a->x_stride, (int)a->n_tok, a->y, a->y_stride,
+					   a->g);
 	MOET_CUDA_TRY(cudaGetLastError());
 	return 0;
+}
+
+template <int DT, int TB> static int ks_launch(const moet_gpu_ks_args *a, cudaStream_t st)
+{
+	switch (a->epi) {
+	case MOET_KS_SILU_MUL: return ks_launch3<DT, TB, MOET_KS_SILU_MUL>(a, st);
+	case MOET_KS_CANON: return ks_launch3<DT, TB, MOET_KS_CANON>(a, st);
+	default: return ks_launch3<DT, TB, MOET_KS_PLAIN>(a, st);
+	}
 }
 
 /* The token tile: the fewest of 1, 2, 4, 8 holding the call's tokens; BF16 and F32 at most 4

@@ -153,6 +153,20 @@ int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stride, int64_t
 uint64_t moet_gpu_linear_ks_calls(void);
 
 /*
+ * With MOET_GPU_LINEAR=ksplit, the expert FFN E(x) of docs/numerics.md for n_tok tokens (one
+ * expert: a dense MLP or the shared experts) through gpu/linear_ks.cu where each of its three
+ * matrices qualifies (moet_gpu_linear's conditions): gate's dot into scratch (n_tok x
+ * gate->rows floats of scratch_bytes), then h = silu_c(g) * u over it, then the down pass into
+ * out [n_tok][out_stride] with NaN made canonical: the bits of moet_gpu_expert_ffn.
+ * *out_taken 1 when it ran; 0 (returning 0) where the switch is off or a condition fails, and
+ * nothing was queued. A bad MOET_GPU_LINEAR gives MOET_EINVAL naming it.
+ */
+int moet_gpu_ffn_ks(const moet_mat *gate, const moet_mat *up, const moet_mat *down,
+		    const float *x, int64_t x_stride, int64_t n_tok, float *scratch,
+		    size_t scratch_bytes, float *out, int64_t out_stride, void *stream,
+		    int *out_taken);
+
+/*
  * RMSNorm of n_rows rows of n values: out[i] = w[i] * (x[i] * inv), inv = 1/sqrt(mean(x^2)+eps)
  * with the sum of squares in binary64 in a fixed order (rmsnorm.cu says which) and rounded
  * once: within 2 ulp of moet_rmsnorm_ref, nearly always equal. out may be x (same stride);

@@ -154,6 +154,17 @@ uint64_t moet_gpu_linear_ks_calls(void)
 	return 0;
 }
 
+int moet_gpu_ffn_ks(const moet_mat *gate, const moet_mat *up, const moet_mat *down,
+		    const float *x, int64_t x_stride, int64_t n_tok, float *scratch,
+		    size_t scratch_bytes, float *out, int64_t out_stride, void *stream,
+		    int *out_taken)
+{
+	(void)gate, (void)up, (void)down, (void)x, (void)x_stride, (void)n_tok, (void)scratch;
+	(void)scratch_bytes, (void)out, (void)out_stride, (void)stream;
+	*out_taken = 0;
+	return no_cuda("moet_gpu_ffn_ks");
+}
+
 int moet_gpu_rmsnorm(const float *x, int64_t x_stride, const float *w, int64_t n, int64_t n_rows,
 		     double eps, float *out, int64_t out_stride, void *stream)
 {

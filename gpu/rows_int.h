@@ -140,8 +140,10 @@ static inline int moet_gpu_ks_tiles(int dt, int64_t n_tok)
 	const int64_t tb = dt == MOET_ROWS_F8 && n_tok > 4 ? 8 : n_tok > 2 ? 4 : n_tok > 1 ? 2 : 1;
 	return (int)((n_tok + tb - 1) / tb);
 }
+enum { MOET_KS_PLAIN, MOET_KS_SILU_MUL, MOET_KS_CANON }; /* linear_ks_kernel's epilogues */
 struct moet_gpu_ks_args {
-	int dt;
+	int dt, epi; /* MOET_ROWS_*, MOET_KS_* */
+	const float *g; /* MOET_KS_SILU_MUL: the gate outputs, laid out as y (may be y) */
 	const void *w;
 	const float *s;
 	int64_t R, K;

@@ -275,6 +275,107 @@ static void test_linear(void)
 	       (long long)n_lin_cases, (long long)n_lin_dots);
 }
 
+/* ---- the expert FFN through gpu/linear_ks.cu (moet_gpu_ffn_ks) ---------------------------- */
+
+/* One case: gate/up [I x H], down [H x I] of dtype dt, n tokens: with MOET_GPU_LINEAR=ksplit
+ * taken where every matrix qualifies (want_taken) and then bit-equal to the CPU scalar
+ * reference moet_expert_ffn_ref (NaN canonical on both sides); nothing taken without it. */
+static void ffn_ks_case(moet_dtype dt, int64_t I, int64_t H, int64_t n, int edge, int want_taken)
+{
+	const size_t esz = dt == MOET_DT_F8_E4M3 ? 1 : dt == MOET_DT_BF16 ? 2 : 4;
+	const int64_t nsg = ((I + 127) / 128) * ((H + 127) / 128); /* gate/up scales */
+	const int64_t nsd = ((H + 127) / 128) * ((I + 127) / 128); /* down's */
+	void *w[3];
+	float *sc[3] = { NULL, NULL, NULL };
+	void *dw[3] = { NULL, NULL, NULL }, *ds[3] = { NULL, NULL, NULL };
+	float *x = malloc((size_t)(n * H) * sizeof(float));
+	float *ref = malloc((size_t)(n * H) * sizeof(float));
+	float *got = malloc((size_t)(n * H) * sizeof(float));
+	float *hs = malloc((size_t)I * sizeof(float));
+	void *dx = NULL, *dscr = NULL, *dy = NULL;
+	int ok = x && ref && got && hs;
+	for (int m = 0; m < 3; m++) {
+		w[m] = malloc((size_t)(I * H) * esz);
+		ok = ok && w[m];
+		if (ok)
+			fill_weights(dt, w[m], (size_t)(I * H), edge);
+		if (ok && dt == MOET_DT_F8_E4M3) {
+			const int64_t ns = m < 2 ? nsg : nsd;
+			ok = (sc[m] = malloc((size_t)ns * sizeof(float))) != NULL;
+			for (int64_t b = 0; ok && b < ns; b++)
+				sc[m][b] = ldexpf(1.0f + rnd_unit() * 0.5f, -4 - (int)(rnd() % 6));
+		}
+	}
+	if (!ok) {
+		CHECK(0, "ffn_ks: host memory");
+		goto out;
+	}
+	for (int64_t i = 0; i < n * H; i++)
+		x[i] = edge && rnd() % 16 == 0 ? 40.0f * rnd_unit() : rnd_unit();
+	moet_mat hm[3], dm[3];
+	for (int m = 0; m < 3; m++) {
+		const int64_t R = m < 2 ? I : H, K = m < 2 ? H : I;
+		dw[m] = up(w[m], (size_t)(I * H) * esz);
+		ds[m] = sc[m] ? up(sc[m], (size_t)(m < 2 ? nsg : nsd) * sizeof(float)) : NULL;
+		hm[m] = (moet_mat){ dt, R, K, w[m], sc[m] };
+		dm[m] = (moet_mat){ dt, R, K, dw[m], ds[m] };
+	}
+	dx = up(x, (size_t)(n * H) * sizeof(float));
+	dscr = up(NULL, (size_t)(n * I) * sizeof(float));
+	dy = up(NULL, (size_t)(n * H) * sizeof(float));
+	if (!dx || !dscr || !dy || !dw[0] || !dw[1] || !dw[2])
+		goto out;
+	int taken = -1;
+	CHECK(moet_gpu_ffn_ks(&dm[0], &dm[1], &dm[2], dx, H, n, dscr, (size_t)(n * I) * 4, dy, H,
+			      NULL, &taken) == 0 && taken == 0,
+	      "ffn_ks %lldx%lld: taken %d without MOET_GPU_LINEAR", (long long)I, (long long)H,
+	      taken);
+	setenv("MOET_GPU_LINEAR", "ksplit", 1);
+	const uint64_t k0 = moet_gpu_linear_ks_calls();
+	int rc = moet_gpu_ffn_ks(&dm[0], &dm[1], &dm[2], dx, H, n, dscr, (size_t)(n * I) * 4, dy,
+				 H, NULL, &taken);
+	unsetenv("MOET_GPU_LINEAR");
+	if (dev_fail(rc, "ffn_ks"))
+		goto out;
+	CHECK(taken == want_taken && moet_gpu_linear_ks_calls() - k0 == (uint64_t)(3 * taken),
+	      "ffn_ks %s %lldx%lld, %lld tokens: taken %d (want %d), %llu kernel calls",
+	      dt == MOET_DT_F8_E4M3 ? "F8" : dt == MOET_DT_BF16 ? "BF16" : "F32", (long long)I,
+	      (long long)H, (long long)n, taken, want_taken,
+	      (unsigned long long)(moet_gpu_linear_ks_calls() - k0));
+	if (!taken || down(got, dy, (size_t)(n * H) * sizeof(float)))
+		goto out;
+	for (int64_t t = 0; t < n; t++)
+		CHECK(moet_expert_ffn_ref(&hm[0], &hm[1], &hm[2], x + t * H, 1, hs, ref + t * H) == 0,
+		      "ffn reference");
+	same_bits("ffn_ks against moet_expert_ffn_ref", got, ref, (size_t)(n * H), 0);
+out:
+	for (int m = 0; m < 3; m++) {
+		moet_gpu_free(dw[m]);
+		moet_gpu_free(ds[m]);
+		free(w[m]);
+		free(sc[m]);
+	}
+	moet_gpu_free(dx);
+	moet_gpu_free(dscr);
+	moet_gpu_free(dy);
+	free(x);
+	free(ref);
+	free(got);
+	free(hs);
+}
+
+static void test_ffn_ks(void)
+{
+	ffn_ks_case(MOET_DT_F8_E4M3, 256, 384, 1, 1, 1);
+	ffn_ks_case(MOET_DT_F8_E4M3, 2048, 7168, 3, 0, 1);  /* Kimi-K2's shared expert */
+	ffn_ks_case(MOET_DT_F8_E4M3, 2048, 7168, 16, 1, 1);
+	ffn_ks_case(MOET_DT_BF16, 384, 256, 5, 1, 1);
+	ffn_ks_case(MOET_DT_F32, 128, 128, 2, 0, 1);
+	ffn_ks_case(MOET_DT_F8_E4M3, 200, 256, 2, 0, 0);    /* down's K: not whole blocks */
+	ffn_ks_case(MOET_DT_F8_E4M3, 256, 256, 17, 0, 0);   /* too many tokens */
+	printf("ffn through linear_ks: bit-equal to moet_expert_ffn_ref where taken\n");
+}
+
 /* ---- rmsnorm ---------------------------------------------------------------------------- */
 
 static void test_rmsnorm(void)
@@ -925,5 +1026,6 @@ int main(void)
 	test_rope();
 	test_attention();
 	test_linear();
+	test_ffn_ks();
 	return moet_test_done("test_gpu_dense");
 }
