@@ -37,6 +37,7 @@
 
 #include "gpu_int.h"
 #include "rows_int.h"
+#include "rows_body.cuh"
 
 #include "moet_expc.h"
 #include "moet_hd.h"
@@ -52,26 +53,6 @@ template <int ESZ> struct ks_cfg {
 	static constexpr int WBYTES = KS_ROWS * WROW;
 	static constexpr int XSTR = 128 + 4;            /* floats per staged activation row */
 };
-
-/* Four weights of a staged row at byte offset k * ESZ (exactly decoded). */
-template <int DT> static __device__ __forceinline__ void ks_dec4(const unsigned char *p, float w[4])
-{
-	if (DT == MOET_ROWS_F8) {
-		moet_dec4_f8(*(const uint32_t *)p, w);
-	} else if (DT == MOET_ROWS_BF16) {
-		const uint2 u = *(const uint2 *)p;
-		w[0] = __uint_as_float(u.x << 16);
-		w[1] = __uint_as_float(u.x & 0xFFFF0000u);
-		w[2] = __uint_as_float(u.y << 16);
-		w[3] = __uint_as_float(u.y & 0xFFFF0000u);
-	} else {
-		const float4 f = *(const float4 *)p;
-		w[0] = f.x;
-		w[1] = f.y;
-		w[2] = f.z;
-		w[3] = f.w;
-	}
-}
 
 /* What a block writes for (row r, token t) with the dot d: d (MOET_KS_PLAIN),
  * silu_c(g[t][r]) * d with g laid out as y, possibly y itself (MOET_KS_SILU_MUL: an expert's
@@ -156,7 +137,7 @@ __global__ void __launch_bounds__(KS_THREADS)
 			for (int s = 0; s < 8; s++) { /* the block's steps in order */
 				const int k = 16 * s + 4 * j;
 				float wv[4];
-				ks_dec4<DT>(ws + q * C::WROW + (w * 128 + k) * ESZ, wv);
+				moet_rows_decode4<DT>(ws + q * C::WROW + (w * 128 + k) * ESZ, wv);
 #pragma unroll
 				for (int t = 0; t < TB; t++) {
 					const float4 xv = *(const float4 *)(xs + (w * TB + t) * XSTR + k);
