@@ -47,6 +47,7 @@
 
 #define KS_THREADS 256
 #define KS_ROWS 8
+#define KS_DEV_MAX 64 /* devices whose attribute setting is remembered (others: every call) */
 
 template <int ESZ> struct ks_cfg {
 	static constexpr int WROW = 8 * 128 * ESZ + 16; /* bytes per staged weight row */
@@ -198,7 +199,18 @@ template <int DT, int TB, int EPI> static int ks_launch3(const moet_gpu_ks_args 
 	constexpr int SMEM = 2 * (ks_cfg<ESZ>::WBYTES + 8 * TB * ks_cfg<ESZ>::XSTR * 4);
 	static_assert(SMEM <= 99 * 1024, "sm_120: 99 KB of shared memory per block");
 	auto *fn = linear_ks_kernel<DT, TB, EPI>;
-	MOET_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+	/* the shared-memory attribute once per device and instance (a decode step makes ~60
+	 * calls; racing first calls set the same value) */
+	static int attr_set[KS_DEV_MAX];
+	int dev = -1;
+	MOET_CUDA_TRY(cudaGetDevice(&dev));
+	const bool cached = dev >= 0 && dev < KS_DEV_MAX;
+	if (!cached || !__atomic_load_n(&attr_set[dev], __ATOMIC_RELAXED)) {
+		MOET_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+						   SMEM));
+		if (cached)
+			__atomic_store_n(&attr_set[dev], 1, __ATOMIC_RELAXED);
+	}
 	const dim3 grid((unsigned)((a->R + KS_ROWS - 1) / KS_ROWS),
 			(unsigned)((a->n_tok + TB - 1) / TB));
 	fn<<<grid, KS_THREADS, SMEM, st>>>((const unsigned char *)a->w, a->s, (int)a->R, (int)a->K,
