@@ -229,19 +229,18 @@ template <int DT, int TB> static int ks_launch(const moet_gpu_ks_args *a, cudaSt
 	}
 }
 
-/* The token tile: the fewest of 1, 2, 4, 8 holding the call's tokens; BF16 and F32 at most 4
- * (their weight stages are 2x and 4x wider: two stages of 8 tokens pass 99 KB). */
+/* The instance of the call's token tile (moet_gpu_ks_tb). */
 template <int DT> static int ks_by_tokens(const moet_gpu_ks_args *a, cudaStream_t st)
 {
-	if (a->n_tok <= 1)
-		return ks_launch<DT, 1>(a, st);
-	if (a->n_tok <= 2)
-		return ks_launch<DT, 2>(a, st);
-	if constexpr (DT == MOET_ROWS_F8) {
-		if (a->n_tok > 4)
+	switch (moet_gpu_ks_tb(DT, a->n_tok)) {
+	case 1: return ks_launch<DT, 1>(a, st);
+	case 2: return ks_launch<DT, 2>(a, st);
+	case 4: return ks_launch<DT, 4>(a, st);
+	default:
+		if constexpr (DT == MOET_ROWS_F8)
 			return ks_launch<DT, 8>(a, st);
+		return moet_err(MOET_EINVAL, "linear_ks: a tile of 8 tokens for dtype %d", DT);
 	}
-	return ks_launch<DT, 4>(a, st);
 }
 
 static unsigned long long ks_calls; /* moet_gpu_linear_ks_calls (atomic) */

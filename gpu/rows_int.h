@@ -135,9 +135,15 @@ struct moet_rows_kernel {
  * tile of 8 tokens, 4 for BF16 and F32) stay within this: an LM head (2.35 GB of BF16) keeps the
  * row machinery, whose many row tiles already fill the GPU. */
 #define MOET_GPU_KS_MAX_BYTES (256ll << 20)
+/* linear_ks's token tile for n_tok tokens: the fewest of 1, 2, 4, 8 holding them, BF16 and F32
+ * at most 4 (their weight stages are 2x and 4x wider: two stages of 8 tokens pass 99 KB) */
+static inline int moet_gpu_ks_tb(int dt, int64_t n_tok)
+{
+	return dt == MOET_ROWS_F8 && n_tok > 4 ? 8 : n_tok > 2 ? 4 : n_tok > 1 ? 2 : 1;
+}
 static inline int moet_gpu_ks_tiles(int dt, int64_t n_tok)
 {
-	const int64_t tb = dt == MOET_ROWS_F8 && n_tok > 4 ? 8 : n_tok > 2 ? 4 : n_tok > 1 ? 2 : 1;
+	const int tb = moet_gpu_ks_tb(dt, n_tok);
 	return (int)((n_tok + tb - 1) / tb);
 }
 enum { MOET_KS_PLAIN, MOET_KS_SILU_MUL, MOET_KS_CANON }; /* linear_ks_kernel's epilogues */
