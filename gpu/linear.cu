@@ -3,7 +3,8 @@
  * and every token t: the contract dot product, bit for bit what moet_dot_ref (cpu/expert_ref.c)
  * returns. It is one group of the contract row machinery (rows.cu: the mapping onto threads
  * and why it is exact), so the linear layers, the router logits and the LM head share the
- * expert kernel's arithmetic and never a second dot.
+ * expert kernel's arithmetic and never a second dot. Calls of a few tokens on a matrix of few
+ * rows go to gpu/linear_ks.cu instead (MOET_GPU_LINEAR, below): the same bits.
  *
  * NOTE: a NaN output's payload may differ from the host's (the device's operations on a NaN
  * give the canonical 0x7FFFFFFF, x86 keeps the input's payload); non-NaN outputs are identical.
@@ -36,19 +37,57 @@ static bool aligned16(const void *p)
 	return ((uintptr_t)p & 15u) == 0;
 }
 
-/* MOET_GPU_LINEAR: "rows" (unset or empty: the default) or "ksplit" (gpu/linear_ks.cu, for
- * calls of up to MOET_GPU_KS_MAX_TOK tokens it can take; opt-in until measured on a GPU). */
-static int linear_variant(int *out_ks)
+/* MOET_GPU_LINEAR: "auto" (unset or empty: the default), "rows" (the row machinery for every
+ * call: the reference) or "ksplit" (gpu/linear_ks.cu for every call it can take). */
+enum { LIN_ROWS, LIN_KSPLIT, LIN_AUTO };
+static int linear_variant(int *out_v)
 {
 	const char *v = getenv("MOET_GPU_LINEAR");
-	*out_ks = 0;
-	if (!v || !*v || !strcmp(v, "rows"))
+	*out_v = LIN_AUTO;
+	if (!v || !*v || !strcmp(v, "auto"))
 		return 0;
-	if (!strcmp(v, "ksplit")) {
-		*out_ks = 1;
+	if (!strcmp(v, "rows")) {
+		*out_v = LIN_ROWS;
 		return 0;
 	}
-	return moet_err(MOET_EINVAL, "MOET_GPU_LINEAR=%.40s (want rows or ksplit)", v);
+	if (!strcmp(v, "ksplit")) {
+		*out_v = LIN_KSPLIT;
+		return 0;
+	}
+	return moet_err(MOET_EINVAL, "MOET_GPU_LINEAR=%.40s (want auto, rows or ksplit)", v);
+}
+
+/* MOET_GPU_LINEAR=auto sends a call that linear_ks can take there when its matrix has at most
+ * MOET_GPU_KS_AUTO_ROWS_PER_SM rows per SM of the current device (docs/gpu.md "The dense path":
+ * below that the row machinery's 32- to 128-row tiles leave most SMs idle, above it they fill
+ * the GPU and linear_ks's 8-row blocks measured slower). The SM counts are cached per device. */
+#define MOET_GPU_KS_AUTO_ROWS_PER_SM 16
+#define LIN_DEV_MAX 64
+static int auto_rows_max(int64_t *out)
+{
+	static int sms[LIN_DEV_MAX];
+	int dev = -1, n = 0;
+	MOET_CUDA_TRY(cudaGetDevice(&dev));
+	if (dev >= 0 && dev < LIN_DEV_MAX)
+		n = __atomic_load_n(&sms[dev], __ATOMIC_RELAXED);
+	if (n <= 0) {
+		MOET_CUDA_TRY(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+		if (dev >= 0 && dev < LIN_DEV_MAX)
+			__atomic_store_n(&sms[dev], n, __ATOMIC_RELAXED);
+	}
+	*out = (int64_t)n * MOET_GPU_KS_AUTO_ROWS_PER_SM;
+	return 0;
+}
+
+/* Whether variant v sends a call on matrix w that linear_ks can take there. */
+static int ks_wanted(int v, const moet_mat *w, bool *out)
+{
+	int64_t lim = 0;
+	int rc = 0;
+	*out = v == LIN_KSPLIT;
+	if (v == LIN_AUTO && !(rc = auto_rows_max(&lim)))
+		*out = w->rows <= lim;
+	return rc;
 }
 
 static int rows_dt(moet_dtype dt)
@@ -86,9 +125,9 @@ extern "C" int moet_gpu_ffn_ks(const moet_mat *gate, const moet_mat *up, const m
 			       size_t scratch_bytes, float *out, int64_t out_stride, void *stream,
 			       int *out_taken)
 {
-	int ks = 0, rc = linear_variant(&ks);
+	int v = 0, rc = linear_variant(&v);
 	*out_taken = 0;
-	if (rc || !ks)
+	if (rc || v == LIN_ROWS)
 		return rc;
 	const int64_t I = gate->rows, H = gate->cols;
 	if (!gate->data || !up->data || !down->data || up->rows != I || up->cols != H ||
@@ -98,6 +137,11 @@ extern "C" int moet_gpu_ffn_ks(const moet_mat *gate, const moet_mat *up, const m
 	    !ks_fits(gate, x, x_stride, n_tok) || !ks_fits(up, x, x_stride, n_tok) ||
 	    !ks_fits(down, scratch, I, n_tok))
 		return 0;
+	bool want[3] = {};
+	for (int m = 0; m < 3 && !rc; m++)
+		rc = ks_wanted(v, m == 0 ? gate : m == 1 ? up : down, &want[m]);
+	if (rc || !want[0] || !want[1] || !want[2])
+		return rc;
 	/* g into scratch, then h = silu_c(g) * u over it, then the down pass, NaN made
 	 * canonical: E(x) of docs/numerics.md, as the rows kernel's two passes compute it */
 	if ((rc = ks_run(gate, x, x_stride, n_tok, scratch, I, MOET_KS_PLAIN, NULL, stream)) ||
@@ -149,12 +193,15 @@ extern "C" int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stri
 	j.vec = (K * (int64_t)esz) % 16 == 0 && K % 4 == 0 && x_stride % 4 == 0 &&
 		aligned16(w->data) && aligned16(x);
 	j.canon = 0;
-	int ks = 0, rc = linear_variant(&ks);
+	int v = 0, rc = linear_variant(&v);
+	bool ks = false;
 	if (!rc)
 		rc = moet_rows_variant(&j.wide);
+	if (!rc && v != LIN_ROWS && ks_fits(w, x, x_stride, n_tok))
+		rc = ks_wanted(v, w, &ks);
 	if (rc)
 		return rc;
-	if (ks && ks_fits(w, x, x_stride, n_tok))
+	if (ks)
 		return ks_run(w, x, x_stride, n_tok, y, y_stride, MOET_KS_PLAIN, NULL, stream);
 	linear_ctx c = { w, n_tok };
 	return moet_rows_run(&j, get_one, &c, 1, moet_stream(stream));

@@ -1,7 +1,7 @@
 /*
  * linear_ks.cu: the dense linear layer for a few tokens with its 128-column blocks spread over
- * the warps of a block (MOET_GPU_LINEAR=ksplit; gpu/linear.cu chooses), the same bits as the
- * row machinery (rows.cu) and moet_dot_ref.
+ * the warps of a block (gpu/linear.cu chooses by MOET_GPU_LINEAR), the same bits as the row
+ * machinery (rows.cu) and moet_dot_ref.
  *
  * NOTE (why). The row machinery walks a row tile's K in order, one 128-column chunk after the
  * other, and gives a skinny matrix few tiles: at 16 tokens the 576 x 7168 and 1536 x 7168

@@ -141,11 +141,12 @@ int moet_gpu_gate_up(const moet_mat *gate, const moet_mat *up, const float *x, i
  * Linear layer: y[t * y_stride + r] = D(W, r, x + t * x_stride) for every row r of W and
  * t < n_tok: the contract dot, bit for bit moet_dot_ref (non-NaN outputs; a NaN's payload may
  * differ). W is a moet_mat whose data and scale_inv are device pointers (F8_E4M3 with F32
- * block scales, BF16 or F32; scale_inv NULL = 1.0f). Shares the expert kernel's row machinery,
- * or with MOET_GPU_LINEAR=ksplit (opt-in) takes calls of up to 16 tokens with K % 128 == 0 and
- * aligned rows through gpu/linear_ks.cu (the blocks of K over the warps, the same bits); other
- * values of it give MOET_EINVAL naming it. Returns MOET_ESHAPE for an empty or oversized
- * matrix.
+ * block scales, BF16 or F32; scale_inv NULL = 1.0f). Shares the expert kernel's row machinery;
+ * calls of up to 16 tokens with K % 128 == 0 and aligned rows may go through gpu/linear_ks.cu
+ * instead (the blocks of K over the warps, the same bits): MOET_GPU_LINEAR=auto (unset: the
+ * default) sends those whose matrix has at most 16 rows per SM of the current device, ksplit
+ * every one, rows none; other values give MOET_EINVAL naming it. Returns MOET_ESHAPE for an
+ * empty or oversized matrix.
  */
 int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,
 		    int64_t y_stride, void *stream);
@@ -153,13 +154,13 @@ int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stride, int64_t
 uint64_t moet_gpu_linear_ks_calls(void);
 
 /*
- * With MOET_GPU_LINEAR=ksplit, the expert FFN E(x) of docs/numerics.md for n_tok tokens (one
- * expert: a dense MLP or the shared experts) through gpu/linear_ks.cu where each of its three
- * matrices qualifies (moet_gpu_linear's conditions): gate's dot into scratch (n_tok x
+ * The expert FFN E(x) of docs/numerics.md for n_tok tokens (one expert: a dense MLP or the
+ * shared experts) through gpu/linear_ks.cu where MOET_GPU_LINEAR sends each of its three
+ * matrices there (moet_gpu_linear's conditions and rule): gate's dot into scratch (n_tok x
  * gate->rows floats of scratch_bytes), then h = silu_c(g) * u over it, then the down pass into
  * out [n_tok][out_stride] with NaN made canonical: the bits of moet_gpu_expert_ffn.
- * *out_taken 1 when it ran; 0 (returning 0) where the switch is off or a condition fails, and
- * nothing was queued. A bad MOET_GPU_LINEAR gives MOET_EINVAL naming it.
+ * *out_taken 1 when it ran; 0 (returning 0) where MOET_GPU_LINEAR=rows or a matrix is not
+ * sent, and nothing was queued. A bad MOET_GPU_LINEAR gives MOET_EINVAL naming it.
  */
 int moet_gpu_ffn_ks(const moet_mat *gate, const moet_mat *up, const moet_mat *down,
 		    const float *x, int64_t x_stride, int64_t n_tok, float *scratch,

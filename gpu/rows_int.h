@@ -127,7 +127,7 @@ struct moet_rows_kernel {
 /* Token-count classes of a launch: n = 1, 2, 3-4, 5-8, 9-16, >= 17 tokens per group. */
 #define MOET_ROWS_N_CLASS 6
 
-/* A dense linear layer's call for gpu/linear_ks.cu (MOET_GPU_LINEAR=ksplit): dt MOET_ROWS_*,
+/* A dense linear layer's call for gpu/linear_ks.cu (gpu/linear.cu chooses): dt MOET_ROWS_*,
  * W [R][K] with its block scales s (NULL: 1.0f), x [n_tok][x_stride], y [n_tok][y_stride];
  * K % 128 == 0, n_tok 1 .. MOET_GPU_KS_MAX_TOK, the row machinery's vec alignment. */
 #define MOET_GPU_KS_MAX_TOK 16

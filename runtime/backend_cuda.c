@@ -611,7 +611,7 @@ static int cu_ffn(moet_backend *be, const moet_ffn_w *w, const float *h, int64_t
 	if (rc)
 		return rc;
 	cu_half *hf = cur_half(c);
-	/* MOET_GPU_LINEAR=ksplit: a few tokens through gpu/linear_ks.cu where it qualifies */
+	/* a few tokens through gpu/linear_ks.cu where MOET_GPU_LINEAR sends all three matrices */
 	int taken = 0;
 	rc = moet_gpu_ffn_ks(&w->gate, &w->up, &w->down, h, w->gate.cols, n, (float *)hf->scratch,
 			     hf->scratch_bytes, out, w->down.rows, NULL, &taken);

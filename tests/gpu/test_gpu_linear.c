@@ -2,8 +2,10 @@
  * test_gpu_linear.c: the CUDA dense linear layer (gpu/linear.cu, gpu/linear_ks.cu) against the
  * CPU scalar reference moet_dot_ref, bit for bit (NaN payloads aside), on random data of small,
  * tiny-model and Kimi-K2 shapes, every token class, edge values: the row machinery's reference
- * and default variants, repeated, and MOET_GPU_LINEAR=ksplit where it takes the call (counted);
- * and the single-expert FFN through linear_ks (moet_gpu_ffn_ks) against moet_expert_ffn_ref.
+ * variant (MOET_GPU_LINEAR=rows), the default (MOET_GPU_LINEAR=auto: linear_ks for matrices of
+ * at most 16 rows per SM), repeated, and MOET_GPU_LINEAR=ksplit, with the calls linear_ks took
+ * counted against the rule; and the single-expert FFN through linear_ks (moet_gpu_ffn_ks)
+ * against moet_expert_ffn_ref.
  * Large checks sample rows (always the first and last) so that the scalar reference stays
  * within a few seconds on the reference threads. Skips (77) without a CUDA device.
  */
@@ -93,6 +95,17 @@ static void lin_row(void *ctx, int64_t i)
 
 static int64_t n_lin_cases, n_lin_dots;
 
+/* The SM count of device 0 (MOET_GPU_LINEAR=auto's rule is per SM). */
+static int gpu_sms(void)
+{
+	static int n;
+	moet_gpu_info info;
+	if (!n)
+		n = moet_gpu_info_get(&info) == 0 ? info.sm_count : -1;
+	CHECK(n > 0, "moet_gpu_info_get: %s", moet_errmsg());
+	return n;
+}
+
 /* One linear case: R x K of dtype dt, n_tok tokens, strides padded by pad floats; at most
  * budget scalar multiply-adds of reference work (rows sampled beyond it). */
 static void linear_case(const char *name, moet_dtype dt, int64_t R, int64_t K, int64_t n_tok,
@@ -125,11 +138,12 @@ static void linear_case(const char *name, moet_dtype dt, int64_t R, int64_t K, i
 	if (!dw || (s && !ds) || !dx || !dy)
 		goto out;
 	moet_mat hm = { dt, R, K, w, s }, dm = { dt, R, K, dw, ds };
-	/* The reference variant of the row kernels (MOET_GPU_ROWS_KERNEL=ref) and the default
-	 * (wide where it applies), twice, and the blocks of K over the warps (MOET_GPU_LINEAR=
-	 * ksplit, gpu/linear_ks.cu, where it takes the call: counted): all bit-identical, and the
-	 * first checked below. */
+	/* The reference variant of the row kernels (MOET_GPU_ROWS_KERNEL=ref, MOET_GPU_LINEAR=
+	 * rows), the default (wide rows where it applies; MOET_GPU_LINEAR=auto), twice, and the
+	 * blocks of K over the warps wherever they take the call (MOET_GPU_LINEAR=ksplit,
+	 * gpu/linear_ks.cu; counted): all bit-identical, and the first checked below. */
 	static const char *const var[4] = { "ref", "", "", "" };
+	static const char *const lin[4] = { "rows", "", "", "ksplit" };
 	/* gpu/linear.cu's conditions, written out: at most 16 tokens, whole 128-column blocks,
 	 * aligned rows, and at most 256 MiB of weight reads over the token tiles (8 tokens for F8,
 	 * else 4) */
@@ -137,10 +151,11 @@ static void linear_case(const char *name, moet_dtype dt, int64_t R, int64_t K, i
 	const int ks_fits = K % 128 == 0 && n_tok <= 16 && (K * (int64_t)esz) % 16 == 0 &&
 			    xs % 4 == 0 &&
 			    R * K * (int64_t)esz * ((n_tok + ks_tb - 1) / ks_tb) <= (256ll << 20);
+	/* ... and the default takes it there for at most 16 rows per SM */
+	const int ks_auto = ks_fits && R <= 16 * (int64_t)gpu_sms();
 	for (int v = 0; v < 4; v++) {
 		setenv("MOET_GPU_ROWS_KERNEL", var[v], 1);
-		if (v == 3)
-			setenv("MOET_GPU_LINEAR", "ksplit", 1);
+		setenv("MOET_GPU_LINEAR", lin[v], 1);
 		const uint64_t ks0 = moet_gpu_linear_ks_calls();
 		int bad = dev_fail(moet_gpu_linear(&dm, dx, xs, n_tok, dy, ys, NULL), name) ||
 			  down(v ? y2 : y, dy, (size_t)(n_tok * ys) * sizeof(float));
@@ -149,8 +164,9 @@ static void linear_case(const char *name, moet_dtype dt, int64_t R, int64_t K, i
 		unsetenv("MOET_GPU_LINEAR");
 		if (bad)
 			goto out;
-		CHECK(ks_n == (uint64_t)(v == 3 && ks_fits), "%s: %llu calls through linear_ks "
-		      "(variant %d, fits %d)", name, (unsigned long long)ks_n, v, ks_fits);
+		CHECK(ks_n == (uint64_t)(v == 3 ? ks_fits : v ? ks_auto : 0), "%s: %llu calls "
+		      "through linear_ks (variant %d, fits %d, auto %d)", name,
+		      (unsigned long long)ks_n, v, ks_fits, ks_auto);
 		if (v)
 			CHECK(!memcmp(y, y2, (size_t)(n_tok * ys) * sizeof(float)),
 			      "%s: %s run differs from the ref variant", name,
@@ -242,7 +258,8 @@ static void test_linear(void)
 
 /* One case: gate/up [I x H], down [H x I] of dtype dt, n tokens: with MOET_GPU_LINEAR=ksplit
  * taken where every matrix qualifies (want_taken) and then bit-equal to the CPU scalar
- * reference moet_expert_ffn_ref (NaN canonical on both sides); nothing taken without it. */
+ * reference moet_expert_ffn_ref (NaN canonical on both sides); by default (auto) only where
+ * every matrix also has at most 16 rows per SM; never with MOET_GPU_LINEAR=rows. */
 static void ffn_ks_case(moet_dtype dt, int64_t I, int64_t H, int64_t n, int edge, int want_taken)
 {
 	const size_t esz = dt == MOET_DT_F8_E4M3 ? 1 : dt == MOET_DT_BF16 ? 2 : 4;
@@ -289,10 +306,21 @@ static void ffn_ks_case(moet_dtype dt, int64_t I, int64_t H, int64_t n, int edge
 	if (!dx || !dscr || !dy || !dw[0] || !dw[1] || !dw[2])
 		goto out;
 	int taken = -1;
+	setenv("MOET_GPU_LINEAR", "rows", 1);
 	CHECK(moet_gpu_ffn_ks(&dm[0], &dm[1], &dm[2], dx, H, n, dscr, (size_t)(n * I) * 4, dy, H,
 			      NULL, &taken) == 0 && taken == 0,
-	      "ffn_ks %lldx%lld: taken %d without MOET_GPU_LINEAR", (long long)I, (long long)H,
+	      "ffn_ks %lldx%lld: taken %d with MOET_GPU_LINEAR=rows", (long long)I, (long long)H,
 	      taken);
+	/* the default (auto) takes it where every matrix has at most 16 rows per SM */
+	const int64_t lim = 16 * (int64_t)gpu_sms();
+	const int want_auto = want_taken && I <= lim && H <= lim;
+	unsetenv("MOET_GPU_LINEAR");
+	const uint64_t a0 = moet_gpu_linear_ks_calls();
+	CHECK(moet_gpu_ffn_ks(&dm[0], &dm[1], &dm[2], dx, H, n, dscr, (size_t)(n * I) * 4, dy, H,
+			      NULL, &taken) == 0 && taken == want_auto &&
+		      moet_gpu_linear_ks_calls() - a0 == (uint64_t)(3 * want_auto),
+	      "ffn_ks %lldx%lld: taken %d by default (want %d)", (long long)I, (long long)H,
+	      taken, want_auto);
 	setenv("MOET_GPU_LINEAR", "ksplit", 1);
 	const uint64_t k0 = moet_gpu_linear_ks_calls();
 	int rc = moet_gpu_ffn_ks(&dm[0], &dm[1], &dm[2], dx, H, n, dscr, (size_t)(n * I) * 4, dy,
@@ -330,6 +358,7 @@ out:
 static void test_ffn_ks(void)
 {
 	ffn_ks_case(MOET_DT_F8_E4M3, 256, 384, 1, 1, 1);
+	ffn_ks_case(MOET_DT_F8_E4M3, 256, 1024, 4, 0, 1);   /* the default takes it too */
 	ffn_ks_case(MOET_DT_F8_E4M3, 2048, 7168, 3, 0, 1);  /* Kimi-K2's shared expert */
 	ffn_ks_case(MOET_DT_F8_E4M3, 2048, 7168, 16, 1, 1);
 	ffn_ks_case(MOET_DT_BF16, 384, 256, 5, 1, 1);

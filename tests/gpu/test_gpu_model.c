@@ -7,9 +7,10 @@
  *   - greedy generation on CUDA equals transformers' greedy ids;
  *   - batch invariance on the GPU: three sequences with ragged lengths at different positions
  *     in one batch give each sequence's solo logits bit for bit; a repeat run is identical;
- *   - with MOET_GPU_LINEAR=ksplit (the dense linears of up to 16 tokens with K over the warps,
- *     gpu/linear_ks.cu) the prompt in chunks of 16 gives the CPU's logits again and greedy
- *     generation transformers' ids; its calls counted where hidden_size allows them.
+ *   - with MOET_GPU_LINEAR=rows, auto (the default) and ksplit (dense linears of up to 16
+ *     tokens by the row machinery or with K over the warps, gpu/linear_ks.cu) the prompt in
+ *     chunks of 16 gives the CPU's logits again and greedy generation transformers' ids;
+ *     linear_ks's calls counted (none with rows; some where hidden_size allows them).
  * All of it for both MLA forms (MOET_MLA=expanded, absorbed).
  * Skips (77) without a CUDA device or without the fixtures.
  */
@@ -45,8 +46,8 @@ static int run(moet_model *m, const int64_t *tok, int64_t n, float *out)
 	return rc;
 }
 
-/* The prompt in chunks of up to 16 tokens on one cache (each chunk's logits into out): the
- * calls MOET_GPU_LINEAR=ksplit takes (gpu/linear_ks.cu). Batch invariance makes them the
+/* The prompt in chunks of up to 16 tokens on one cache (each chunk's logits into out): calls
+ * gpu/linear_ks.cu may take. Batch invariance makes them the
  * whole prompt's logits. */
 static int run_chunked(moet_model *m, const int64_t *tok, int64_t n, float *out)
 {
@@ -151,28 +152,35 @@ int main(void)
 			      memcmp(out, greedy, ng * sizeof(*out)) == 0,
 			      "%s: GPU greedy ids differ from transformers'", de->d_name);
 			batch_invariance(gpu, prompt, (int64_t)np, de->d_name);
-			/* the dense linears with K over the warps (MOET_GPU_LINEAR=ksplit), the
-			 * prompt in chunks of 16 tokens: the CPU's logits again, and greedy ids;
-			 * taken wherever hidden_size is whole 128-column blocks */
-			const uint64_t ks0 = moet_gpu_linear_ks_calls();
-			setenv("MOET_GPU_LINEAR", "ksplit", 1);
-			CHECK(run_chunked(gpu, prompt, (int64_t)np, b2) == 0, "gpu ksplit: %s",
-			      moet_errmsg());
-			int64_t n_ks = 0;
-			CHECK(moet_model_generate(gpu, prompt, (int64_t)np, (int64_t)ng, 0, out,
-						  &n_ks) == 0 && n_ks == (int64_t)ng &&
-			      memcmp(out, greedy, ng * sizeof(*out)) == 0,
-			      "%s: GPU greedy ids with MOET_GPU_LINEAR=ksplit differ", de->d_name);
-			unsetenv("MOET_GPU_LINEAR");
+			/* the dense linears by the row machinery (MOET_GPU_LINEAR=rows), by the
+			 * default rule (auto) and with K over the warps wherever it fits (ksplit),
+			 * the prompt in chunks of 16 tokens: the CPU's logits again, and greedy ids;
+			 * linear_ks taken by auto and ksplit wherever hidden_size is whole
+			 * 128-column blocks (the fixtures' matrices are far below 16 rows per SM) */
+			static const char *const lv[3] = { "rows", "", "ksplit" };
 			const int ks_want = moet_model_config(gpu)->hidden_size % 128 == 0;
-			CHECK(ks_want ? moet_gpu_linear_ks_calls() > ks0
-				      : moet_gpu_linear_ks_calls() == ks0,
-			      "%s: %llu calls through linear_ks (hidden %lld)", de->d_name,
-			      (unsigned long long)(moet_gpu_linear_ks_calls() - ks0),
-			      (long long)moet_model_config(gpu)->hidden_size);
-			CHECK(memcmp(a, b2, np * (size_t)V * sizeof(float)) == 0,
-			      "%s: GPU logits with MOET_GPU_LINEAR=ksplit (chunks of 16) differ from "
-			      "the CPU's", de->d_name);
+			for (int v = 0; v < 3; v++) {
+				const uint64_t ks0 = moet_gpu_linear_ks_calls();
+				setenv("MOET_GPU_LINEAR", lv[v], 1);
+				memset(b2, 0, np * (size_t)V * sizeof(float));
+				CHECK(run_chunked(gpu, prompt, (int64_t)np, b2) == 0, "gpu %s: %s",
+				      lv[v], moet_errmsg());
+				int64_t n_ks = 0;
+				CHECK(moet_model_generate(gpu, prompt, (int64_t)np, (int64_t)ng, 0,
+							  out, &n_ks) == 0 && n_ks == (int64_t)ng &&
+				      memcmp(out, greedy, ng * sizeof(*out)) == 0,
+				      "%s: GPU greedy ids with MOET_GPU_LINEAR=%s differ", de->d_name,
+				      lv[v]);
+				unsetenv("MOET_GPU_LINEAR");
+				const uint64_t n_calls = moet_gpu_linear_ks_calls() - ks0;
+				CHECK(v && ks_want ? n_calls > 0 : n_calls == 0,
+				      "%s: %llu calls through linear_ks with MOET_GPU_LINEAR=%s (hidden "
+				      "%lld)", de->d_name, (unsigned long long)n_calls, lv[v],
+				      (long long)moet_model_config(gpu)->hidden_size);
+				CHECK(memcmp(a, b2, np * (size_t)V * sizeof(float)) == 0,
+				      "%s: GPU logits with MOET_GPU_LINEAR=%s (chunks of 16) differ "
+				      "from the CPU's", de->d_name, lv[v]);
+			}
 			printf("%s (%s MLA): GPU logits %s the CPU's (%zu values); greedy %s\n",
 			       de->d_name, form_name, diff ? "DIFFER from" : "equal", np * (size_t)V,
 			       memcmp(out, greedy, ng * sizeof(*out)) ? "differs" : "equal");
