@@ -2,10 +2,12 @@
 # tests/gpu/ncu.sh: Nsight Compute profiles of the kernels issue 4's targets are about, so
 # that their redesign starts from counters instead of estimates:
 #   rows    the contract expert kernel at 1, 2, 4 and 8 tokens per expert (bench gpu-experts at
-#           Kimi-K2 expert geometry: gate_up and down passes, rows_kernel instances)
+#           Kimi-K2 expert geometry: gate_up and down passes, rows_kernel instances, or
+#           rows_wide_kernel where the default takes the wide variant)
 #   wide    the same at 64 and 256 tokens (rows_wide_kernel)
 #   latent  the absorbed-MLA kernel (latent_fast_kernel) at Kimi-K2 heads, from test_gpu_latent
-# Each profile is exported (.ncu-rep) and printed as the details page (text), both under
+# Each profile is exported (.ncu-rep) and printed as the details page (text) and as its stall
+# reasons per launch (NAME.stalls.txt, from the raw page NAME.raw.csv), all under
 # OUT_DIR/ncu/; OUT_DIR/ncu.tar.gz holds them all (the GPU machine's tool brings back few files).
 #
 # Usage (from the repository root): bash tests/gpu/ncu.sh BUILD_DIR OUT_DIR [WHAT...]
@@ -50,13 +52,37 @@ prof() {
 	local keys="Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)"
 	keys+="|Achieved Occupancy|Registers Per|Warp Cycles Per Issued"
 	grep -E "^  [a-z_]+.*\(|$keys" "$out/ncu/$name.txt" | head -60
+	# the stall reasons (warps stalled per issued instruction, by reason), largest first,
+	# per profiled launch: the raw page's smsp__average_warps_issue_stalled_* metrics
+	"$ncu" --import "$out/ncu/$name.ncu-rep" --page raw --csv >"$out/ncu/$name.raw.csv" 2>&1
+	python3 - "$out/ncu/$name.raw.csv" <<'PY' | tee "$out/ncu/$name.stalls.txt"
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+if len(rows) < 3:
+    sys.exit(0)
+head = rows[0]
+key = "smsp__average_warps_issue_stalled_"
+cols = [i for i, h in enumerate(head) if h.startswith(key) and h.endswith("_per_issue_active.ratio")]
+name = head.index("Kernel Name") if "Kernel Name" in head else None
+def num(v):
+    try:
+        return float(v.replace(",", ""))
+    except ValueError:
+        return 0.0
+tail = len("_per_issue_active.ratio")
+for r in rows[2:]:
+    st = sorted(((num(r[i]), head[i][len(key):-tail]) for i in cols), reverse=True)
+    print("  %s: %s" % (r[name][:40] if name is not None else "?",
+                        ", ".join("%s %.2f" % (n, v) for v, n in st[:6])))
+PY
 }
 
 for w in $what; do
 	case $w in
 	rows)
 		for t in ${MOET_NCU_ROWS_TOKENS:-1 2 4 8}; do
-			prof "rows-t$t" 'rows_kernel' "$build/moet-hybrid" bench gpu-experts --tokens "$t" \
+			prof "rows-t$t" 'rows_(wide_)?kernel' "$build/moet-hybrid" bench gpu-experts \
+				--tokens "$t" \
 				--reps 1 --experts-rotate 16
 		done ;;
 	wide)

@@ -250,6 +250,10 @@ static void test_linear(void)
 		for (int d = 0; d < 3; d++)
 			linear_case("ksplit-edges", dts[d], ksc[i][0], ksc[i][1], ksc[i][2],
 				    i % 2 ? 4 : 0, (i + d) % 2, 3e8);
+	/* MOET_GPU_LINEAR=auto's edge: 16 rows per SM take linear_ks, 8 more keep the rows */
+	const int64_t edge_rows = 16 * (int64_t)gpu_sms();
+	linear_case("auto-edge", MOET_DT_F8_E4M3, edge_rows, 1024, 4, 0, 0, 3e8);
+	linear_case("auto-edge", MOET_DT_F8_E4M3, edge_rows + 8, 1024, 4, 0, 0, 3e8);
 	printf("linear: %lld cases, %lld (row, token) dots compared bit for bit\n",
 	       (long long)n_lin_cases, (long long)n_lin_dots);
 }
