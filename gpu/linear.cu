@@ -60,23 +60,13 @@ static int linear_variant(int *out_v)
 /* MOET_GPU_LINEAR=auto sends a call that linear_ks can take there when its matrix has at most
  * MOET_GPU_KS_AUTO_ROWS_PER_SM rows per SM of the current device (docs/gpu.md "The dense path":
  * below that the row machinery's 32- to 128-row tiles leave most SMs idle, above it they fill
- * the GPU and linear_ks's 8-row blocks measured slower). The SM counts are cached per device. */
+ * the GPU and linear_ks's 8-row blocks measured slower). */
 #define MOET_GPU_KS_AUTO_ROWS_PER_SM 16
-#define LIN_DEV_MAX 64
 static int auto_rows_max(int64_t *out)
 {
-	static int sms[LIN_DEV_MAX];
-	int dev = -1, n = 0;
-	MOET_CUDA_TRY(cudaGetDevice(&dev));
-	if (dev >= 0 && dev < LIN_DEV_MAX)
-		n = __atomic_load_n(&sms[dev], __ATOMIC_RELAXED);
-	if (n <= 0) {
-		MOET_CUDA_TRY(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-		if (dev >= 0 && dev < LIN_DEV_MAX)
-			__atomic_store_n(&sms[dev], n, __ATOMIC_RELAXED);
-	}
+	int n = 0, rc = moet_rows_sm_count(&n);
 	*out = (int64_t)n * MOET_GPU_KS_AUTO_ROWS_PER_SM;
-	return 0;
+	return rc;
 }
 
 /* Whether variant v sends a call on matrix w that linear_ks can take there. */

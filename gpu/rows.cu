@@ -127,25 +127,36 @@ int moet_rows_variant(int *out_wide)
 #define DEFAULT_PDL 1
 #define PDL_DEV_MAX 64
 
-/* Compute capability major per device, + 1 (0: not asked yet). NOTE: a cache, the one mutable
- * static of the row machinery: the property cannot change while the process runs, racing
- * writers store the same value, accesses are atomic. Devices past PDL_DEV_MAX ask each call. */
-static int cc_major_p1[PDL_DEV_MAX];
+/* Device attributes per device, + 1 (0: not asked yet): the compute capability's major and
+ * the SM count. NOTE: caches, the mutable statics of the row machinery: the properties cannot
+ * change while the process runs, racing writers store the same value, accesses are atomic.
+ * Devices past PDL_DEV_MAX ask each call. */
+static int cc_major_p1[PDL_DEV_MAX], sm_count_p1[PDL_DEV_MAX];
 
-static int cc_major(int *out_major)
+static int dev_attr(cudaDeviceAttr attr, int *cache_p1, int *out)
 {
 	int dev = 0, v = 0;
 	MOET_CUDA_TRY(cudaGetDevice(&dev));
 	const bool cached = dev >= 0 && dev < PDL_DEV_MAX;
-	if (cached && (v = __atomic_load_n(&cc_major_p1[dev], __ATOMIC_RELAXED)) > 0) {
-		*out_major = v - 1;
+	if (cached && (v = __atomic_load_n(&cache_p1[dev], __ATOMIC_RELAXED)) > 0) {
+		*out = v - 1;
 		return 0;
 	}
-	MOET_CUDA_TRY(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev));
+	MOET_CUDA_TRY(cudaDeviceGetAttribute(&v, attr, dev));
 	if (cached)
-		__atomic_store_n(&cc_major_p1[dev], v + 1, __ATOMIC_RELAXED);
-	*out_major = v;
+		__atomic_store_n(&cache_p1[dev], v + 1, __ATOMIC_RELAXED);
+	*out = v;
 	return 0;
+}
+
+static int cc_major(int *out_major)
+{
+	return dev_attr(cudaDevAttrComputeCapabilityMajor, cc_major_p1, out_major);
+}
+
+int moet_rows_sm_count(int *out)
+{
+	return dev_attr(cudaDevAttrMultiProcessorCount, sm_count_p1, out);
 }
 
 int moet_rows_pdl(int *out_pdl)
@@ -194,6 +205,37 @@ static kernel_ent pick(int dt, int nmat, int cl)
 	return nmat == 1 ? class_ent<DT_F32, 1>(cl) : kernel_ent{ NULL, 0, 1, 1, 0 };
 }
 
+/*
+ * Whether the job's groups of 2 tokens run as two 1-token tiles (class 0's instance) instead of
+ * class 1's. NOTE (why): F8 single-matrix tiles at 2 tokens are 256 rows (moet_rows_cfg: best
+ * for the down passes of 8 experts, 224 blocks), so a launch of few such groups (a dense linear,
+ * one expert's down pass) gets few blocks: a 7168-row o_proj 28 on the H200's 132 SMs, 99 us
+ * per call against 50 at one token (record 2026-12-01-linear-ks-h200-892564f.txt). With fewer
+ * class-1 tiles than SMs each such group takes 64-row tiles of one token instead (o_proj: 224
+ * blocks; the second token's weight bytes come mostly from L2): the same arithmetic per (row,
+ * token), the same bits. The default variant only (job->wide); the reference keeps its classes.
+ */
+static int split2_wanted(const moet_rows_job *job, moet_rows_get_fn get, const void *ctx,
+			 int64_t n_groups, int *out)
+{
+	*out = 0;
+	if (!job->wide || job->dt != DT_F8 || job->nmat != 1)
+		return 0;
+	const kernel_ent k1 = pick(job->dt, 1, 1), k0 = pick(job->dt, 1, 0);
+	if (!k1.fn || !k0.fn || k1.rb <= k0.rb)
+		return 0;
+	long long tiles = 0;
+	for (int64_t g = 0; g < n_groups; g++) {
+		moet_rows_group gr = {};
+		get(ctx, g, &gr);
+		if (gr.n == 2)
+			tiles += (job->rows + k1.rb - 1) / k1.rb;
+	}
+	int sms = 0, rc = tiles > 0 ? moet_rows_sm_count(&sms) : 0;
+	*out = !rc && tiles > 0 && tiles < sms;
+	return rc;
+}
+
 int moet_rows_run(const moet_rows_job *job, moet_rows_get_fn get, const void *ctx,
 		  int64_t n_groups, cudaStream_t stream)
 {
@@ -209,6 +251,9 @@ int moet_rows_run(const moet_rows_job *job, moet_rows_get_fn get, const void *ct
 	base.vec = job->vec;
 	base.canon = job->canon;
 	bool first = true; /* the job's first launch: the only one that may be a dependent */
+	int split2 = 0, rc = split2_wanted(job, get, ctx, n_groups, &split2);
+	if (rc)
+		return rc;
 	for (int cl = 0; cl < N_CLASS; cl++) {
 		kernel_ent k = pick(job->dt, job->nmat, cl);
 		if (job->wide && job->vec && job->dt != DT_F32 && job->K % 16 == 0 && cl >= 3) {
@@ -227,7 +272,8 @@ int moet_rows_run(const moet_rows_job *job, moet_rows_get_fn get, const void *ct
 		for (int64_t g = 0; g <= n_groups; pair += g < n_groups ? gr.n : 0, g++) {
 			if (g < n_groups)
 				get(ctx, g, &gr);
-			bool take = g < n_groups && gr.n > 0 && class_of(gr.n) == cl;
+			bool take = g < n_groups && gr.n > 0 &&
+				    (split2 && gr.n == 2 ? 0 : class_of(gr.n)) == cl;
 			if (take) {
 				a.w[a.n_exp][0] = gr.w[0];
 				a.s[a.n_exp][0] = gr.s[0];

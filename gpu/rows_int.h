@@ -89,6 +89,9 @@ int moet_rows_variant(int *out_wide);
  */
 int moet_rows_pdl(int *out_pdl);
 
+/* The current device's SM count (cached per device). */
+int moet_rows_sm_count(int *out);
+
 /* ---- shared by rows.cu and rows_wide.cu ------------------------------------------------- */
 
 #define MOET_ROWS_THREADS 256

@@ -590,6 +590,10 @@ int main(int argc, char **argv)
 	static const int64_t kimi_edge[] = { 1, 3, 9 };
 	run_case("kimi-k2", MOET_DT_F8_E4M3, 2048, 7168, 3, kimi_edge, MODE_EDGE, 0);
 	run_case("kimi-k2", MOET_DT_BF16, 2048, 7168, 4, kimi_bf16, MODE_NORMAL, 0);
+	/* One expert of 2 tokens (a shared expert at batch 2): its down pass has fewer 2-token
+	 * tiles than SMs, so the default runs them as 1-token tiles (gpu/rows.cu split2_wanted) */
+	static const int64_t kimi_two[] = { 2 };
+	run_case("kimi-k2-two", MOET_DT_F8_E4M3, 2048, 7168, 1, kimi_two, MODE_NORMAL, 0);
 	/* The decode shape PDL is for: 8 experts of one token, one launch per pass. */
 	static const int64_t kimi_decode[] = { 1, 1, 1, 1, 1, 1, 1, 1 };
 	run_case("kimi-k2-decode", MOET_DT_F8_E4M3, 2048, 7168, 8, kimi_decode, MODE_NORMAL, 0);

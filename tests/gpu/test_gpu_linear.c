@@ -230,6 +230,9 @@ static void test_linear(void)
 	linear_case("kimi-kv_a", MOET_DT_F8_E4M3, 576, 7168, 100, 0, 0, 3e8);
 	linear_case("kimi-kv_b", MOET_DT_F8_E4M3, 64 * 256, 512, 8, 0, 0, 3e8);
 	linear_case("kimi-o", MOET_DT_F8_E4M3, 7168, 64 * 128, 1, 0, 0, 3e8);
+	/* 2 tokens on few 256-row tiles: the default runs them as 1-token tiles (split2) */
+	linear_case("kimi-o", MOET_DT_F8_E4M3, 7168, 64 * 128, 2, 0, 1, 3e8);
+	linear_case("odd-k-two", MOET_DT_F8_E4M3, 300, 1000, 2, 3, 1, 3e8);
 	linear_case("kimi-o", MOET_DT_F8_E4M3, 7168, 64 * 128, 256, 0, 0, 3e8);
 	linear_case("kimi-mlp-gate", MOET_DT_F8_E4M3, 18432, 7168, 4, 0, 0, 3e8);
 	linear_case("kimi-mlp-down", MOET_DT_F8_E4M3, 7168, 18432, 16, 0, 0, 3e8);
