@@ -62,6 +62,7 @@ static int linear_variant(int *out_v)
  * below that the row machinery's 32- to 128-row tiles leave most SMs idle, above it they fill
  * the GPU and linear_ks's 8-row blocks measured slower). */
 #define MOET_GPU_KS_AUTO_ROWS_PER_SM 16
+#define MOET_GPU_KS_FFN_AUTO_MAX_TOK 4
 static int auto_rows_max(int64_t *out)
 {
 	int n = 0, rc = moet_rows_sm_count(&n);
@@ -80,6 +81,11 @@ static int ks_wanted(int v, const moet_mat *w, bool *out)
 	return rc;
 }
 
+static int64_t elem_size(moet_dtype dt)
+{
+	return dt == MOET_DT_F8_E4M3 ? 1 : dt == MOET_DT_BF16 ? 2 : 4;
+}
+
 static int rows_dt(moet_dtype dt)
 {
 	return dt == MOET_DT_F8_E4M3 ? MOET_ROWS_F8 : dt == MOET_DT_BF16 ? MOET_ROWS_BF16
@@ -94,7 +100,7 @@ static bool ks_fits(const moet_mat *w, const float *x, int64_t x_stride, int64_t
 	const moet_dtype dt = w->dtype;
 	if (dt != MOET_DT_F8_E4M3 && dt != MOET_DT_BF16 && dt != MOET_DT_F32)
 		return false;
-	const int64_t K = w->cols, esz = dt == MOET_DT_F8_E4M3 ? 1 : dt == MOET_DT_BF16 ? 2 : 4;
+	const int64_t K = w->cols, esz = elem_size(dt);
 	return (K * esz) % 16 == 0 && K % 128 == 0 && x_stride % 4 == 0 && aligned16(w->data) &&
 	       aligned16(x) && ((uintptr_t)w->scale_inv & 3u) == 0 && n_tok >= 1 &&
 	       n_tok <= MOET_GPU_KS_MAX_TOK && w->rows >= 1 && w->rows <= INT_MAX / 2 &&
@@ -108,6 +114,34 @@ static int ks_run(const moet_mat *w, const float *x, int64_t x_stride, int64_t n
 	const moet_gpu_ks_args a = { rows_dt(w->dtype), epi, g, w->data, w->scale_inv, w->rows,
 				     w->cols, x, x_stride, n_tok, y, y_stride };
 	return moet_gpu_linear_ks(&a, stream);
+}
+
+/* W x through the row machinery (the caller checked the arguments); canon: NaN outputs made
+ * canonical (an expert's down pass). */
+static int rows_linear(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok,
+		       float *y, int64_t y_stride, int canon, void *stream)
+{
+	const int64_t K = w->cols;
+	const int64_t esz = elem_size(w->dtype);
+	moet_rows_job j = {};
+	j.dt = rows_dt(w->dtype);
+	j.nmat = 1;
+	j.rows = (int)w->rows;
+	j.K = (int)K;
+	j.x = x;
+	j.x_stride = x_stride;
+	j.tok = NULL;
+	j.n_x = (int)n_tok;
+	j.out = y;
+	j.out_stride = y_stride;
+	j.vec = (K * esz) % 16 == 0 && K % 4 == 0 && x_stride % 4 == 0 && aligned16(w->data) &&
+		aligned16(x);
+	j.canon = canon;
+	int rc = moet_rows_variant(&j.wide);
+	if (rc)
+		return rc;
+	linear_ctx c = { w, n_tok };
+	return moet_rows_run(&j, get_one, &c, 1, moet_stream(stream));
 }
 
 extern "C" int moet_gpu_ffn_ks(const moet_mat *gate, const moet_mat *up, const moet_mat *down,
@@ -127,16 +161,27 @@ extern "C" int moet_gpu_ffn_ks(const moet_mat *gate, const moet_mat *up, const m
 	    !ks_fits(gate, x, x_stride, n_tok) || !ks_fits(up, x, x_stride, n_tok) ||
 	    !ks_fits(down, scratch, I, n_tok))
 		return 0;
+	/* NOTE: auto takes the FFN only up to MOET_GPU_KS_FFN_AUTO_MAX_TOK tokens: a Kimi-K2
+	 * shared expert's gate and up through linear_ks, down through the row machinery, made the
+	 * H200's decode steps faster at batches 1 and 4 (4.03-4.08 against 4.13-4.14 ms, 7.85
+	 * against 7.93-7.95) but slower than the row kernel's one gate_up pass at 8 (10.67-10.70
+	 * against 10.52-10.54) and 16 (16.75-16.78 against 15.91-16.01; record
+	 * 2026-12-01-linear-ks-h200-892564f.txt) */
+	if (v == LIN_AUTO && n_tok > MOET_GPU_KS_FFN_AUTO_MAX_TOK)
+		return 0;
 	bool want[3] = {};
 	for (int m = 0; m < 3 && !rc; m++)
 		rc = ks_wanted(v, m == 0 ? gate : m == 1 ? up : down, &want[m]);
-	if (rc || !want[0] || !want[1] || !want[2])
+	if (rc || !want[0] || !want[1])
 		return rc;
-	/* g into scratch, then h = silu_c(g) * u over it, then the down pass, NaN made
+	/* g into scratch, then h = silu_c(g) * u over it, then the down pass (linear_ks where
+	 * wanted, else the row machinery: a shared expert's 7168-row down matrix), NaN made
 	 * canonical: E(x) of docs/numerics.md, as the rows kernel's two passes compute it */
 	if ((rc = ks_run(gate, x, x_stride, n_tok, scratch, I, MOET_KS_PLAIN, NULL, stream)) ||
 	    (rc = ks_run(up, x, x_stride, n_tok, scratch, I, MOET_KS_SILU_MUL, scratch, stream)) ||
-	    (rc = ks_run(down, scratch, I, n_tok, out, out_stride, MOET_KS_CANON, NULL, stream)))
+	    (rc = want[2] ? ks_run(down, scratch, I, n_tok, out, out_stride, MOET_KS_CANON, NULL,
+				   stream)
+			  : rows_linear(down, scratch, I, n_tok, out, out_stride, 1, stream)))
 		return rc;
 	*out_taken = 1;
 	return 0;
@@ -152,7 +197,7 @@ extern "C" int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stri
 		return moet_err(MOET_EUNSUP, "linear: weight dtype %d (F8_E4M3, BF16 or F32)",
 				(int)dt);
 	const int64_t R = w->rows, K = w->cols;
-	const size_t esz = dt == MOET_DT_F8_E4M3 ? 1 : dt == MOET_DT_BF16 ? 2 : 4;
+	const size_t esz = (size_t)elem_size(dt);
 	if (R < 1 || K < 1 || R > INT_MAX / 2 || K > INT_MAX / 2)
 		return moet_err(MOET_ESHAPE, "linear: matrix is %lldx%lld", (long long)R,
 				(long long)K);
@@ -169,30 +214,13 @@ extern "C" int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stri
 				"%lldx%lld matrix: NULL, misaligned or strides too small",
 				(const void *)x, (long long)x_stride, (void *)y, (long long)y_stride,
 				(long long)R, (long long)K);
-	moet_rows_job j = {};
-	j.dt = rows_dt(dt);
-	j.nmat = 1;
-	j.rows = (int)R;
-	j.K = (int)K;
-	j.x = x;
-	j.x_stride = x_stride;
-	j.tok = NULL;
-	j.n_x = (int)n_tok;
-	j.out = y;
-	j.out_stride = y_stride;
-	j.vec = (K * (int64_t)esz) % 16 == 0 && K % 4 == 0 && x_stride % 4 == 0 &&
-		aligned16(w->data) && aligned16(x);
-	j.canon = 0;
 	int v = 0, rc = linear_variant(&v);
 	bool ks = false;
-	if (!rc)
-		rc = moet_rows_variant(&j.wide);
 	if (!rc && v != LIN_ROWS && ks_fits(w, x, x_stride, n_tok))
 		rc = ks_wanted(v, w, &ks);
 	if (rc)
 		return rc;
 	if (ks)
 		return ks_run(w, x, x_stride, n_tok, y, y_stride, MOET_KS_PLAIN, NULL, stream);
-	linear_ctx c = { w, n_tok };
-	return moet_rows_run(&j, get_one, &c, 1, moet_stream(stream));
+	return rows_linear(w, x, x_stride, n_tok, y, y_stride, 0, stream);
 }

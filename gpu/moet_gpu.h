@@ -155,12 +155,13 @@ uint64_t moet_gpu_linear_ks_calls(void);
 
 /*
  * The expert FFN E(x) of docs/numerics.md for n_tok tokens (one expert: a dense MLP or the
- * shared experts) through gpu/linear_ks.cu where MOET_GPU_LINEAR sends each of its three
- * matrices there (moet_gpu_linear's conditions and rule): gate's dot into scratch (n_tok x
+ * shared experts) through gpu/linear_ks.cu where MOET_GPU_LINEAR sends its gate and up
+ * matrices there (moet_gpu_linear's conditions and rule; the down matrix too where sent, else
+ * the row machinery; all three must fit linear_ks): gate's dot into scratch (n_tok x
  * gate->rows floats of scratch_bytes), then h = silu_c(g) * u over it, then the down pass into
  * out [n_tok][out_stride] with NaN made canonical: the bits of moet_gpu_expert_ffn.
- * *out_taken 1 when it ran; 0 (returning 0) where MOET_GPU_LINEAR=rows or a matrix is not
- * sent, and nothing was queued. A bad MOET_GPU_LINEAR gives MOET_EINVAL naming it.
+ * *out_taken 1 when it ran; 0 (returning 0) where MOET_GPU_LINEAR=rows, a matrix does not
+ * fit or gate or up is not sent, and nothing was queued. A bad MOET_GPU_LINEAR gives MOET_EINVAL naming it.
  */
 int moet_gpu_ffn_ks(const moet_mat *gate, const moet_mat *up, const moet_mat *down,
 		    const float *x, int64_t x_stride, int64_t n_tok, float *scratch,

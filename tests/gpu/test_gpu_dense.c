@@ -9,7 +9,8 @@
  *   residual add, kv write (the forward pass's cache layout), attention (moet_attend_ref:
  *   the GPU repeats its binary64 sums in index order); the absorbed form is
  *   test_gpu_latent's, greedy draws are test_gpu_sample's;
- *   within a stated tolerance: rmsnorm (2 ulp of moet_rmsnorm_ref; exact matches counted),
+ *   within a stated tolerance: rmsnorm (2 ulp of moet_rmsnorm_ref; exact matches counted; and
+ *   bit for bit the documented device order written out on the host),
  *   rope (1 binary32 ulp of each table entry's effect; exact matches counted, >= 99.9%).
  *   Attention batch invariance: every row of a ragged batch (several sequences, prefill chunks
  *   and decode rows at different positions) equals the same row run alone, bit for bit.
@@ -61,11 +62,31 @@ static int within_ulp(const char *what, const float *g, const float *c, size_t n
 
 /* ---- rmsnorm ---------------------------------------------------------------------------- */
 
+/* The device's documented order (docs/gpu.md "rmsnorm"), written out on the host: thread j of
+ * 256 sums x[j]^2, x[j + 256]^2, ... in binary64 in that order, a halving tree adds the 256
+ * partials (s[j] += s[j + h], h = 128 .. 1), then the CPU's arithmetic. */
+static void rmsnorm_device_order(const float *x, const float *w, int64_t n, double eps,
+				 float *out)
+{
+	double s[256];
+	for (int j = 0; j < 256; j++) {
+		s[j] = 0.0;
+		for (int64_t i = j; i < n; i += 256)
+			s[j] = s[j] + (double)x[i] * (double)x[i];
+	}
+	for (int h = 128; h > 0; h >>= 1)
+		for (int j = 0; j < h; j++)
+			s[j] = s[j] + s[j + h];
+	const float inv = (float)(1.0 / sqrt(s[0] / (double)n + eps));
+	for (int64_t i = 0; i < n; i++)
+		out[i] = w[i] * (x[i] * inv);
+}
+
 static void test_rmsnorm(void)
 {
-	static const int64_t ns[] = { 1, 7, 64, 96, 129, 256, 512, 1536, 7168 };
+	static const int64_t ns[] = { 1, 7, 64, 96, 129, 256, 512, 1536, 7168, 2048 * 2 + 100 };
 	size_t exact = 0, total = 0;
-	for (int i = 0; i < 9; i++) {
+	for (int i = 0; i < 10; i++) {
 		const int64_t n = ns[i], rows = 1 + (int64_t)(rnd() % 40), st = n + (i % 3);
 		float *x = malloc((size_t)(rows * st) * sizeof(float));
 		float *w = malloc((size_t)n * sizeof(float));
@@ -94,6 +115,14 @@ static void test_rmsnorm(void)
 		    !down(g2, dx, (size_t)(rows * st) * sizeof(float))) {
 			within_ulp("rmsnorm", g, c, (size_t)(rows * st), 2, &exact);
 			total += (size_t)(rows * st);
+			/* and bit for bit the documented device order */
+			for (int64_t r = 0; r < rows; r++)
+				rmsnorm_device_order(x + r * st, w, n, 1e-6, c + r * st);
+			size_t bad = 0;
+			for (int64_t r = 0; r < rows; r++)
+				bad += memcmp(g + r * st, c + r * st, (size_t)n * sizeof(float)) != 0;
+			CHECK(bad == 0, "rmsnorm n %lld: %zu of %lld rows differ from the documented "
+			      "device order", (long long)n, bad, (long long)rows);
 			CHECK(!memcmp(g, g2, (size_t)(rows * st) * sizeof(float)),
 			      "rmsnorm n %lld: in place differs", (long long)n);
 		}

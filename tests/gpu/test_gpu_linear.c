@@ -265,8 +265,9 @@ static void test_linear(void)
 
 /* One case: gate/up [I x H], down [H x I] of dtype dt, n tokens: with MOET_GPU_LINEAR=ksplit
  * taken where every matrix qualifies (want_taken) and then bit-equal to the CPU scalar
- * reference moet_expert_ffn_ref (NaN canonical on both sides); by default (auto) only where
- * every matrix also has at most 16 rows per SM; never with MOET_GPU_LINEAR=rows. */
+ * reference moet_expert_ffn_ref (NaN canonical on both sides); by default (auto) only up to
+ * 4 tokens and where gate and up also have at most 16 rows per SM (down through linear_ks
+ * only where it has); never with MOET_GPU_LINEAR=rows. */
 static void ffn_ks_case(moet_dtype dt, int64_t I, int64_t H, int64_t n, int edge, int want_taken)
 {
 	const size_t esz = dt == MOET_DT_F8_E4M3 ? 1 : dt == MOET_DT_BF16 ? 2 : 4;
@@ -318,34 +319,39 @@ static void ffn_ks_case(moet_dtype dt, int64_t I, int64_t H, int64_t n, int edge
 			      NULL, &taken) == 0 && taken == 0,
 	      "ffn_ks %lldx%lld: taken %d with MOET_GPU_LINEAR=rows", (long long)I, (long long)H,
 	      taken);
-	/* the default (auto) takes it where every matrix has at most 16 rows per SM */
-	const int64_t lim = 16 * (int64_t)gpu_sms();
-	const int want_auto = want_taken && I <= lim && H <= lim;
-	unsetenv("MOET_GPU_LINEAR");
-	const uint64_t a0 = moet_gpu_linear_ks_calls();
-	CHECK(moet_gpu_ffn_ks(&dm[0], &dm[1], &dm[2], dx, H, n, dscr, (size_t)(n * I) * 4, dy, H,
-			      NULL, &taken) == 0 && taken == want_auto &&
-		      moet_gpu_linear_ks_calls() - a0 == (uint64_t)(3 * want_auto),
-	      "ffn_ks %lldx%lld: taken %d by default (want %d)", (long long)I, (long long)H,
-	      taken, want_auto);
-	setenv("MOET_GPU_LINEAR", "ksplit", 1);
-	const uint64_t k0 = moet_gpu_linear_ks_calls();
-	int rc = moet_gpu_ffn_ks(&dm[0], &dm[1], &dm[2], dx, H, n, dscr, (size_t)(n * I) * 4, dy,
-				 H, NULL, &taken);
-	unsetenv("MOET_GPU_LINEAR");
-	if (dev_fail(rc, "ffn_ks"))
-		goto out;
-	CHECK(taken == want_taken && moet_gpu_linear_ks_calls() - k0 == (uint64_t)(3 * taken),
-	      "ffn_ks %s %lldx%lld, %lld tokens: taken %d (want %d), %llu kernel calls",
-	      dt == MOET_DT_F8_E4M3 ? "F8" : dt == MOET_DT_BF16 ? "BF16" : "F32", (long long)I,
-	      (long long)H, (long long)n, taken, want_taken,
-	      (unsigned long long)(moet_gpu_linear_ks_calls() - k0));
-	if (!taken || down(got, dy, (size_t)(n * H) * sizeof(float)))
-		goto out;
+	/* The reference, then the default (auto: up to 4 tokens, gate and up through
+	 * linear_ks where they have at most 16 rows per SM, down too where it has, else the row
+	 * machinery) and ksplit (all three), each into an output poisoned first and compared bit
+	 * for bit where taken. */
 	for (int64_t t = 0; t < n; t++)
 		CHECK(moet_expert_ffn_ref(&hm[0], &hm[1], &hm[2], x + t * H, 1, hs, ref + t * H) == 0,
 		      "ffn reference");
-	same_bits("ffn_ks against moet_expert_ffn_ref", got, ref, (size_t)(n * H), 0);
+	const int64_t lim = 16 * (int64_t)gpu_sms();
+	const int want_auto = want_taken && I <= lim && n <= 4;
+	for (int v = 0; v < 2; v++) {
+		const int want = v ? want_taken : want_auto;
+		const uint64_t want_calls = !want ? 0 : v || H <= lim ? 3 : 2;
+		memset(got, 0xFF, (size_t)(n * H) * sizeof(float));
+		if (dev_fail(moet_gpu_copy_h2d(dy, got, (size_t)(n * H) * sizeof(float)), "poison"))
+			goto out;
+		setenv("MOET_GPU_LINEAR", v ? "ksplit" : "", 1);
+		const uint64_t k0 = moet_gpu_linear_ks_calls();
+		int rc = moet_gpu_ffn_ks(&dm[0], &dm[1], &dm[2], dx, H, n, dscr,
+					 (size_t)(n * I) * 4, dy, H, NULL, &taken);
+		const uint64_t calls = moet_gpu_linear_ks_calls() - k0;
+		unsetenv("MOET_GPU_LINEAR");
+		if (dev_fail(rc, "ffn_ks"))
+			goto out;
+		CHECK(taken == want && calls == want_calls,
+		      "ffn_ks %s %lldx%lld, %lld tokens, %s: taken %d (want %d), %llu kernel calls "
+		      "(want %llu)", dt == MOET_DT_F8_E4M3 ? "F8" : dt == MOET_DT_BF16 ? "BF16" : "F32",
+		      (long long)I, (long long)H, (long long)n, v ? "ksplit" : "auto", taken, want,
+		      (unsigned long long)calls, (unsigned long long)want_calls);
+		if (!taken || down(got, dy, (size_t)(n * H) * sizeof(float)))
+			continue;
+		same_bits(v ? "ffn_ks (ksplit) against moet_expert_ffn_ref"
+			    : "ffn_ks (auto) against moet_expert_ffn_ref", got, ref, (size_t)(n * H), 0);
+	}
 out:
 	for (int m = 0; m < 3; m++) {
 		moet_gpu_free(dw[m]);
@@ -367,6 +373,9 @@ static void test_ffn_ks(void)
 	ffn_ks_case(MOET_DT_F8_E4M3, 256, 384, 1, 1, 1);
 	ffn_ks_case(MOET_DT_F8_E4M3, 256, 1024, 4, 0, 1);   /* the default takes it too */
 	ffn_ks_case(MOET_DT_F8_E4M3, 2048, 7168, 3, 0, 1);  /* Kimi-K2's shared expert */
+	ffn_ks_case(MOET_DT_F8_E4M3, 2048, 7168, 4, 0, 1);   /* auto's widest */
+	ffn_ks_case(MOET_DT_F8_E4M3, 2048, 7168, 8, 0, 1);   /* ksplit only */
+	ffn_ks_case(MOET_DT_F8_E4M3, 256, 384, 9, 0, 1);     /* two token tiles: ksplit only */
 	ffn_ks_case(MOET_DT_F8_E4M3, 2048, 7168, 16, 1, 1);
 	ffn_ks_case(MOET_DT_BF16, 384, 256, 5, 1, 1);
 	ffn_ks_case(MOET_DT_F32, 128, 128, 2, 0, 1);
