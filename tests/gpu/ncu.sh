@@ -6,6 +6,10 @@
 #           rows_wide_kernel where the default takes the wide variant)
 #   wide    the same at 64 and 256 tokens (rows_wide_kernel)
 #   latent  the absorbed-MLA kernel (latent_fast_kernel) at Kimi-K2 heads, from test_gpu_latent
+#   step    every kernel of whole decode steps (bench e2e --modes gpu on a 3-layer Kimi-K2
+#           gen-checkpoint, every expert resident), durations only: per batch size, the last
+#           step's kernel time summed by kernel (step-B.table.txt), against the step's span
+#           from its first kernel's start to its last one's end (launch gaps included)
 # Each profile is exported (.ncu-rep) and printed as the details page (text) and as its stall
 # reasons per launch (NAME.stalls.txt, from the raw page NAME.raw.csv), all under
 # OUT_DIR/ncu/; OUT_DIR/ncu.tar.gz holds them all (the GPU machine's tool brings back few files).
@@ -14,12 +18,13 @@
 #   BUILD_DIR  a build with moet-hybrid and test_gpu_latent (carried from a development
 #              machine is fine)
 #   OUT_DIR    where the reports go
-#   WHAT       any of rows wide latent (default: all three)
+#   WHAT       any of rows wide latent step (default: rows wide latent)
 # Environment: MOET_NCU (the ncu binary; default: ncu on PATH, else
 # /usr/local/cuda/bin/ncu, else the newest /usr/local/cuda-*/bin/ncu), MOET_NCU_SET (section
 # set, default full), MOET_NCU_COUNT (kernel launches profiled per report, default 6),
 # MOET_NCU_ROWS_TOKENS / MOET_NCU_WIDE_TOKENS (tokens per expert profiled by rows / wide;
-# defaults "1 2 4 8" / "64 256").
+# defaults "1 2 4 8" / "64 256"), MOET_NCU_STEP_BATCHES (decode batches of step, default
+# "1 16").
 # Needs permission to read the GPU's performance counters (root on the GPU machine).
 # Debian runtime libraries may be carried as .deb files in .deb/ (as for tests/gpu/run.sh).
 set -uo pipefail
@@ -92,7 +97,24 @@ for w in $what; do
 		done ;;
 	latent)
 		prof latent 'latent_fast_kernel' "$build/test_gpu_latent" ;;
-	*) echo "ncu.sh: unknown WHAT '$w' (rows, wide, latent)"; exit 1 ;;
+	step)
+		ck=$out/ncu/step-ckpt
+		[ -f "$ck/config.json" ] || "$build/moet-hybrid" gen-checkpoint --preset kimi-k2 \
+			--layers 3 --experts 64 --seed 1 --out "$ck" --quiet || exit 1
+		for b in ${MOET_NCU_STEP_BATCHES:-1 16}; do
+			echo "== $(date +%T) step-b$b"
+			timeout -s KILL 540 "$ncu" --metrics gpu__time_duration.sum -f \
+				-o "$out/ncu/step-b$b" "$build/moet-hybrid" bench e2e --model "$ck" \
+				--device cuda --modes gpu --batches "$b" --prefill none --steps 2 \
+				>"$out/ncu/step-b$b.run.txt" 2>&1
+			echo "   exit $?"
+			"$ncu" --import "$out/ncu/step-b$b.ncu-rep" --page raw --csv \
+				--print-units base >"$out/ncu/step-b$b.raw.csv" 2>&1
+			python3 tests/gpu/ncu_step.py "$out/ncu/step-b$b.raw.csv" |
+				tee "$out/ncu/step-b$b.table.txt" | head -40
+		done
+		rm -rf "$ck" ;;
+	*) echo "ncu.sh: unknown WHAT '$w' (rows, wide, latent, step)"; exit 1 ;;
 	esac
 done
 tar -czf "$out/ncu.tar.gz" -C "$out" ncu
