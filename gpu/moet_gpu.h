@@ -161,7 +161,8 @@ uint64_t moet_gpu_linear_ks_calls(void);
  * gate->rows floats of scratch_bytes), then h = silu_c(g) * u over it, then the down pass into
  * out [n_tok][out_stride] with NaN made canonical: the bits of moet_gpu_expert_ffn.
  * *out_taken 1 when it ran; 0 (returning 0) where MOET_GPU_LINEAR=rows, a matrix does not
- * fit or gate or up is not sent, and nothing was queued. A bad MOET_GPU_LINEAR gives MOET_EINVAL naming it.
+ * fit or gate or up is not sent, and nothing was queued. A bad MOET_GPU_LINEAR gives
+ * MOET_EINVAL naming it.
  */
 int moet_gpu_ffn_ks(const moet_mat *gate, const moet_mat *up, const moet_mat *down,
 		    const float *x, int64_t x_stride, int64_t n_tok, float *scratch,
