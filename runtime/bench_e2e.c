@@ -689,7 +689,12 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			if (mode != MOET_E2E_GPU && o->overlap_check && sp.cpu_pairs > 0) {
 				/* the serial reference run, one pass (no micro-batches): Tc alone, Tg =
 				 * the rest; then overlapped in one pass, to show what the
-				 * micro-batches add */
+				 * micro-batches add. NOTE: both after the row's own untimed steps
+				 * (warm), so that they time the same decode positions, whose tokens
+				 * (greedy from the same prompts) route alike: with --warmup's 1 against
+				 * the row's 6 trial passes the CPU tier had other experts to compute
+				 * (H200, 2026-12-01: 16.9 CPU pairs per step in Tc against 19.3 in the
+				 * row it bounds) */
 				double *ser = malloc((size_t)o->steps * sizeof(double));
 				step_split ss = { 0 }, s1 = { 0 };
 				/* the caller's MOET_MICROBATCH, put back for the next batch (a
@@ -698,7 +703,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 				const int had_mb = mbv != NULL;
 				snprintf(mb_user, sizeof(mb_user), "%s", mbv ? mbv : "");
 				setenv("MOET_MICROBATCH", "0", 1);
-				rc = ser ? decode_run(m, B, o->ctx, o->warmup, o->steps, ser, &s1, NULL)
+				rc = ser ? decode_run(m, B, o->ctx, warm, o->steps, ser, &s1, NULL)
 					 : moet_err(MOET_ENOMEM, "samples");
 				if (!rc) {
 					moet_bench_stats one;
@@ -714,7 +719,7 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 					rc = moet_model_set_hybrid_overlap(m, 0);
 				}
 				if (!rc)
-					rc = decode_run(m, B, o->ctx, o->warmup, o->steps, ser, &ss, NULL);
+					rc = decode_run(m, B, o->ctx, warm, o->steps, ser, &ss, NULL);
 				if (had_mb)
 					setenv("MOET_MICROBATCH", mb_user, 1);
 				else
