@@ -100,9 +100,10 @@ int main(void)
 	snprintf(want_norm, sizeof(want_norm), "%5d %10.1f us", n_norm, norm / 1e3);
 
 	char *out = run(csv, "");
-	CHECK(out && strstr(out, want_head) && strstr(out, "rows_kernel<0, 1, 1, 8>") &&
-	      strstr(strstr(out, "rows_kernel<0, 1, 1, 8>"), want_rows) &&
-	      strstr(strstr(out, "rmsnorm_kernel"), want_norm) && !strstr(out, "pass 2 of 3"),
+	const char *at_rows = out ? strstr(out, "rows_kernel<0, 1, 1, 8>") : NULL;
+	const char *at_norm = out ? strstr(out, "rmsnorm_kernel") : NULL;
+	CHECK(out && strstr(out, want_head) && at_rows && strstr(at_rows, want_rows) && at_norm &&
+		      strstr(at_norm, want_norm) && !strstr(out, "pass 2 of 3"),
 	      "ncu_step.py: want \"%s\", \"%s\", \"%s\" in:\n%s", want_head, want_rows, want_norm,
 	      out ? out : "(failed)");
 	free(out);
