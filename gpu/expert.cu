@@ -50,27 +50,6 @@ static void get_down(const void *ctx, int64_t i, moet_rows_group *g)
 	*g = moet_rows_group{ { x->down.data, NULL }, { x->down.scale_inv, NULL }, x->n_tok };
 }
 
-/* The gate_up pass (nmat 2) of I rows over x's n_x rows (tok: pair -> row) into out. */
-static moet_rows_job gate_up_job(int idt, int64_t I, int64_t H, const float *x, int64_t x_stride,
-				 const int32_t *tok, int64_t n_x, float *out, int64_t out_stride,
-				 bool vec, int wide)
-{
-	moet_rows_job g = {};
-	g.dt = idt;
-	g.nmat = 2;
-	g.rows = (int)I;
-	g.K = (int)H;
-	g.x = x;
-	g.x_stride = x_stride;
-	g.tok = tok;
-	g.n_x = (int)n_x;
-	g.out = out;
-	g.out_stride = out_stride;
-	g.vec = vec;
-	g.wide = wide;
-	return g;
-}
-
 extern "C" size_t moet_gpu_expert_scratch_bytes(int64_t n_pairs, int64_t inter)
 {
 	if (n_pairs <= 0 || inter <= 0)
@@ -167,26 +146,14 @@ extern "C" int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, c
 		return rc;
 	const int idt = dt == MOET_DT_F8_E4M3 ? MOET_ROWS_F8 : MOET_ROWS_BF16;
 	const int64_t hs = (I + 3) / 4 * 4; /* h row stride: 16-byte rows for the down pass */
-	moet_rows_job g = gate_up_job(idt, I, H, x, H, tok, n_x, (float *)scratch, hs,
-				      vec_up && H % 4 == 0 && aligned16(x), wide);
+	moet_rows_job g = moet_rows_job_of(idt, 2, I, H, x, H, tok, n_x, (float *)scratch, hs,
+					   vec_up && H % 4 == 0 && aligned16(x), 0, wide);
 	g.pdl = pdl ? MOET_ROWS_PDL_TRIGGER : 0;
 	rc = moet_rows_run(&g, get_gate_up, exps, n_exp, moet_stream(stream));
 	if (rc)
 		return rc;
-	moet_rows_job d = {};
-	d.dt = idt;
-	d.nmat = 1;
-	d.rows = (int)H;
-	d.K = (int)I;
-	d.x = (const float *)scratch;
-	d.x_stride = hs;
-	d.tok = NULL;
-	d.n_x = (int)n_pairs;
-	d.out = y;
-	d.out_stride = H;
-	d.vec = vec_down && aligned16(scratch);
-	d.canon = 1;
-	d.wide = wide;
+	moet_rows_job d = moet_rows_job_of(idt, 1, H, I, (const float *)scratch, hs, NULL, n_pairs,
+					   y, H, vec_down && aligned16(scratch), 1, wide);
 	d.pdl = pdl ? MOET_ROWS_PDL_WAIT : 0;
 	return moet_rows_run(&d, get_down, exps, n_exp, moet_stream(stream));
 }
@@ -229,8 +196,8 @@ extern "C" int moet_gpu_gate_up(const moet_mat *gate, const moet_mat *up, const 
 	e.gate = *gate;
 	e.up = *up;
 	e.n_tok = n;
-	moet_rows_job g = gate_up_job(dt == MOET_DT_F8_E4M3 ? MOET_ROWS_F8 : MOET_ROWS_BF16, I, H, x,
-				      x_stride, tok, n, h, h_stride, vec, wide);
+	moet_rows_job g = moet_rows_job_of(dt == MOET_DT_F8_E4M3 ? MOET_ROWS_F8 : MOET_ROWS_BF16, 2,
+					   I, H, x, x_stride, tok, n, h, h_stride, vec, 0, wide);
 	return moet_rows_run(&g, get_gate_up, &e, 1, moet_stream(stream));
 }
 

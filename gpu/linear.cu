@@ -121,25 +121,14 @@ static int ks_run(const moet_mat *w, const float *x, int64_t x_stride, int64_t n
 static int rows_linear(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok,
 		       float *y, int64_t y_stride, int canon, void *stream)
 {
-	const int64_t K = w->cols;
-	const int64_t esz = elem_size(w->dtype);
-	moet_rows_job j = {};
-	j.dt = rows_dt(w->dtype);
-	j.nmat = 1;
-	j.rows = (int)w->rows;
-	j.K = (int)K;
-	j.x = x;
-	j.x_stride = x_stride;
-	j.tok = NULL;
-	j.n_x = (int)n_tok;
-	j.out = y;
-	j.out_stride = y_stride;
-	j.vec = (K * esz) % 16 == 0 && K % 4 == 0 && x_stride % 4 == 0 && aligned16(w->data) &&
-		aligned16(x);
-	j.canon = canon;
-	int rc = moet_rows_variant(&j.wide);
+	const int64_t K = w->cols, esz = elem_size(w->dtype);
+	const int vec = (K * esz) % 16 == 0 && K % 4 == 0 && x_stride % 4 == 0 &&
+			aligned16(w->data) && aligned16(x);
+	int wide = 0, rc = moet_rows_variant(&wide);
 	if (rc)
 		return rc;
+	moet_rows_job j = moet_rows_job_of(rows_dt(w->dtype), 1, w->rows, K, x, x_stride, NULL,
+					   n_tok, y, y_stride, vec, canon, wide);
 	linear_ctx c = { w, n_tok };
 	return moet_rows_run(&j, get_one, &c, 1, moet_stream(stream));
 }

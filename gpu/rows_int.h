@@ -48,6 +48,30 @@ typedef struct moet_rows_job {
 	int pdl;              /* MOET_ROWS_PDL_* bits (0: plain launches); see below */
 } moet_rows_job;
 
+/* A job of nmat matrices of `rows` rows over K columns, x's rows (tok: pair -> row, or NULL)
+ * into out, plain launches (pdl 0): the one place the fields are filled. */
+static inline moet_rows_job moet_rows_job_of(int dt, int nmat, int64_t rows, int64_t K,
+					     const float *x, long long x_stride,
+					     const int32_t *tok, int64_t n_x, float *out,
+					     long long out_stride, int vec, int canon, int wide)
+{
+	moet_rows_job j = {};
+	j.dt = dt;
+	j.nmat = nmat;
+	j.rows = (int)rows;
+	j.K = (int)K;
+	j.x = x;
+	j.x_stride = x_stride;
+	j.tok = tok;
+	j.n_x = (int)n_x;
+	j.out = out;
+	j.out_stride = out_stride;
+	j.vec = vec;
+	j.canon = canon;
+	j.wide = wide;
+	return j;
+}
+
 /*
  * Programmatic dependent launch (sm_90+; docs/gpu.md): lets a job's first kernel start while
  * the kernel queued before it on the stream is still running, and start fetching its weights.

@@ -37,6 +37,13 @@ static const json_t *mode_step(const json_t *rec, const char *want)
 	return NULL;
 }
 
+/* A run's row of the table ("name round batch step ..."), not a median row ("name batch step
+ * ratio (runs)"): 1 with its fields, else 0. */
+static int run_row(const char *line, char name[32], int *r, int *b, double *st)
+{
+	return !strchr(line, '(') && sscanf(line, "%31s %d %d %lf", name, r, b, st) == 4;
+}
+
 static double num(const json_t *o, const char *k)
 {
 	return json_number_value(json_object_get(o, k));
@@ -168,9 +175,7 @@ int main(void)
 		char name[32];
 		int r, b;
 		double st;
-		/* a run's row, not a median row ("name batch step ratio (runs)") */
-		if (strchr(line, '(') || sscanf(line, "%31s %d %d %lf", name, &r, &b, &st) != 4 ||
-		    b != BATCH)
+		if (!run_row(line, name, &r, &b, &st) || b != BATCH)
 			continue;
 		snprintf(path, sizeof(path), "%s-gpu/e2e-%s-%d.json", out, name, r);
 		json_t *rec = json_load_file(path, 0, NULL);
@@ -199,7 +204,7 @@ int main(void)
 		char name[32];
 		int r, b;
 		double st;
-		if (strchr(line, '(') || sscanf(line, "%31s %d %d %lf", name, &r, &b, &st) != 4) {
+		if (!run_row(line, name, &r, &b, &st)) {
 			again_other += strstr(line, "no record") != NULL;
 			continue;
 		}
