@@ -251,22 +251,13 @@ int moet_rows_run(const moet_rows_job *job, moet_rows_get_fn get, const void *ct
 	base.vec = job->vec;
 	base.canon = job->canon;
 	bool first = true; /* the job's first launch: the only one that may be a dependent */
-	int split2 = 0, lane = 0, rc = split2_wanted(job, get, ctx, n_groups, &split2);
-	if (!rc && job->wide)
-		rc = moet_rows_lane_on(&lane);
+	int split2 = 0, rc = split2_wanted(job, get, ctx, n_groups, &split2);
 	if (rc)
 		return rc;
-	lane = lane && job->vec && job->dt == DT_F8 && job->K % 128 == 0 &&
-	       (int64_t)job->rows * job->K < (1ll << 32); /* rows_lane.cu's reach */
 	for (int cl = 0; cl < N_CLASS; cl++) {
 		kernel_ent k = pick(job->dt, job->nmat, cl);
 		if (job->wide && job->vec && job->dt != DT_F32 && job->K % 16 == 0 && cl >= 3) {
 			kernel_ent t = moet_rows_wide_pick(job->dt, job->nmat, cl);
-			if (t.fn)
-				k = t;
-		}
-		if (lane) {
-			kernel_ent t = moet_rows_lane_pick(job->dt, job->nmat, cl);
 			if (t.fn)
 				k = t;
 		}

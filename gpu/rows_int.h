@@ -191,14 +191,6 @@ int moet_gpu_linear_ks(const moet_gpu_ks_args *a, void *stream);
 /* The wide instance for (dt F8 or BF16, nmat, token class 4 or 5), or fn NULL. */
 moet_rows_kernel moet_rows_wide_pick(int dt, int nmat, int cl);
 
-/* The one-lane-per-thread instance (rows_lane.cu) for (dt, nmat, token class), or fn NULL:
- * F8 at 3-4 tokens; the caller checks vec and K % 128 == 0. */
-moet_rows_kernel moet_rows_lane_pick(int dt, int nmat, int cl);
-/* MOET_GPU_ROWS_LANE, read at every call: `1` lets the default variant take rows_lane.cu where
- * it applies, `0` (or unset or empty: the default) keeps rows_kernel there (same bits).
- * MOET_EINVAL (recorded) for other text. */
-int moet_rows_lane_on(int *out);
-
 /* cp.async of 16 bytes global -> shared (L2 only); moet_cp_async16z: zero-filled instead of
  * read when !ok (src is then not read). */
 static __device__ __forceinline__ void moet_cp_async16(void *dst, const void *src)

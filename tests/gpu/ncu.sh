@@ -86,7 +86,7 @@ for w in $what; do
 	case $w in
 	rows)
 		for t in ${MOET_NCU_ROWS_TOKENS:-1 2 4 8}; do
-			prof "rows-t$t" 'rows_(wide_|lane_)?kernel' "$build/moet-hybrid" bench gpu-experts \
+			prof "rows-t$t" 'rows_(wide_)?kernel' "$build/moet-hybrid" bench gpu-experts \
 				--tokens "$t" \
 				--reps 1 --experts-rotate 16
 		done ;;

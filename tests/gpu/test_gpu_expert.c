@@ -37,13 +37,9 @@
 enum { MODE_NORMAL, MODE_EDGE, MODE_ZEROS, MODE_NAN, N_MODES };
 static const char *mode_name[N_MODES] = { "normal", "edge", "zeros", "nan" };
 
-/* The variants of the row kernels (MOET_GPU_ROWS_KERNEL, gpu/rows_int.h); each case runs all.
- * "wide" is the default, "wide-lane" the same with MOET_GPU_ROWS_LANE=1 (the one-lane kernel
- * of gpu/rows_lane.cu at 3-4 F8 tokens where it applies). */
-#define N_VARIANTS 3
-static const char *const variant[N_VARIANTS] = { "ref", "wide", "wide-lane" };
-static const char *const variant_kernel[N_VARIANTS] = { "ref", "wide", "wide" };
-static const char *const variant_lane[N_VARIANTS] = { "0", "0", "1" };
+/* The variants of the row kernels (MOET_GPU_ROWS_KERNEL, gpu/rows_int.h); each case runs all. */
+#define N_VARIANTS 2
+static const char *const variant[N_VARIANTS] = { "ref", "wide" };
 /* Programmatic dependent launch of the down pass (MOET_GPU_PDL, gpu/expert.cu): off, on. */
 #define N_PDL 2
 static const char *const pdl_mode[N_PDL] = { "0", "1" };
@@ -295,8 +291,7 @@ static void run_case(const char *tag, moet_dtype dt, int64_t I, int64_t H, int n
 	for (int vp = 0; vp < N_VARIANTS * N_PDL; vp++) {
 		const int v = vp / N_PDL, pd = vp % N_PDL;
 		const size_t ybytes = (size_t)(n_pairs * H) * sizeof(float);
-		setenv("MOET_GPU_ROWS_KERNEL", variant_kernel[v], 1);
-		setenv("MOET_GPU_ROWS_LANE", variant_lane[v], 1);
+		setenv("MOET_GPU_ROWS_KERNEL", variant[v], 1);
 		setenv("MOET_GPU_PDL", pdl_mode[pd], 1);
 		rc = moet_gpu_copy_h2d(dscr, poison, scr);
 		rc = rc ? rc : moet_gpu_copy_h2d(dy, poison, ybytes);
@@ -310,7 +305,6 @@ static void run_case(const char *tag, moet_dtype dt, int64_t I, int64_t H, int n
 		rc = rc ? rc : moet_gpu_copy_d2h(yd, dy, ybytes);
 		rc = rc ? rc : moet_gpu_copy_d2h(yd2, dy2, ybytes);
 		unsetenv("MOET_GPU_ROWS_KERNEL");
-		unsetenv("MOET_GPU_ROWS_LANE");
 		unsetenv("MOET_GPU_PDL");
 		CHECK(rc == 0, "%s [%s, pdl %s]: device: %s", name, variant[v], pdl_mode[pd],
 		      moet_errmsg());
@@ -423,12 +417,6 @@ static void bad_input(void)
 		      "MOET_GPU_PDL='%s': %d (%s)", bad_pdl[i], rc, moet_errmsg());
 	}
 	printf("  bad PDL switch: %s\n", moet_errmsg());
-	setenv("MOET_GPU_ROWS_LANE", "yes", 1);
-	rc = moet_gpu_expert_ffn(&g, 1, dx, 1, dtok, dscr, scr, dy, NULL);
-	unsetenv("MOET_GPU_ROWS_LANE");
-	CHECK(rc == MOET_EINVAL && strstr(moet_errmsg(), "MOET_GPU_ROWS_LANE"),
-	      "MOET_GPU_ROWS_LANE=yes: %d (%s)", rc, moet_errmsg());
-	printf("  bad lane switch: %s\n", moet_errmsg());
 	setenv("MOET_GPU_PDL", "", 1);
 	rc = moet_gpu_expert_ffn(&g, 1, dx, 1, dtok, dscr, scr, dy, NULL);
 	unsetenv("MOET_GPU_PDL");
@@ -588,17 +576,6 @@ int main(int argc, char **argv)
 		for (int m = 0; m < N_MODES; m++)
 			run_case("wide-edges", d ? MOET_DT_BF16 : MOET_DT_F8_E4M3, 144, 400,
 				 (int)(sizeof(tiled) / sizeof(tiled[0])), tiled, m, m == 1);
-
-	/* The one-lane kernel's edges (F8, 3-4 tokens, K % 128 == 0: gpu/rows_lane.cu): a
-	 * partial gate/up row tile (200 rows: 64-row tiles) past a 128-row scale block, a partial
-	 * down tile (320 rows: 128-row tiles), the other pass of each on rows_kernel (K 200,
-	 * 320), token tiles of 4 filled, one short, and the classes around it. */
-	static const int64_t lane_n[] = { 3, 4, 4, 2, 5, 1, 3 };
-	for (int m = 0; m < N_MODES; m++) {
-		const int nl = (int)(sizeof(lane_n) / sizeof(lane_n[0]));
-		run_case("lane-edges", MOET_DT_F8_E4M3, 200, 256, nl, lane_n, m, m == 1);
-		run_case("lane-edges", MOET_DT_F8_E4M3, 384, 320, nl, lane_n, m, m == 2);
-	}
 
 	/* More experts than one launch takes (64), zero to three tokens each. */
 	int64_t many[150];
