@@ -1,7 +1,7 @@
 /*
  * group.cu: the grouping of a MoE layer's routing pairs on the device, element for element
  * what runtime/dispatch.c does on the host after downloading the ids (staging off): step 1 of
- * the CUDA-graph plan (docs/hybrid.md), so that a captured step needs no host decision here.
+ * the CUDA-graph plan (docs/cuda-graphs.md), so that a captured step needs no host decision here.
  *
  * The result (moet_gpu.h, moet_gpu_group_pairs), for tiers t = device 0 .. n_dev-1, CPU:
  *

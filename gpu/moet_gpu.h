@@ -390,7 +390,7 @@ int moet_gpu_group_pairs(const int32_t *ids, int64_t n_pairs, int64_t n_exp,
 			 const moet_gpu_group_bufs *out, void *stream);
 
 /*
- * ---- The expert FFN grouped on the device (gpu/rows_dev.cu; docs/hybrid.md, CUDA graphs,
+ * ---- The expert FFN grouped on the device (gpu/rows_dev.cu; docs/cuda-graphs.md,
  * step 2) -------------------------------------------------------------------------------------
  * moet_gpu_expert_ffn's computation for device 0's pairs of a moet_gpu_group_pairs result,
  * with no host knowledge of the routing: the kernels read the group table and the experts'

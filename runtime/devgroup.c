@@ -1,6 +1,6 @@
 /*
  * devgroup.c: a MoE layer's routed experts grouped on the device (MOET_GPU_DEVGROUP=1; step 2
- * of the CUDA-graph plan in docs/hybrid.md wired into the engine; bit-equal on the H200).
+ * of the CUDA-graph plan in docs/cuda-graphs.md wired into the engine; bit-equal on the H200).
  *
  *   router ids (device) -> moet_gpu_group_pairs (owner NULL: every pair on device 0)
  *        -> pairs in (expert, pair) order, slot[pair] straight into the pass's slot buffer,

@@ -1,6 +1,6 @@
 /*
  * graph.c: the forward pass of a decode batch captured into a CUDA graph and replayed
- * (MOET_CUDA_GRAPH=1; step 4 of the CUDA-graph plan in docs/hybrid.md, the all-GPU case).
+ * (MOET_CUDA_GRAPH=1; step 4 of the CUDA-graph plan in docs/cuda-graphs.md, the all-GPU case).
  *
  * What is captured: one pass's device work from the embedding to the lm_head (forward.c's
  * pass body), after the host has written the pass's row table (tokens, positions, page tables:

@@ -1,6 +1,6 @@
 /*
  * test_gpu_devgroup.c: the expert FFN grouped on the device (gpu/rows_dev.cu,
- * moet_gpu_experts_devgroup, step 2 of the CUDA-graph plan in docs/hybrid.md) gives, bit for
+ * moet_gpu_experts_devgroup, step 2 of the CUDA-graph plan in docs/cuda-graphs.md) gives, bit for
  * bit, what the host-grouped call (moet_gpu_expert_ffn, itself checked against the CPU
  * reference by test_gpu_expert) gives for the same pairs:
  *
