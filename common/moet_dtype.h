@@ -37,12 +37,18 @@ typedef enum moet_dtype {
 	MOET_DT_COUNT_
 } moet_dtype;
 
+#ifdef __cplusplus
+extern "C" {
+#endif
 /* Bytes per element (0 for MOET_DT_INVALID). */
 size_t moet_dtype_size(moet_dtype dt);
 /* safetensors spelling ("F8_E4M3"), or "INVALID". */
 const char *moet_dtype_name(moet_dtype dt);
 /* Parses a safetensors dtype string; MOET_DT_INVALID if unknown. */
 moet_dtype moet_dtype_parse(const char *s);
+#ifdef __cplusplus
+}
+#endif
 
 /* Exact e4m3fn decode. NaN codes decode to a quiet NaN (callers validate before use). */
 MOET_HD float moet_dec_e4m3(uint8_t c)
@@ -77,9 +83,15 @@ MOET_HD uint16_t moet_enc_bf16(float f)
 
 /* binary32 -> e4m3fn, round to nearest even, saturating to +-448 (as torch's
  * float8_e4m3fn cast does for finite inputs); NaN -> 0x7F. For writers and tests. */
+#ifdef __cplusplus
+extern "C" {
+#endif
 uint8_t moet_enc_e4m3(float f);
 
 /* IEEE half -> binary32 (exact). */
 float moet_dec_f16(uint16_t h);
+#ifdef __cplusplus
+}
+#endif
 
 #endif

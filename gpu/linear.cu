@@ -81,11 +81,6 @@ static int ks_wanted(int v, const moet_mat *w, bool *out)
 	return rc;
 }
 
-static int64_t elem_size(moet_dtype dt)
-{
-	return dt == MOET_DT_F8_E4M3 ? 1 : dt == MOET_DT_BF16 ? 2 : 4;
-}
-
 static int rows_dt(moet_dtype dt)
 {
 	return dt == MOET_DT_F8_E4M3 ? MOET_ROWS_F8 : dt == MOET_DT_BF16 ? MOET_ROWS_BF16
@@ -100,7 +95,7 @@ static bool ks_fits(const moet_mat *w, const float *x, int64_t x_stride, int64_t
 	const moet_dtype dt = w->dtype;
 	if (dt != MOET_DT_F8_E4M3 && dt != MOET_DT_BF16 && dt != MOET_DT_F32)
 		return false;
-	const int64_t K = w->cols, esz = elem_size(dt);
+	const int64_t K = w->cols, esz = (int64_t)moet_dtype_size(dt);
 	return (K * esz) % 16 == 0 && K % 128 == 0 && x_stride % 4 == 0 && aligned16(w->data) &&
 	       aligned16(x) && ((uintptr_t)w->scale_inv & 3u) == 0 && n_tok >= 1 &&
 	       n_tok <= MOET_GPU_KS_MAX_TOK && w->rows >= 1 && w->rows <= INT_MAX / 2 &&
@@ -121,7 +116,7 @@ static int ks_run(const moet_mat *w, const float *x, int64_t x_stride, int64_t n
 static int rows_linear(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok,
 		       float *y, int64_t y_stride, int canon, void *stream)
 {
-	const int64_t K = w->cols, esz = elem_size(w->dtype);
+	const int64_t K = w->cols, esz = (int64_t)moet_dtype_size(w->dtype);
 	const int vec = (K * esz) % 16 == 0 && K % 4 == 0 && x_stride % 4 == 0 &&
 			aligned16(w->data) && aligned16(x);
 	int wide = 0, rc = moet_rows_variant(&wide);
@@ -186,7 +181,7 @@ extern "C" int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stri
 		return moet_err(MOET_EUNSUP, "linear: weight dtype %d (F8_E4M3, BF16 or F32)",
 				(int)dt);
 	const int64_t R = w->rows, K = w->cols;
-	const size_t esz = (size_t)elem_size(dt);
+	const size_t esz = moet_dtype_size(dt);
 	if (R < 1 || K < 1 || R > INT_MAX / 2 || K > INT_MAX / 2)
 		return moet_err(MOET_ESHAPE, "linear: matrix is %lldx%lld", (long long)R,
 				(long long)K);
