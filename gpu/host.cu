@@ -170,6 +170,18 @@ extern "C" int moet_gpu_event_elapsed_ms(void *start, void *end, float *out_ms)
 	return 0;
 }
 
+extern "C" int moet_gpu_host_register_ro(const void *p, size_t bytes)
+{
+	MOET_CUDA_TRY(cudaHostRegister(const_cast<void *>(p), bytes, cudaHostRegisterReadOnly));
+	return 0;
+}
+
+extern "C" int moet_gpu_host_unregister(const void *p)
+{
+	MOET_CUDA_TRY(cudaHostUnregister(const_cast<void *>(p)));
+	return 0;
+}
+
 extern "C" int moet_gpu_mem_info(size_t *out_free, size_t *out_total)
 {
 	MOET_CUDA_TRY(cudaMemGetInfo(out_free, out_total));

@@ -64,6 +64,13 @@ int moet_gpu_event_elapsed_ms(void *start, void *end, float *out_ms);
 /* The work queued on `stream` after this call waits for the mark of `ev` (its last record). */
 int moet_gpu_stream_wait_event(void *stream, void *ev);
 
+/* Page-locks `bytes` of host memory at p for the device's DMA, read-only (cudaHostRegister
+ * with cudaHostRegisterReadOnly: file pages mapped PROT_READ, such as the checkpoint's), so
+ * that a copy from it runs at the link's rate without the driver's pageable staging;
+ * unregister takes the same p. */
+int moet_gpu_host_register_ro(const void *p, size_t bytes);
+int moet_gpu_host_unregister(const void *p);
+
 /* Bytes of free and total memory of the current device. */
 int moet_gpu_mem_info(size_t *out_free, size_t *out_total);
 

@@ -166,3 +166,15 @@ int moet_nccl_gather(moet_nccl *nc, void *const send[], void *const recv[], cons
 	(void)nc, (void)send, (void)recv, (void)count, (void)stream;
 	return no_cuda("moet_nccl_gather");
 }
+
+int moet_gpu_host_register_ro(const void *p, size_t bytes)
+{
+	(void)p, (void)bytes;
+	return no_cuda("moet_gpu_host_register_ro");
+}
+
+int moet_gpu_host_unregister(const void *p)
+{
+	(void)p;
+	return no_cuda("moet_gpu_host_unregister");
+}

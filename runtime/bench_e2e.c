@@ -81,6 +81,7 @@ typedef struct step_split {
 	double cpu_run_s, cpu_start_s, cpu_wake_s; /* per step: moet_hybrid_stats' ns_cpu_* */
 	double cpu_pairs, pcie_bytes; /* per step */
 	double cpu_calls, cpu_bytes;  /* per step: the CPU tier's expert calls, their weights */
+	double staged_experts, staged_pairs; /* per step: cold experts staged (MOET_STAGE_BALANCE) */
 	double cpu_layers;            /* per step: MoE layer calls with work for the CPU tier */
 	double gpu_idle_s;            /* per step: moet_hybrid_stats' ns_gpu_idle */
 	double gpu_idle_route_s;      /* of which at the routing's waits (ns_gpu_idle_route) */
@@ -152,6 +153,8 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int warmup, int steps, 
 		split->cpu_pairs = (double)hs.cpu_pairs / steps;
 		split->cpu_calls = (double)hs.cpu_calls / steps;
 		split->cpu_bytes = (double)hs.cpu_weight_bytes / steps;
+		split->staged_experts = (double)hs.staged_experts / steps;
+		split->staged_pairs = (double)hs.staged_pairs / steps;
 		split->cpu_layers = (double)hs.calls / steps;
 		split->pcie_bytes = (double)(hs.bytes_d2h + hs.bytes_h2d) / steps;
 		split->split_share = (double)hs.split_passes / steps;
@@ -467,7 +470,7 @@ static void ram_bound_print(FILE *out, const moet_xtier_stats *t, const ram_boun
 static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 {
 	return json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
-			 "s:f, s:f, s:f, s:f, s:i, s:f, s:f, s:f}",
+			 "s:f, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:f, s:f}",
 			 "mode",
 			 mode, "batch", (json_int_t)B, "step_s", sp->step_s, "tokens_per_s",
 			 (double)B / sp->step_s, "cpu_busy_s", sp->cpu_s, "cpu_wait_s", sp->wait_s,
@@ -479,7 +482,8 @@ static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 			 sp->stream_share, "polled_share", sp->polled_share, "merged_calls",
 			 sp->merged_calls, "warmup_steps", sp->warmup, "gpu_idle_s", sp->gpu_idle_s,
 			 "gpu_idle_route_s", sp->gpu_idle_route_s, "gpu_busy_s",
-			 sp->mean_s - sp->gpu_idle_s);
+			 sp->mean_s - sp->gpu_idle_s, "staged_experts", sp->staged_experts,
+			 "staged_pairs", sp->staged_pairs);
 }
 
 /* --graph: what MOET_CUDA_GRAPH=1 needs, set where unset (bits of what was set), and undone. */

@@ -41,7 +41,9 @@
 #include "model_int.h"
 #include "moet_env.h"
 #include "moet_err.h"
+#include "moet_ckpt.h"
 #include "moet_gpu.h"
+#include "moet_gpu_host.h"
 #include "moet_upload.h"
 
 static void sim_free(moet_sim_device *d)
@@ -114,6 +116,46 @@ static int sim_fill_uring(moet_model *m, moet_sim_device *d, int g, const int16_
 	return rc;
 }
 
+/* The checkpoint's shards page-locked by stage_register, unlocked (the balance's copies are
+ * done: the ring is gone with the engine). */
+static void stage_unregister(moet_model *m)
+{
+	for (int i = 0; i < m->n_stage_reg; i++)
+		moet_gpu_host_unregister(moet_ckpt_shard_base(m->ck, i));
+	m->n_stage_reg = 0;
+	free(m->stage_rows);
+	free(m->stage_pick);
+	m->stage_rows = NULL;
+	m->stage_pick = NULL;
+}
+
+/*
+ * MOET_STAGE_BALANCE=1 (hybrid.c): the pick's tables, and on a GPU every shard's mapping
+ * page-locked (read-only) so that a staged expert's copy is a DMA from the checkpoint's own
+ * pages at the link's rate. Measured on the H200 machine (tests/gpu/probe_dma.sh): 8.6 GB of
+ * mapped tmpfs pages in 0.82 s, then 55 GB/s, as from pinned memory.
+ */
+static int stage_register(moet_model *m, int host)
+{
+	const int64_t E = m->cfg.n_routed_experts;
+	m->stage_rows = malloc((size_t)(3 * E) * sizeof(*m->stage_rows));
+	m->stage_pick = malloc((size_t)E);
+	if (!m->stage_rows || !m->stage_pick)
+		return moet_err(MOET_ENOMEM, "decode staging tables");
+	for (int i = 0; !host && m->ck && i < moet_ckpt_shard_count(m->ck); i++) {
+		const void *p = moet_ckpt_shard_base(m->ck, i);
+		const size_t bytes = moet_ckpt_shard_bytes(m->ck, i);
+		if (!p || !bytes)
+			continue; /* NOTE: unregister walks the shards in order: keep them all */
+		int rc = moet_gpu_host_register_ro(p, bytes);
+		if (rc)
+			return moet_err_prefix(rc, "MOET_STAGE_BALANCE: page-locking %s",
+					       moet_ckpt_shard_path(m->ck, i));
+		m->n_stage_reg = i + 1;
+	}
+	return 0;
+}
+
 int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 {
 	const moet_config *c = &m->cfg;
@@ -137,6 +179,7 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 		sim_free(&m->sim[g]);
 	free(m->sim);
 	moet_resident_release(m);
+	stage_unregister(m);
 	free(m->owner);
 	free(m->cpu_layer);
 	free(m->tier_pairs);
@@ -188,7 +231,8 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 			expert_bytes += moet_mat_data_bytes(x) + moet_mat_scale_bytes(x);
 		}
 	}
-	if ((rc = moet_hybrid_stage_setup(m->hy, c, expert_bytes, !host)))
+	if ((rc = moet_hybrid_stage_setup(m->hy, c, expert_bytes, !host)) ||
+	    (moet_hybrid_stage_balance(m->hy) && (rc = stage_register(m, host))))
 		goto fail;
 	if (!host) {
 		if ((rc = moet_model_bind_experts(m, owner)))
@@ -745,14 +789,24 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 	/* The cold pairs' rows come last in y, the staged ones first: count the devices' pairs
 	 * and the staged pairs first. A cold expert's pairs are one run of the sorted pairs. */
 	const int64_t st_min = m->xtier ? 0 : moet_hybrid_stage_min(m->hy);
+	const int balance = !m->xtier && m->stage_rows;
 	int64_t st_row = 0, st_cnt = 0, cpu_cnt = 0;
+	int n_cold = 0;
 	for (int64_t q = 0, r = 1; q < P; q += r) {
 		for (r = 1; q + r < P && m->pairs[q + r].expert == m->pairs[q].expert; r++)
 			;
 		if (m->owner[l * E + m->pairs[q].expert] >= 0)
 			st_row += r;
+		else if (balance)
+			m->stage_rows[n_cold++] = r;
 		else if (st_min && r >= st_min)
 			st_cnt += r;
+	}
+	if (balance) { /* MOET_STAGE_BALANCE: which of the cold experts the link takes */
+		moet_hybrid_stage_pick(m->hy, m->stage_rows, n_cold, m->stage_rows + E,
+				       m->stage_pick);
+		for (int j = 0; j < n_cold; j++)
+			st_cnt += m->stage_pick[j] ? m->stage_rows[j] : 0;
 	}
 	/* merged (moet_mb_merge_begin): the first micro-batch defers its device pairs, the second
 	 * computes both; their cold rows come first in the layer's shared y */
@@ -761,12 +815,12 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 	float *const yb = mg_first || mg_second ? m->mg.y[l & 1] : y;
 	const int64_t st_at = mg_second ? m->mg.rows : mg_first ? 0 : st_row;
 	const int64_t cpu_row = st_at + st_cnt;
-	for (int64_t q = 0, r = 1, s_at = 0; q < P; q += r) {
+	for (int64_t q = 0, r = 1, s_at = 0, j = 0; q < P; q += r) {
 		for (r = 1; q + r < P && m->pairs[q + r].expert == m->pairs[q].expert; r++)
 			;
 		if (m->owner[l * E + m->pairs[q].expert] >= 0)
 			continue;
-		const int staged = st_min && r >= st_min;
+		const int staged = balance ? m->stage_pick[j++] : st_min && r >= st_min;
 		for (int64_t i = q; i < q + r; i++) {
 			const moet_expert_pair *pq = &m->pairs[i];
 			if (staged) {

@@ -32,6 +32,14 @@
  * staging slots (stage.c, the shadow check's mechanism) with the backend's kernel: the same
  * bits. The ring is made at the first staged expert and kept.
  *
+ * Decode staging by balance (MOET_STAGE_BALANCE=1, opt-in): the link is idle while a decode
+ * layer's CPU tier reads its cold experts, and a batch-16 layer with three or four of them
+ * outlasts the GPU's own experts (docs/hybrid.md, "Why batch 16 resists"). With the switch,
+ * each call's cold experts are split between the CPU tier and the staging slots by
+ * moet_hybrid_stage_pick (the split whose longer side, CPU or link, the cost model prices
+ * shortest), and dispatch.c page-locks the checkpoint's mappings at the placement so that a
+ * staged expert's copy is one DMA from them (driver copies, no pinned uploader).
+ *
  * NOTE: the team is the executor of cpu/exec.c made for this model (MOET_CPU_THREADS, else
  * every core but one on a GPU backend: the thread that drives the GPU needs a core too). On
  * the CPU backend it stands beside the backend's own team (a test setting: the cores are
@@ -49,6 +57,12 @@
 #include "moet_err.h"
 #include "moet_topo.h"
 #include "moet_trace.h"
+
+/* What each side keeps of its rate while the other runs (tests/gpu/probe_dma.sh on the H200
+ * machine, record 2026-12-01-stage-balance-h200-85db4db.txt: the team's reads 94.3 -> 80.0
+ * GB/s, the DMA from the page-locked mapping 55.0 -> 45.1 GB/s). */
+#define STAGE_CPU_SHARE 0.85
+#define STAGE_DMA_SHARE 0.82
 
 #define HY_MAX_TOK 512   /* tokens per executor batch */
 #define HY_MAX_JOBS 256  /* jobs per executor batch */
@@ -94,6 +108,9 @@ struct moet_hybrid {
 	int64_t n_experts;
 	moet_stage *ring;         /* staging slots, made at the first staged expert */
 	int stage_pinned;         /* MOET_STAGE_COPY: 1 pinned (waves), 0 driver */
+	int stage_balance;        /* MOET_STAGE_BALANCE=1: each call's cold experts split by
+				   * moet_hybrid_stage_pick */
+	moet_cost_in cost;        /* the hardware figures the pick prices with */
 	struct moet_trace *trace; /* MOET_TRACE, or NULL */
 };
 
@@ -604,6 +621,11 @@ int moet_hybrid_stage_setup(moet_hybrid *hy, const moet_config *c, uint64_t expe
 	if ((rc = moet_stage_copy_pinned(on_gpu, &hy->stage_pinned)))
 		return rc;
 	hy->stage_mode = v && *v ? mode_of[mode] : on_gpu ? HY_STAGE_AUTO : HY_STAGE_NEVER;
+	static const char *const bal[] = { "0", "1" };
+	if ((rc = moet_env_choice("MOET_STAGE_BALANCE", bal, 2, &hy->stage_balance)))
+		return rc;
+	if (hy->stage_balance)
+		hy->stage_pinned = 0; /* the copies DMA from the registered mapping (dispatch.c) */
 	long long at_least = 0;
 	if (min && min[0]) {
 		char *end = NULL;
@@ -617,6 +639,12 @@ int moet_hybrid_stage_setup(moet_hybrid *hy, const moet_config *c, uint64_t expe
 		return moet_err_prefix(rc, "MOET_HARDWARE");
 	if (hy->stage_pinned) /* the crossover's copy at the pinned uploader's rate */
 		in.hw.stage_copy_gbps = in.hw.stage_pinned_gbps;
+	/* NOTE: with the balance the copies DMA from the page-locked mapping at the link's rate,
+	 * less what the CPU tier's reads beside them take (tests/gpu/probe_dma.sh on the H200
+	 * machine: 55 GB/s alone, 45 beside the team's reads, which fell from 94 to 80 GB/s) */
+	if (hy->stage_balance)
+		in.hw.stage_copy_gbps = in.hw.pcie_gbps * STAGE_DMA_SHARE;
+	hy->cost = in;
 	/* NOTE: a gap is worth copying when its bytes cross the link faster than a second
 	 * copy's latency (0 latency: only the rows used) */
 	hy->gap_bytes = (size_t)(in.hw.pcie_latency_us * in.hw.pcie_gbps * 1e3);
@@ -635,6 +663,60 @@ int64_t moet_hybrid_stage_min(const moet_hybrid *hy)
 	return hy ? hy->stage_min : 0;
 }
 
+int moet_hybrid_stage_balance(const moet_hybrid *hy)
+{
+	return hy && hy->stage_balance;
+}
+
+static int rows_desc(const void *a, const void *b)
+{
+	const int64_t *x = a, *y = b; /* (rows, index): more rows first, then the lower index */
+	return x[0] != y[0] ? (x[0] < y[0] ? 1 : -1) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+double moet_hybrid_stage_split_ms(const moet_hybrid *hy, const int64_t *rows, int n,
+				  const uint8_t *pick)
+{
+	double cpu = 0, link = 0;
+	int any = 0;
+	for (int i = 0; i < n; i++) {
+		if (pick[i])
+			link += moet_cost_stage_ms(&hy->cost, (double)rows[i]), any = 1;
+		else
+			cpu += moet_cost_call_ms(&hy->cost, false, (double)rows[i]);
+	}
+	if (any)
+		cpu /= STAGE_CPU_SHARE;
+	return cpu > link ? cpu : link;
+}
+
+void moet_hybrid_stage_pick(const moet_hybrid *hy, const int64_t *rows, int n, int64_t *scratch,
+			    uint8_t *pick)
+{
+	/* the experts with the most rows gain the most from the link (a CPU call grows with
+	 * its rows, a staged one hardly): stage a prefix of them in that order, the prefix
+	 * whose split is the shortest (none on a tie) */
+	double cpu = 0, best = 0;
+	for (int i = 0; i < n; i++) {
+		pick[i] = 0;
+		scratch[2 * i] = rows[i], scratch[2 * i + 1] = i;
+		cpu += moet_cost_call_ms(&hy->cost, false, (double)rows[i]);
+	}
+	qsort(scratch, (size_t)n, 2 * sizeof(int64_t), rows_desc);
+	best = cpu;
+	int n_best = 0;
+	double link = 0;
+	for (int j = 0; j < n; j++) {
+		cpu -= moet_cost_call_ms(&hy->cost, false, (double)scratch[2 * j]);
+		link += moet_cost_stage_ms(&hy->cost, (double)scratch[2 * j]);
+		const double c = cpu / STAGE_CPU_SHARE, t = c > link ? c : link;
+		if (t < best)
+			best = t, n_best = j + 1;
+	}
+	for (int j = 0; j < n_best; j++)
+		pick[scratch[2 * j + 1]] = 1;
+}
+
 int moet_hybrid_stage_run(moet_hybrid *hy, moet_backend *be, const moet_ffn_w *table,
 			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
 			  const float *h, int64_t n, float *y)
@@ -647,6 +729,8 @@ int moet_hybrid_stage_run(moet_hybrid *hy, moet_backend *be, const moet_ffn_w *t
 							  : MOET_STAGE_SLOTS_DRIVER,
 				    hy->stage_pinned, hy->n_experts, &hy->ring)))
 		return moet_err_prefix(rc, "prefill staging");
+	if (hy->stage_balance)
+		moet_stage_set_dev_wait(hy->ring, 1);
 	uint64_t t0 = moet_now_ns();
 	moet_stage_counts ct = { 0 };
 	rc = moet_stage_run(hy->ring, be, table, pairs, cnt, top_k, h, n, y, hy->H, &ct);

@@ -122,6 +122,19 @@ int moet_hybrid_stage_setup(moet_hybrid *hy, const moet_config *c, uint64_t expe
 			    int on_gpu);
 /* The tokens from which a cold expert of a call is staged (0: never). */
 int64_t moet_hybrid_stage_min(const moet_hybrid *hy);
+/* MOET_STAGE_BALANCE=1: a call's cold experts are split by moet_hybrid_stage_pick instead. */
+int moet_hybrid_stage_balance(const moet_hybrid *hy);
+/* The split of one call's n cold experts (rows[i] tokens each) between the CPU tier and the
+ * staging slots: pick[i] = 1 for the staged ones. Stages the prefix of the experts ordered
+ * by rows (most first, then index) that minimizes moet_hybrid_stage_split_ms; none on a tie.
+ * scratch: 2 n values. Allocates nothing. */
+void moet_hybrid_stage_pick(const moet_hybrid *hy, const int64_t *rows, int n, int64_t *scratch,
+			    uint8_t *pick);
+/* The cost model's time (ms) of such a split: the longer of the CPU tier's calls (slowed by
+ * the copies' share of the host's memory when any expert is staged) and the staged experts'
+ * copies and kernels one after the other. */
+double moet_hybrid_stage_split_ms(const moet_hybrid *hy, const int64_t *rows, int n,
+				  const uint8_t *pick);
 /* Computes cold pairs (sorted by expert; table: host views by expert) on the backend from
  * the engine's staging slots (stage.c) into y (backend, cnt rows of H); counts them. */
 int moet_hybrid_stage_run(moet_hybrid *hy, moet_backend *be, const moet_ffn_w *table,
@@ -161,6 +174,8 @@ void moet_stage_destroy(moet_stage *s, moet_backend *be);
  * to a slot, then the backend's experts_grouped) on h (backend, n rows), q < cnt, pairs
  * sorted by expert. Adds to *ct. On return the work is queued on the backend (its stream),
  * the slots' copies all done. */
+/* A driver copy's kernel waits for the copy on the device (the stream), not on the host. */
+void moet_stage_set_dev_wait(moet_stage *s, int on);
 int moet_stage_run(moet_stage *s, moet_backend *be, const moet_ffn_w *host,
 		   const moet_expert_pair *pairs, int64_t cnt, int64_t top_k, const float *h,
 		   int64_t n, float *y, int64_t H, moet_stage_counts *ct);
@@ -356,6 +371,9 @@ struct moet_model {
 	moet_expert_pair *pairs;  /* host scratch of the dispatch, grown */
 	moet_expert_pair *tier_list;
 	moet_expert_pair *stage_list; /* the cold pairs staged to the backend (hybrid.c) */
+	int64_t *stage_rows;      /* [3 E]: a call's cold experts' rows, then the pick's scratch */
+	uint8_t *stage_pick;      /* [E]: which of them are staged */
+	int n_stage_reg;          /* checkpoint shards page-locked for the balance's copies */
 	int32_t *ids_h, *slot_h;
 	int64_t cap_pairs;
 	int gpu_first;            /* this pass starts the CPU tier after the device tiers */

@@ -32,7 +32,9 @@
  *           (one run per expert kept the uploader's pipeline short: filled, then drained, every
  *           44 MB). On the CPU backend the uploader copies host to host (the simulated
  *           devices' test double of the same waves: tests/runtime/test_hybrid_stage.c).
- * Same bytes either way.
+ * Same bytes either way. With moet_stage_set_dev_wait (the decode balance, hybrid.c) a
+ * driver copy's kernel waits for its copied mark on the device (the stream waits for the
+ * event) instead of on the host, so the driving thread queues on while the bytes cross.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +58,7 @@ struct moet_stage {
 	int n_slots;
 	int cuda;                       /* 1: the backend's memory is a GPU's */
 	int pinned;                     /* MOET_STAGE_COPY=pinned: waves through the uploader */
+	int dev_wait;                   /* a kernel waits for its copy on the device, not here */
 	void *stream;                   /* the copy stream (CUDA, driver copies) */
 	moet_uploader *up;              /* the pinned copies (CUDA), made at the first */
 	moet_ffn_w *table;              /* [E]: the staged experts' slot views */
@@ -120,6 +123,11 @@ int moet_stage_create(moet_backend *be, int n_slots, int pinned, int64_t n_exper
 fail:
 	moet_stage_destroy(s, be);
 	return moet_err_prefix(rc, "staging slots");
+}
+
+void moet_stage_set_dev_wait(moet_stage *s, int on)
+{
+	s->dev_wait = on != 0;
 }
 
 /* Waits for a slot's pending mark (CUDA); the time to ct->ns_wait. */
@@ -214,7 +222,13 @@ static int compute(moet_stage *s, moet_backend *be, int i, const moet_expert_pai
 		   int64_t H, moet_stage_counts *ct)
 {
 	stage_slot *sl = &s->slot[i];
-	int rc = wait_mark(sl->ev_copied, &sl->copied, ct);
+	int rc;
+	if (s->dev_wait && sl->copied) { /* the stream waits: the driving thread goes on */
+		rc = moet_gpu_stream_wait_event(NULL, sl->ev_copied);
+		sl->copied = 0;
+	} else {
+		rc = wait_mark(sl->ev_copied, &sl->copied, ct);
+	}
 	if (!rc)
 		rc = be->ops->experts_grouped(be, s->table, pairs + q, k, top_k, h, n, y + q * H);
 	if (!rc && s->cuda && !(rc = moet_gpu_event_record(sl->ev_used, NULL)))

@@ -1,0 +1,259 @@
+/*
+ * test_stage_balance.c: decode staging by balance (MOET_STAGE_BALANCE=1, runtime/hybrid.c),
+ * on the CPU backend with simulated devices (the test double: a staged expert's copy is a
+ * memcpy into a slot of host memory, its kernel the backend's own).
+ *
+ * 1. The pick (moet_hybrid_stage_pick) against brute force: for random calls of up to 10 cold
+ *    experts (rows 1..40, and calls of equal rows, as a decode batch's), the pick's split is
+ *    never longer than staging none, it stages a prefix of the experts ordered by rows, no
+ *    prefix is shorter, and with equal rows no subset at all is shorter
+ *    (moet_hybrid_stage_split_ms prices each).
+ * 2. The model: a prompt and batch-4 decode steps under two placements (all-CPU; CPU + one
+ *    device) with the balance on and three hardware files: a CPU far slower than the link
+ *    (every cold expert staged), far faster (none staged), and about even (some of each):
+ *    logits memcmp-equal to the run without a placement, and the counters: staged and CPU-tier
+ *    pairs add up to the cold pairs the route observer saw.
+ * 3. MOET_STAGE_BALANCE=2 is refused, naming the variable.
+ * Part 2 runs again on GPU 0 where one is present (tests/gpu/run.sh runs this program too):
+ * there the checkpoint's shards must be page-locked with the placement and unlocked with it.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_int.h"
+#include "moet_ckpt.h"
+#include "moet_err.h"
+#include "moet_gpu.h"
+#include "moet_gen.h"
+#include "moet_model.h"
+#include "moet_test.h"
+
+#define NB 4     /* sequences */
+#define NP 12    /* prompt tokens of each */
+#define ND 3     /* decode steps */
+#define MAX_E 64
+
+typedef struct cold {
+	const int16_t *own;
+	int64_t E;
+	uint64_t pairs; /* routed pairs whose expert is on the CPU side */
+} cold;
+
+static void observe(void *ctx, const moet_route_event *ev)
+{
+	cold *c = ctx;
+	for (int64_t i = 0; c->own && i < ev->top_k; i++)
+		c->pairs += c->own[ev->layer * c->E + ev->ids[i]] < 0;
+}
+
+/* NB prompts of NP tokens (one batch), then ND decode steps of the batch: every step's last
+ * logits into out (NB x V each). */
+static void run(moet_model *m, float *out, int64_t V)
+{
+	moet_kv *kv[NB];
+	int64_t tok[NB][NP + ND];
+	moet_seq_step st[NB];
+	for (int s = 0; s < NB; s++) {
+		CHECK(moet_kv_create(m, NP + ND + 1, &kv[s]) == 0, "kv");
+		for (int i = 0; i < NP + ND; i++)
+			tok[s][i] = (i * 31 + s * 7 + 3) % V;
+	}
+	for (int d = 0; d <= ND; d++) {
+		for (int s = 0; s < NB; s++)
+			st[s] = (moet_seq_step){ .kv = kv[s], .tokens = d ? &tok[s][NP + d - 1]
+									  : tok[s],
+						 .n_tok = d ? 1 : NP,
+						 .out_logits = out + ((int64_t)d * NB + s) * V,
+						 .last_only = 1 };
+		CHECK(moet_model_forward_batch(m, st, NB) == 0, "step %d: %s", d, moet_errmsg());
+	}
+	for (int s = 0; s < NB; s++)
+		moet_kv_destroy(kv[s]);
+}
+
+static uint64_t xs(uint64_t *x)
+{
+	return moet_test_xorshift64(x);
+}
+
+/* Part 1: the pick against brute force, on the engine of a placement set with the default
+ * (H200) figures. */
+static void pick_checks(moet_hybrid *hy)
+{
+	uint64_t rng = 0x2545F4914F6CDD1Dull;
+	int64_t rows[10], scratch[20];
+	uint8_t pick[10], sub[10];
+	int staged_some = 0, staged_none = 0;
+	for (int it = 0; it < 400; it++) {
+		const int n = 1 + (int)(xs(&rng) % 10), equal = it % 2;
+		const int64_t r0 = 1 + (int64_t)(xs(&rng) % 40);
+		for (int i = 0; i < n; i++)
+			rows[i] = equal ? r0 : 1 + (int64_t)(xs(&rng) % 40);
+		moet_hybrid_stage_pick(hy, rows, n, scratch, pick);
+		memset(sub, 0, sizeof(sub));
+		const double none = moet_hybrid_stage_split_ms(hy, rows, n, sub);
+		const double got = moet_hybrid_stage_split_ms(hy, rows, n, pick);
+		CHECK(got <= none, "call %d: the pick's split %.6f ms is longer than staging none "
+		      "(%.6f)", it, got, none);
+		int n_pick = 0;
+		for (int i = 0; i < n; i++)
+			n_pick += pick[i];
+		staged_some += n_pick > 0;
+		staged_none += n_pick == 0;
+		/* a prefix by rows: every staged expert has at least the rows of every CPU one */
+		for (int i = 0; i < n; i++)
+			for (int j = 0; j < n; j++)
+				CHECK(!(pick[i] && !pick[j] && rows[i] < rows[j]),
+				      "call %d: expert %d (%lld rows) staged, %d (%lld rows) not", it, i,
+				      (long long)rows[i], j, (long long)rows[j]);
+		/* brute force: every prefix (equal rows: every subset) */
+		for (uint32_t mask = 0; mask < (1u << n); mask++) {
+			int pref = 1;
+			for (int i = 0; i < n; i++)
+				sub[i] = (uint8_t)((mask >> i) & 1u);
+			for (int i = 0; i < n && pref; i++)
+				for (int j = 0; j < n && pref; j++)
+					pref = !(sub[i] && !sub[j] && rows[i] < rows[j]);
+			if (!pref && !equal)
+				continue;
+			const double t = moet_hybrid_stage_split_ms(hy, rows, n, sub);
+			CHECK(t >= got * (1 - 1e-9), "call %d (%d experts%s): split %#x takes %.6f "
+			      "ms, the pick %.6f", it, n, equal ? ", equal rows" : "", mask, t, got);
+		}
+	}
+	CHECK(staged_some > 0 && staged_none > 0, "calls with and without staging: %d, %d",
+	      staged_some, staged_none);
+	printf("pick: 400 calls, %d staged some, %d none; none shorter by brute force\n",
+	       staged_some, staged_none);
+}
+
+/* Part 2 on one backend: "cpu" (the simulated devices) or "cuda" (GPU 0: the checkpoint's
+ * shards page-locked, the copies DMA from them, each kernel waiting on the device). */
+static void model_checks(const char *device)
+{
+	moet_gen_params gp;
+	moet_gen_params_init(&gp);
+	gp.seed = 5;
+	char *dir = NULL;
+	moet_model *m = moet_test_gen_open_on("stage-balance", &gp, device, &dir);
+	if (!m) {
+		free(dir);
+		return;
+	}
+	const moet_config *c = moet_model_config(m);
+	const int64_t L = c->num_hidden_layers, E = c->n_routed_experts, V = c->vocab_size;
+	CHECK(E <= MAX_E, "tiny geometry");
+	const size_t n_out = (size_t)((ND + 1) * NB * V);
+	float *ref = malloc(n_out * sizeof(float)), *got = malloc(n_out * sizeof(float));
+	int16_t *own = malloc((size_t)(L * E) * sizeof(*own));
+	run(m, ref, V);
+	const int cuda = strcmp(device, "cuda") == 0;
+	/* hardware: a CPU far slower than the link, far faster, and about even (the link's
+	 * share of its rate beside the CPU tier, hybrid.c, is 0.82) */
+	const char *hw_text[3] = {
+		"name: slow-cpu\ncpu_read_gbps: 0.001\npcie_gbps: 1000\npcie_latency_us: 0\n",
+		"name: fast-cpu\ncpu_read_gbps: 100000\npcie_gbps: 1\npcie_latency_us: 100\n",
+		"name: even\ncpu_read_gbps: 1\npcie_gbps: 1.2\npcie_latency_us: 0\n" };
+	const char *hw_name[3] = { "slow CPU", "fast CPU", "even" };
+	char hw[3][512];
+	for (int i = 0; i < 3; i++) {
+		snprintf(hw[i], sizeof(hw[i]), "%s/hw%d.yaml", dir, i);
+		CHECK(moet_test_write_file(hw[i], hw_text[i], strlen(hw_text[i])) == 0, "hw file");
+	}
+	uint64_t rng = 0x9E3779B97F4A7C15ull;
+	for (int pl = 0; pl < 2; pl++) {
+		for (int64_t i = 0; i < L * E; i++)
+			own[i] = (int16_t)(pl == 0 || xs(&rng) % 2 ? -1 : 0);
+		for (int h = 0; h < 3; h++) {
+			setenv("MOET_STAGE_BALANCE", "1", 1);
+			setenv("MOET_HARDWARE", hw[h], 1);
+			int rc = moet_model_set_placement(m, own, pl);
+			unsetenv("MOET_STAGE_BALANCE");
+			unsetenv("MOET_HARDWARE");
+			CHECK(rc == 0, "%s placement %d, %s: %s", device, pl, hw_name[h],
+			      moet_errmsg());
+			if (rc)
+				continue;
+			if (cuda)
+				CHECK(m->n_stage_reg == moet_ckpt_shard_count(m->ck) && m->n_stage_reg > 0,
+				      "cuda: %d of %d shards page-locked", m->n_stage_reg,
+				      moet_ckpt_shard_count(m->ck));
+			cold cd = { .own = own, .E = E };
+			moet_model_set_route_observer(m, observe, &cd);
+			moet_hybrid_stats hs;
+			moet_model_hybrid_stats(m, &hs, 1);
+			memset(got, 0xAB, n_out * sizeof(float));
+			run(m, got, V);
+			moet_model_set_route_observer(m, NULL, NULL);
+			moet_model_hybrid_stats(m, &hs, 1);
+			CHECK(memcmp(ref, got, n_out * sizeof(float)) == 0,
+			      "%s placement %d, MOET_STAGE_BALANCE=1, %s: logits differ from the "
+			      "run without placement", device, pl, hw_name[h]);
+			CHECK(hs.staged_pairs + hs.cpu_pairs == cd.pairs,
+			      "placement %d, %s: staged %llu + CPU %llu pairs, %llu cold routed", pl,
+			      hw_name[h], (unsigned long long)hs.staged_pairs,
+			      (unsigned long long)hs.cpu_pairs, (unsigned long long)cd.pairs);
+			CHECK(cd.pairs > 0, "cold pairs routed");
+			if (h == 0)
+				CHECK(hs.cpu_pairs == 0, "%s: %llu pairs left on the CPU", hw_name[h],
+				      (unsigned long long)hs.cpu_pairs);
+			if (h == 1)
+				CHECK(hs.staged_pairs == 0, "%s: %llu pairs staged", hw_name[h],
+				      (unsigned long long)hs.staged_pairs);
+			if (h == 2)
+				CHECK(hs.staged_pairs > 0 && hs.cpu_pairs > 0,
+				      "%s: staged %llu, CPU %llu pairs", hw_name[h],
+				      (unsigned long long)hs.staged_pairs,
+				      (unsigned long long)hs.cpu_pairs);
+			printf("%-4s placement %d, %-8s: logits equal; %llu cold pairs: %llu staged "
+			       "(%llu experts), %llu on the CPU tier\n", device, pl, hw_name[h],
+			       (unsigned long long)cd.pairs, (unsigned long long)hs.staged_pairs,
+			       (unsigned long long)hs.staged_experts,
+			       (unsigned long long)hs.cpu_pairs);
+		}
+	}
+	setenv("MOET_STAGE_BALANCE", "2", 1);
+	int rc = moet_model_set_placement(m, own, 1);
+	unsetenv("MOET_STAGE_BALANCE");
+	CHECK(rc < 0 && strstr(moet_errmsg(), "MOET_STAGE_BALANCE='2'"), "rc %d, '%s'", rc,
+	      moet_errmsg());
+	CHECK(moet_model_set_placement(m, NULL, 0) == 0, "placement removed");
+	CHECK(m->n_stage_reg == 0, "shards unlocked with the placement");
+	moet_model_close(m);
+	free(ref);
+	free(got);
+	free(own);
+	free(dir);
+}
+
+int main(void)
+{
+	/* part 1 on the engine of an all-CPU placement with the default (H200) figures */
+	moet_gen_params gp;
+	moet_gen_params_init(&gp);
+	gp.seed = 5;
+	char *dir = NULL;
+	moet_model *m = moet_test_gen_open("stage-balance-pick", &gp, &dir);
+	if (m) {
+		const moet_config *c = moet_model_config(m);
+		const int64_t LE = c->num_hidden_layers * c->n_routed_experts;
+		int16_t *own = malloc((size_t)LE * sizeof(*own));
+		for (int64_t i = 0; i < LE; i++)
+			own[i] = -1;
+		setenv("MOET_STAGE_BALANCE", "1", 1);
+		CHECK(moet_model_set_placement(m, own, 0) == 0, "%s", moet_errmsg());
+		unsetenv("MOET_STAGE_BALANCE");
+		pick_checks(m->hy);
+		moet_model_close(m);
+		free(own);
+	}
+	free(dir);
+	model_checks("cpu");
+	const char *why = NULL;
+	if (moet_gpu_count(&why) > 0)
+		model_checks("cuda");
+	else
+		printf("cuda part skipped: %s\n", why ? why : "no CUDA device");
+	return moet_test_done("test_stage_balance");
+}
