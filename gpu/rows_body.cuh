@@ -304,29 +304,6 @@ template <int DT, int NMAT, int TT, int WR, class G> struct moet_rows_steady {
 		!(MOET_ROWS_SM120 && NMAT == 2 && TT == 4 && WR == 4);
 };
 
-/*
- * Whether moet_rows_body gives the instance's block scales to the chunk loop through a warp
- * shuffle (value): lane i of a warp holds the scale of chunk (c & ~31) + i of each of its
- * thread's rows, loaded once every 32 chunks, and chunk c takes it from lane c % 32, the value
- * a load of it gives; a chunk then costs a shuffle per row instead of the matrix's pointer from
- * the parameters, a 64-bit address and a load (sm_90 SASS of rows_kernel<0,2,4,8>: 26
- * instructions of a full chunk's ~570 per thread find its two scales). NOT YET MEASURED on a
- * GPU: off unless built with MOET_ROWS_SCALE_SHFL=1. Which instances (ptxas -v, sm_90 and
- * sm_120): the host-grouped ones of the hoisted scale offsets, except sm_120's BF16 at one
- * token (4 bytes of new spills); the device-grouped ones gained spills (down at 1 token on
- * sm_90, 12 B; <0,1,4,8> on sm_120, 24 B; <0,2,4,4> on sm_90, 20 B), so none of them. Same
- * bits either way.
- */
-#ifndef MOET_ROWS_SCALE_SHFL
-#define MOET_ROWS_SCALE_SHFL 0
-#endif
-template <int DT, int NMAT, int TT, int WR, class G> struct moet_rows_scale_shfl {
-	static constexpr bool value = MOET_ROWS_SCALE_SHFL &&
-				      moet_rows_hoist<DT, NMAT, TT, WR, G>::scales &&
-				      moet_rows_hoist<DT, NMAT, TT, WR, G>::param &&
-				      !(MOET_ROWS_SM120 && DT == MOET_ROWS_BF16 && TT == 1);
-};
-
 /* One tile of rows_kernel (see the top of this file and of rows.cu). Every thread of the block
  * calls it with the same tile; it leaves the shared memory in use until it returns (a caller
  * that runs a second tile syncs first). */
@@ -460,9 +437,6 @@ static __device__ __forceinline__ void moet_rows_body(const A &a, const G &g, in
 			const int row = row0 + wr * 8 + qi + 8 * WR * r;
 			so[m][r] = (HOIST_S && g.s(m) && row < a.rows) ? row / 128 * n_chunk : -1;
 		}
-	constexpr bool SHFL = moet_rows_scale_shfl<DT, NMAT, TT, WR, G>::value;
-	float sl[NMAT][C::RT]; /* SHFL: lane i's scale of chunk (c & ~31) + i, per row */
-	const int lane = tid & 31;
 
 #pragma unroll
 	for (int st = 0; st < C::NSTAGE - 1; st++) {
@@ -503,14 +477,6 @@ static __device__ __forceinline__ void moet_rows_body(const A &a, const G &g, in
 		for (int m = 0; m < NMAT; m++)
 #pragma unroll
 			for (int r = 0; r < C::RT; r++) {
-				if (SHFL) {
-					if ((c & 31) == 0)
-						sl[m][r] = so[m][r] >= 0 && c + lane < n_chunk
-								   ? __ldg(g.s(m) + so[m][r] + c + lane)
-								   : 1.0f;
-					sc[m][r] = __shfl_sync(0xFFFFFFFFu, sl[m][r], c & 31);
-					continue;
-				}
 				if (HOIST_S) {
 					sc[m][r] = so[m][r] >= 0 ? __ldg(g.s(m) + so[m][r] + c)
 								 : 1.0f;
