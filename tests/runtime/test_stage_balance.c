@@ -17,9 +17,13 @@
  * Part 2 runs again on GPU 0 where one is present (tests/gpu/run.sh runs this program too):
  * there the checkpoint's shards must be page-locked with the placement and unlocked with it.
  */
+#include <signal.h>
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "model_int.h"
 #include "moet_ckpt.h"
@@ -33,6 +37,31 @@
 #define NP 12    /* prompt tokens of each */
 #define ND 3     /* decode steps */
 #define MAX_E 64
+
+/* Where the test is, for the watchdog: its first GPU run was killed by run.sh's timeout with
+ * nothing printed (2026-12-01), so a run that hangs now says where. */
+static char where[160] = "start";
+
+static void watchdog(int sig)
+{
+	(void)sig;
+	static const char pre[] = "test_stage_balance: no progress for 120 s, stuck at: ";
+	(void)!write(2, pre, sizeof(pre) - 1);
+	(void)!write(2, where, strnlen(where, sizeof(where)));
+	(void)!write(2, "\n", 1);
+	_exit(1);
+}
+
+/* A new step: printed (line-buffered), and the watchdog rearmed. */
+static void step(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(where, sizeof(where), fmt, ap);
+	va_end(ap);
+	printf("... %s\n", where);
+	alarm(120);
+}
 
 typedef struct cold {
 	const int16_t *own;
@@ -136,6 +165,7 @@ static void model_checks(const char *device)
 	moet_gen_params_init(&gp);
 	gp.seed = 5;
 	char *dir = NULL;
+	step("%s: open", device);
 	moet_model *m = moet_test_gen_open_on("stage-balance", &gp, device, &dir);
 	if (!m) {
 		free(dir);
@@ -147,6 +177,7 @@ static void model_checks(const char *device)
 	const size_t n_out = (size_t)((ND + 1) * NB * V);
 	float *ref = malloc(n_out * sizeof(float)), *got = malloc(n_out * sizeof(float));
 	int16_t *own = malloc((size_t)(L * E) * sizeof(*own));
+	step("%s: the reference run", device);
 	run(m, ref, V);
 	const int cuda = strcmp(device, "cuda") == 0;
 	/* hardware: a CPU far slower than the link, far faster, and about even (the link's
@@ -166,6 +197,7 @@ static void model_checks(const char *device)
 		for (int64_t i = 0; i < L * E; i++)
 			own[i] = (int16_t)(pl == 0 || xs(&rng) % 2 ? -1 : 0);
 		for (int h = 0; h < 3; h++) {
+			step("%s placement %d, %s: set", device, pl, hw_name[h]);
 			setenv("MOET_STAGE_BALANCE", "1", 1);
 			setenv("MOET_HARDWARE", hw[h], 1);
 			int rc = moet_model_set_placement(m, own, pl);
@@ -184,6 +216,7 @@ static void model_checks(const char *device)
 			moet_hybrid_stats hs;
 			moet_model_hybrid_stats(m, &hs, 1);
 			memset(got, 0xAB, n_out * sizeof(float));
+			step("%s placement %d, %s: run", device, pl, hw_name[h]);
 			run(m, got, V);
 			moet_model_set_route_observer(m, NULL, NULL);
 			moet_model_hybrid_stats(m, &hs, 1);
@@ -218,6 +251,7 @@ static void model_checks(const char *device)
 	unsetenv("MOET_STAGE_BALANCE");
 	CHECK(rc < 0 && strstr(moet_errmsg(), "MOET_STAGE_BALANCE='2'"), "rc %d, '%s'", rc,
 	      moet_errmsg());
+	step("%s: placement removed", device);
 	CHECK(moet_model_set_placement(m, NULL, 0) == 0, "placement removed");
 	CHECK(m->n_stage_reg == 0, "shards unlocked with the placement");
 	moet_model_close(m);
@@ -229,6 +263,9 @@ static void model_checks(const char *device)
 
 int main(void)
 {
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	signal(SIGALRM, watchdog);
+	step("pick checks");
 	/* part 1 on the engine of an all-CPU placement with the default (H200) figures */
 	moet_gen_params gp;
 	moet_gen_params_init(&gp);
@@ -255,5 +292,6 @@ int main(void)
 		model_checks("cuda");
 	else
 		printf("cuda part skipped: %s\n", why ? why : "no CUDA device");
+	alarm(0);
 	return moet_test_done("test_stage_balance");
 }
