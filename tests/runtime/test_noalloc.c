@@ -8,7 +8,8 @@
  *   - no placement (every expert on the CPU backend);
  *   - a placement over two simulated devices with a CPU tier, the tier overlapped, in one
  *     pass and in two micro-batches (MOET_MICROBATCH=0 / 1); over one, the halves polled
- *     (MOET_MB_POLL=1) and merged;
+ *     (MOET_MB_POLL=1) and merged; with decode staging by balance (MOET_STAGE_BALANCE=1, a
+ *     hardware file under which each call stages some cold experts: checked), both forms;
  *   - the same behind the NVMe tier at half the CPU tier's experts (prefetch on);
  *   - the dense part split over two CPU ranks (MOET_TP=2), without and with the placement.
  * With a CUDA device (tests/gpu/run.sh runs this program too when it is in the carried build),
@@ -189,6 +190,27 @@ int main(void)
 	expect_none(m, "CPU tier + 1 sim device, 2 halves merged");
 	unsetenv("MOET_MB_MERGE");
 	free(own1);
+	/* decode staging by balance (MOET_STAGE_BALANCE=1): a CPU about as fast as the link, so
+	 * that each call stages some of its cold experts and leaves others */
+	char hw[512];
+	snprintf(hw, sizeof(hw), "%s/hw-even.yaml", dir);
+	const char *hw_text = "name: even\ncpu_read_gbps: 1\npcie_gbps: 1.2\npcie_latency_us: 0\n";
+	CHECK(moet_test_write_file(hw, hw_text, strlen(hw_text)) == 0, "hw file");
+	setenv("MOET_STAGE_BALANCE", "1", 1);
+	setenv("MOET_HARDWARE", hw, 1);
+	CHECK(moet_model_set_placement(m, own, 2) == 0, "placement: %s", moet_errmsg());
+	unsetenv("MOET_STAGE_BALANCE");
+	unsetenv("MOET_HARDWARE");
+	for (int mb = 0; mb < 2; mb++) {
+		moet_hybrid_stats hs;
+		setenv("MOET_MICROBATCH", mb ? "1" : "0", 1);
+		moet_model_hybrid_stats(m, &hs, 1);
+		expect_none(m, mb ? "staging by balance, 2 halves" : "staging by balance, one pass");
+		moet_model_hybrid_stats(m, &hs, 1);
+		CHECK(hs.staged_experts > 0 && hs.cpu_pairs > 0, "balance: %llu experts staged, "
+		      "%llu CPU-tier pairs", (unsigned long long)hs.staged_experts,
+		      (unsigned long long)hs.cpu_pairs);
+	}
 	CHECK(moet_model_set_placement(m, own, 2) == 0, "placement: %s", moet_errmsg());
 	unsetenv("MOET_MICROBATCH");
 
