@@ -142,13 +142,18 @@ static int stage_register(moet_model *m, int host)
 	m->stage_pick = malloc((size_t)E);
 	if (!m->stage_rows || !m->stage_pick)
 		return moet_err(MOET_ENOMEM, "decode staging tables");
-	for (int i = 0; !host && m->ck && i < moet_ckpt_shard_count(m->ck); i++) {
+	/* MOET_STAGE_REGISTER=0: the copies from the pageable mapping (the driver stages them:
+	 * the reference path of the page-locking, far slower; the pick still prices the link) */
+	static const char *const regs[] = { "1", "0" };
+	int no_reg = 0, rc = moet_env_choice("MOET_STAGE_REGISTER", regs, 2, &no_reg);
+	if (rc)
+		return rc;
+	for (int i = 0; !host && !no_reg && m->ck && i < moet_ckpt_shard_count(m->ck); i++) {
 		const void *p = moet_ckpt_shard_base(m->ck, i);
 		const size_t bytes = moet_ckpt_shard_bytes(m->ck, i);
 		if (!p || !bytes)
 			continue; /* NOTE: unregister walks the shards in order: keep them all */
-		int rc = moet_gpu_host_register_ro(p, bytes);
-		if (rc)
+		if ((rc = moet_gpu_host_register_ro(p, bytes)))
 			return moet_err_prefix(rc, "MOET_STAGE_BALANCE: page-locking %s",
 					       moet_ckpt_shard_path(m->ck, i));
 		m->n_stage_reg = i + 1;

@@ -13,9 +13,10 @@
  *    (every cold expert staged), far faster (none staged), and about even (some of each):
  *    logits memcmp-equal to the run without a placement, and the counters: staged and CPU-tier
  *    pairs add up to the cold pairs the route observer saw.
- * 3. MOET_STAGE_BALANCE=2 is refused, naming the variable.
- * Part 2 runs again on GPU 0 where one is present (tests/gpu/run.sh runs this program too):
- * there the checkpoint's shards must be page-locked with the placement and unlocked with it.
+ * 3. MOET_STAGE_BALANCE=2 and MOET_STAGE_REGISTER=yes are refused, naming the variable.
+ * Part 2 runs again on GPU 0 where one is present (tests/gpu/run.sh runs this program too),
+ * with MOET_STAGE_REGISTER=0 (copies from the pageable mapping) and with the default, where
+ * the checkpoint's shards must be page-locked with the placement and unlocked with it.
  */
 #include <signal.h>
 #include <stdarg.h>
@@ -159,7 +160,7 @@ static void pick_checks(moet_hybrid *hy)
 
 /* Part 2 on one backend: "cpu" (the simulated devices) or "cuda" (GPU 0: the checkpoint's
  * shards page-locked, the copies DMA from them, each kernel waiting on the device). */
-static void model_checks(const char *device)
+static void model_checks(const char *device, int reg)
 {
 	moet_gen_params gp;
 	moet_gen_params_init(&gp);
@@ -180,6 +181,8 @@ static void model_checks(const char *device)
 	step("%s: the reference run", device);
 	run(m, ref, V);
 	const int cuda = strcmp(device, "cuda") == 0;
+	if (!reg)
+		setenv("MOET_STAGE_REGISTER", "0", 1); /* the copies from the pageable mapping */
 	/* hardware: a CPU far slower than the link, far faster, and about even (the link's
 	 * share of its rate beside the CPU tier, hybrid.c, is 0.82) */
 	const char *hw_text[3] = {
@@ -197,7 +200,8 @@ static void model_checks(const char *device)
 		for (int64_t i = 0; i < L * E; i++)
 			own[i] = (int16_t)(pl == 0 || xs(&rng) % 2 ? -1 : 0);
 		for (int h = 0; h < 3; h++) {
-			step("%s placement %d, %s: set", device, pl, hw_name[h]);
+			step("%s%s placement %d, %s: set", device, reg ? "" : " (not page-locked)", pl,
+			     hw_name[h]);
 			setenv("MOET_STAGE_BALANCE", "1", 1);
 			setenv("MOET_HARDWARE", hw[h], 1);
 			int rc = moet_model_set_placement(m, own, pl);
@@ -208,15 +212,18 @@ static void model_checks(const char *device)
 			if (rc)
 				continue;
 			if (cuda)
-				CHECK(m->n_stage_reg == moet_ckpt_shard_count(m->ck) && m->n_stage_reg > 0,
-				      "cuda: %d of %d shards page-locked", m->n_stage_reg,
-				      moet_ckpt_shard_count(m->ck));
+				CHECK(reg ? m->n_stage_reg == moet_ckpt_shard_count(m->ck) &&
+						    m->n_stage_reg > 0
+					  : m->n_stage_reg == 0,
+				      "cuda, MOET_STAGE_REGISTER=%d: %d of %d shards page-locked", reg,
+				      m->n_stage_reg, moet_ckpt_shard_count(m->ck));
 			cold cd = { .own = own, .E = E };
 			moet_model_set_route_observer(m, observe, &cd);
 			moet_hybrid_stats hs;
 			moet_model_hybrid_stats(m, &hs, 1);
 			memset(got, 0xAB, n_out * sizeof(float));
-			step("%s placement %d, %s: run", device, pl, hw_name[h]);
+			step("%s%s placement %d, %s: run", device, reg ? "" : " (not page-locked)", pl,
+			     hw_name[h]);
 			run(m, got, V);
 			moet_model_set_route_observer(m, NULL, NULL);
 			moet_model_hybrid_stats(m, &hs, 1);
@@ -251,6 +258,14 @@ static void model_checks(const char *device)
 	unsetenv("MOET_STAGE_BALANCE");
 	CHECK(rc < 0 && strstr(moet_errmsg(), "MOET_STAGE_BALANCE='2'"), "rc %d, '%s'", rc,
 	      moet_errmsg());
+	setenv("MOET_STAGE_BALANCE", "1", 1);
+	setenv("MOET_STAGE_REGISTER", "yes", 1);
+	rc = moet_model_set_placement(m, own, 1);
+	unsetenv("MOET_STAGE_BALANCE");
+	unsetenv("MOET_STAGE_REGISTER");
+	CHECK(rc < 0 && strstr(moet_errmsg(), "MOET_STAGE_REGISTER='yes'"), "rc %d, '%s'", rc,
+	      moet_errmsg());
+	unsetenv("MOET_STAGE_REGISTER");
 	step("%s: placement removed", device);
 	CHECK(moet_model_set_placement(m, NULL, 0) == 0, "placement removed");
 	CHECK(m->n_stage_reg == 0, "shards unlocked with the placement");
@@ -286,12 +301,14 @@ int main(void)
 		free(own);
 	}
 	free(dir);
-	model_checks("cpu");
+	model_checks("cpu", 1);
 	const char *why = NULL;
-	if (moet_gpu_count(&why) > 0)
-		model_checks("cuda");
-	else
+	if (moet_gpu_count(&why) > 0) {
+		model_checks("cuda", 0); /* first without page-locking: its first run hung */
+		model_checks("cuda", 1);
+	} else {
 		printf("cuda part skipped: %s\n", why ? why : "no CUDA device");
+	}
 	alarm(0);
 	return moet_test_done("test_stage_balance");
 }
