@@ -797,18 +797,23 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 	const int balance = !m->xtier && m->stage_rows;
 	int64_t st_row = 0, st_cnt = 0, cpu_cnt = 0;
 	int n_cold = 0;
+	double gpu0_ms = 0; /* the balance's floor: GPU 0's own expert calls of the layer */
 	for (int64_t q = 0, r = 1; q < P; q += r) {
 		for (r = 1; q + r < P && m->pairs[q + r].expert == m->pairs[q].expert; r++)
 			;
-		if (m->owner[l * E + m->pairs[q].expert] >= 0)
+		const int owner = m->owner[l * E + m->pairs[q].expert];
+		if (owner >= 0) {
 			st_row += r;
-		else if (balance)
+			if (owner == 0 && balance)
+				gpu0_ms += moet_hybrid_stage_gpu_ms(m->hy, r);
+		} else if (balance) {
 			m->stage_rows[n_cold++] = r;
-		else if (st_min && r >= st_min)
+		} else if (st_min && r >= st_min) {
 			st_cnt += r;
+		}
 	}
 	if (balance) { /* MOET_STAGE_BALANCE: which of the cold experts the link takes */
-		moet_hybrid_stage_pick(m->hy, m->stage_rows, n_cold, m->stage_rows + E,
+		moet_hybrid_stage_pick(m->hy, m->stage_rows, n_cold, gpu0_ms, m->stage_rows + E,
 				       m->stage_pick);
 		for (int j = 0; j < n_cold; j++)
 			st_cnt += m->stage_pick[j] ? m->stage_rows[j] : 0;

@@ -37,7 +37,7 @@
  * outlasts the GPU's own experts (docs/hybrid.md, "Why batch 16 resists"). With the switch,
  * each call's cold experts are split between the CPU tier and the staging slots by
  * moet_hybrid_stage_pick (the split whose longer side, CPU or link, the cost model prices
- * shortest), and dispatch.c page-locks the checkpoint's mappings at the placement so that a
+ * shortest, and none where the GPU's own experts of the layer take longer anyway), and dispatch.c page-locks the checkpoint's mappings at the placement so that a
  * staged expert's copy is one DMA from them (driver copies, no pinned uploader).
  *
  * NOTE: the team is the executor of cpu/exec.c made for this model (MOET_CPU_THREADS, else
@@ -674,8 +674,13 @@ static int rows_desc(const void *a, const void *b)
 	return x[0] != y[0] ? (x[0] < y[0] ? 1 : -1) : (x[1] > y[1]) - (x[1] < y[1]);
 }
 
+double moet_hybrid_stage_gpu_ms(const moet_hybrid *hy, int64_t rows)
+{
+	return moet_cost_call_ms(&hy->cost, true, (double)rows);
+}
+
 double moet_hybrid_stage_split_ms(const moet_hybrid *hy, const int64_t *rows, int n,
-				  const uint8_t *pick)
+				  const uint8_t *pick, double floor_ms)
 {
 	double cpu = 0, link = 0;
 	int any = 0;
@@ -687,29 +692,32 @@ double moet_hybrid_stage_split_ms(const moet_hybrid *hy, const int64_t *rows, in
 	}
 	if (any)
 		cpu /= STAGE_CPU_SHARE;
-	return cpu > link ? cpu : link;
+	const double t = cpu > link ? cpu : link;
+	return t > floor_ms ? t : floor_ms;
 }
 
-void moet_hybrid_stage_pick(const moet_hybrid *hy, const int64_t *rows, int n, int64_t *scratch,
-			    uint8_t *pick)
+void moet_hybrid_stage_pick(const moet_hybrid *hy, const int64_t *rows, int n, double floor_ms,
+			    int64_t *scratch, uint8_t *pick)
 {
 	/* the experts with the most rows gain the most from the link (a CPU call grows with
 	 * its rows, a staged one hardly): stage a prefix of them in that order, the prefix
-	 * whose split is the shortest (none on a tie) */
-	double cpu = 0, best = 0;
+	 * whose split is the shortest, never below the GPU's own work of the layer (floor_ms:
+	 * staging then gains nothing), none on a tie */
+	double cpu = 0;
 	for (int i = 0; i < n; i++) {
 		pick[i] = 0;
 		scratch[2 * i] = rows[i], scratch[2 * i + 1] = i;
 		cpu += moet_cost_call_ms(&hy->cost, false, (double)rows[i]);
 	}
 	qsort(scratch, (size_t)n, 2 * sizeof(int64_t), rows_desc);
-	best = cpu;
+	double best = cpu > floor_ms ? cpu : floor_ms, link = 0;
 	int n_best = 0;
-	double link = 0;
 	for (int j = 0; j < n; j++) {
 		cpu -= moet_cost_call_ms(&hy->cost, false, (double)scratch[2 * j]);
 		link += moet_cost_stage_ms(&hy->cost, (double)scratch[2 * j]);
-		const double c = cpu / STAGE_CPU_SHARE, t = c > link ? c : link;
+		double t = cpu / STAGE_CPU_SHARE;
+		t = t > link ? t : link;
+		t = t > floor_ms ? t : floor_ms;
 		if (t < best)
 			best = t, n_best = j + 1;
 	}

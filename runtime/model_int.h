@@ -127,14 +127,17 @@ int moet_hybrid_stage_balance(const moet_hybrid *hy);
 /* The split of one call's n cold experts (rows[i] tokens each) between the CPU tier and the
  * staging slots: pick[i] = 1 for the staged ones. Stages the prefix of the experts ordered
  * by rows (most first, then index) that minimizes moet_hybrid_stage_split_ms; none on a tie.
- * scratch: 2 n values. Allocates nothing. */
-void moet_hybrid_stage_pick(const moet_hybrid *hy, const int64_t *rows, int n, int64_t *scratch,
-			    uint8_t *pick);
-/* The cost model's time (ms) of such a split: the longer of the CPU tier's calls (slowed by
- * the copies' share of the host's memory when any expert is staged) and the staged experts'
- * copies and kernels one after the other. */
+ * floor_ms: the layer's own GPU expert work (moet_hybrid_stage_gpu_ms summed), which a split
+ * cannot beat. scratch: 2 n values. Allocates nothing. */
+void moet_hybrid_stage_pick(const moet_hybrid *hy, const int64_t *rows, int n, double floor_ms,
+			    int64_t *scratch, uint8_t *pick);
+/* The cost model's time (ms) of such a split: the longest of the CPU tier's calls (slowed by
+ * the copies' share of the host's memory when any expert is staged), the staged experts'
+ * copies and kernels one after the other, and floor_ms. */
 double moet_hybrid_stage_split_ms(const moet_hybrid *hy, const int64_t *rows, int n,
-				  const uint8_t *pick);
+				  const uint8_t *pick, double floor_ms);
+/* The cost model's time (ms) of one GPU expert call of `rows` rows. */
+double moet_hybrid_stage_gpu_ms(const moet_hybrid *hy, int64_t rows);
 /* Computes cold pairs (sorted by expert; table: host views by expert) on the backend from
  * the engine's staging slots (stage.c) into y (backend, cnt rows of H); counts them. */
 int moet_hybrid_stage_run(moet_hybrid *hy, moet_backend *be, const moet_ffn_w *table,

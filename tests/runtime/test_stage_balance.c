@@ -4,10 +4,11 @@
  * memcpy into a slot of host memory, its kernel the backend's own).
  *
  * 1. The pick (moet_hybrid_stage_pick) against brute force: for random calls of up to 10 cold
- *    experts (rows 1..40, and calls of equal rows, as a decode batch's), the pick's split is
- *    never longer than staging none, it stages a prefix of the experts ordered by rows, no
- *    prefix is shorter, and with equal rows no subset at all is shorter
- *    (moet_hybrid_stage_split_ms prices each).
+ *    experts (rows 1..40, and calls of equal rows, as a decode batch's) and a random floor
+ *    (the GPU's own work of the layer), the pick's split is never longer than staging none,
+ *    it stages nothing where the floor is the longer anyway, it stages a prefix of the
+ *    experts ordered by rows, no prefix is shorter, and with equal rows no subset at all is
+ *    shorter; none as short stages fewer (moet_hybrid_stage_split_ms prices each).
  * 2. The model: a prompt and batch-4 decode steps under two placements (all-CPU; CPU + one
  *    device) with the balance on and three hardware files: a CPU far slower than the link
  *    (every cold expert staged), far faster (none staged), and about even (some of each):
@@ -114,48 +115,63 @@ static void pick_checks(moet_hybrid *hy)
 	uint64_t rng = 0x2545F4914F6CDD1Dull;
 	int64_t rows[10], scratch[20];
 	uint8_t pick[10], sub[10];
-	int staged_some = 0, staged_none = 0;
-	for (int it = 0; it < 400; it++) {
+	int staged_some = 0, staged_none = 0, floored = 0;
+	for (int it = 0; it < 600; it++) {
 		const int n = 1 + (int)(xs(&rng) % 10), equal = it % 2;
 		const int64_t r0 = 1 + (int64_t)(xs(&rng) % 40);
 		for (int i = 0; i < n; i++)
 			rows[i] = equal ? r0 : 1 + (int64_t)(xs(&rng) % 40);
-		moet_hybrid_stage_pick(hy, rows, n, scratch, pick);
+		/* the GPU's own work: none, or some share of the CPU tier's whole call */
 		memset(sub, 0, sizeof(sub));
-		const double none = moet_hybrid_stage_split_ms(hy, rows, n, sub);
-		const double got = moet_hybrid_stage_split_ms(hy, rows, n, pick);
-		CHECK(got <= none, "call %d: the pick's split %.6f ms is longer than staging none "
-		      "(%.6f)", it, got, none);
+		const double none = moet_hybrid_stage_split_ms(hy, rows, n, sub, 0);
+		const double floor_ms = it % 3 == 0 ? 0 : none * (double)(xs(&rng) % 120) / 100;
+		moet_hybrid_stage_pick(hy, rows, n, floor_ms, scratch, pick);
+		const double got = moet_hybrid_stage_split_ms(hy, rows, n, pick, floor_ms);
+		CHECK(got <= (none > floor_ms ? none : floor_ms),
+		      "call %d: the pick's split %.6f ms is longer than staging none (%.6f)", it, got,
+		      none);
 		int n_pick = 0;
 		for (int i = 0; i < n; i++)
 			n_pick += pick[i];
 		staged_some += n_pick > 0;
 		staged_none += n_pick == 0;
+		/* nothing staged where the GPU's own work is the longer anyway */
+		if (none <= floor_ms) {
+			CHECK(n_pick == 0, "call %d: %d staged under a floor of %.6f ms (CPU %.6f)", it,
+			      n_pick, floor_ms, none);
+			floored++;
+		}
 		/* a prefix by rows: every staged expert has at least the rows of every CPU one */
 		for (int i = 0; i < n; i++)
 			for (int j = 0; j < n; j++)
 				CHECK(!(pick[i] && !pick[j] && rows[i] < rows[j]),
 				      "call %d: expert %d (%lld rows) staged, %d (%lld rows) not", it, i,
 				      (long long)rows[i], j, (long long)rows[j]);
-		/* brute force: every prefix (equal rows: every subset) */
+		/* brute force: every prefix (equal rows: every subset) is no shorter, and one as
+		 * short stages no fewer experts (none on a tie) */
 		for (uint32_t mask = 0; mask < (1u << n); mask++) {
-			int pref = 1;
+			int pref = 1, cnt = 0;
 			for (int i = 0; i < n; i++)
-				sub[i] = (uint8_t)((mask >> i) & 1u);
+				cnt += sub[i] = (uint8_t)((mask >> i) & 1u);
 			for (int i = 0; i < n && pref; i++)
 				for (int j = 0; j < n && pref; j++)
 					pref = !(sub[i] && !sub[j] && rows[i] < rows[j]);
 			if (!pref && !equal)
 				continue;
-			const double t = moet_hybrid_stage_split_ms(hy, rows, n, sub);
+			const double t = moet_hybrid_stage_split_ms(hy, rows, n, sub, floor_ms);
 			CHECK(t >= got * (1 - 1e-9), "call %d (%d experts%s): split %#x takes %.6f "
 			      "ms, the pick %.6f", it, n, equal ? ", equal rows" : "", mask, t, got);
+			CHECK(!(t <= got * (1 + 1e-9) && t >= got * (1 - 1e-9) && cnt < n_pick &&
+				(pref || equal)),
+			      "call %d: split %#x as short as the pick with fewer staged (%d < %d)", it,
+			      mask, cnt, n_pick);
 		}
 	}
-	CHECK(staged_some > 0 && staged_none > 0, "calls with and without staging: %d, %d",
-	      staged_some, staged_none);
-	printf("pick: 400 calls, %d staged some, %d none; none shorter by brute force\n",
-	       staged_some, staged_none);
+	CHECK(staged_some > 0 && staged_none > 0 && floored > 0,
+	      "calls with and without staging: %d, %d; %d under the floor", staged_some,
+	      staged_none, floored);
+	printf("pick: 600 calls, %d staged some, %d none (%d under the GPU's floor); none "
+	       "shorter by brute force\n", staged_some, staged_none, floored);
 }
 
 /* Part 2 on one backend: "cpu" (the simulated devices) or "cuda" (GPU 0: the checkpoint's
