@@ -39,9 +39,9 @@
 #include <string.h>
 
 #include "model_int.h"
+#include "moet_ckpt.h"
 #include "moet_env.h"
 #include "moet_err.h"
-#include "moet_ckpt.h"
 #include "moet_gpu.h"
 #include "moet_gpu_host.h"
 #include "moet_upload.h"
@@ -121,7 +121,8 @@ static int sim_fill_uring(moet_model *m, moet_sim_device *d, int g, const int16_
 static void stage_unregister(moet_model *m)
 {
 	for (int i = 0; i < m->n_stage_reg; i++)
-		moet_gpu_host_unregister(moet_ckpt_shard_base(m->ck, i));
+		if (moet_ckpt_shard_base(m->ck, i) && moet_ckpt_shard_bytes(m->ck, i))
+			moet_gpu_host_unregister(moet_ckpt_shard_base(m->ck, i));
 	m->n_stage_reg = 0;
 	free(m->stage_rows);
 	free(m->stage_pick);
@@ -152,7 +153,7 @@ static int stage_register(moet_model *m, int host)
 		const void *p = moet_ckpt_shard_base(m->ck, i);
 		const size_t bytes = moet_ckpt_shard_bytes(m->ck, i);
 		if (!p || !bytes)
-			continue; /* NOTE: unregister walks the shards in order: keep them all */
+			continue; /* none to lock (unregister skips it too) */
 		if ((rc = moet_gpu_host_register_ro(p, bytes)))
 			return moet_err_prefix(rc, "MOET_STAGE_BALANCE: page-locking %s",
 					       moet_ckpt_shard_path(m->ck, i));

@@ -37,8 +37,9 @@
  * outlasts the GPU's own experts (docs/hybrid.md, "Why batch 16 resists"). With the switch,
  * each call's cold experts are split between the CPU tier and the staging slots by
  * moet_hybrid_stage_pick (the split whose longer side, CPU or link, the cost model prices
- * shortest, and none where the GPU's own experts of the layer take longer anyway), and dispatch.c page-locks the checkpoint's mappings at the placement so that a
- * staged expert's copy is one DMA from them (driver copies, no pinned uploader).
+ * shortest, and none where the GPU's own experts of the layer take longer anyway), and
+ * dispatch.c page-locks the checkpoint's mappings at the placement so that a staged expert's
+ * copy is one DMA from them (driver copies, no pinned uploader).
  *
  * NOTE: the team is the executor of cpu/exec.c made for this model (MOET_CPU_THREADS, else
  * every core but one on a GPU backend: the thread that drives the GPU needs a core too). On

@@ -173,12 +173,13 @@ int moet_stage_create(moet_backend *be, int n_slots, int pinned, int64_t n_exper
 int moet_stage_copy_pinned(int on_gpu, int *out_pinned);
 /* Waits for anything in flight; accepts NULL. */
 void moet_stage_destroy(moet_stage *s, moet_backend *be);
+/* A driver copy's kernel waits for the copy on the device (the stream), not on the host. */
+void moet_stage_set_dev_wait(moet_stage *s, int on);
 /* y[q] (backend, rows of H floats) = expert pairs[q].expert of host[] (host views: copied
  * to a slot, then the backend's experts_grouped) on h (backend, n rows), q < cnt, pairs
  * sorted by expert. Adds to *ct. On return the work is queued on the backend (its stream),
- * the slots' copies all done. */
-/* A driver copy's kernel waits for the copy on the device (the stream), not on the host. */
-void moet_stage_set_dev_wait(moet_stage *s, int on);
+ * the slots' copies all done, or with moet_stage_set_dev_wait queued on the copy stream,
+ * each kernel waiting for its copy on the device. */
 int moet_stage_run(moet_stage *s, moet_backend *be, const moet_ffn_w *host,
 		   const moet_expert_pair *pairs, int64_t cnt, int64_t top_k, const float *h,
 		   int64_t n, float *y, int64_t H, moet_stage_counts *ct);
