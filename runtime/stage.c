@@ -34,7 +34,9 @@
  *           devices' test double of the same waves: tests/runtime/test_hybrid_stage.c).
  * Same bytes either way. With moet_stage_set_dev_wait (the decode balance, hybrid.c) a
  * driver copy's kernel waits for its copied mark on the device (the stream waits for the
- * event) instead of on the host, so the driving thread queues on while the bytes cross.
+ * event) instead of on the host, so the driving thread queues on while the bytes cross
+ * (NOTE: the CUDA backend's next grouped call still waits on the host for this call's token
+ * upload, queued behind that wait: only the last expert of a run is left in flight).
  */
 #include <stdlib.h>
 #include <string.h>
