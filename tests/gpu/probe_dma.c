@@ -36,7 +36,8 @@ typedef struct dma_arg {
 	void *dst;
 	cudaStream_t st;
 	double seconds;
-	atomic_int *stop; /* when set, run until it is set instead of for `seconds` */
+	int until_stop;   /* run until `stop` is set instead of for `seconds` */
+	atomic_int stop;
 	double GBps;
 	int rc;
 } dma_arg;
@@ -59,7 +60,7 @@ static void *dma_loop(void *p)
 			break;
 		}
 		t = moet_bench_now_s();
-		if (a->stop ? atomic_load(a->stop) : t - t0 >= a->seconds)
+		if (a->until_stop ? atomic_load(&a->stop) : t - t0 >= a->seconds)
 			break;
 		if (off + CHUNK > a->bytes)
 			off = 0;
@@ -96,14 +97,14 @@ static int both(const char *name, moet_cpuexec *ex, const uint8_t *buf, size_t b
 		dma_arg *a, double seconds)
 {
 	pthread_t th;
-	atomic_int stop = 0;
-	a->stop = &stop;
+	a->until_stop = 1;
+	atomic_store(&a->stop, 0);
 	if (pthread_create(&th, NULL, dma_loop, a))
 		return 1;
 	double cpu = cpu_read(ex, buf, bytes, seconds);
-	atomic_store(&stop, 1);
+	atomic_store(&a->stop, 1);
 	pthread_join(th, NULL);
-	a->stop = NULL;
+	a->until_stop = 0;
 	printf("%-10s cpu %.1f GB/s  dma %.1f GB/s\n", name, cpu, a->GBps);
 	return cpu < 0 || a->rc;
 }
@@ -148,9 +149,8 @@ int main(int argc, char **argv)
 		((uint8_t *)pinned)[i] = (uint8_t)i;
 	dma_loop(&a);
 	printf("dma        %.1f GB/s\n", a.GBps);
-	dma_arg b = a;
-	b.src = pinned;
-	b.bytes = (size_t)1 << 30;
+	dma_arg b = { .src = pinned, .bytes = (size_t)1 << 30, .dst = a.dst, .st = a.st,
+		      .seconds = secs };
 	dma_loop(&b);
 	printf("pinned     %.1f GB/s\n", b.GBps);
 
