@@ -61,6 +61,7 @@
 
 #include "moet_clock.h"
 #include "moet_cpuexec.h"
+#include "moet_env.h"
 #include "moet_err.h"
 #include "moet_hd.h"
 
@@ -121,6 +122,7 @@ struct moet_cpuexec {
 	atomic_ullong finished;   /* the last ticket every worker has finished */
 	long spin, wait_spin;     /* pause rounds: an idle worker before it sleeps (MOET_CPU_SPIN),
 				     moet_cpuexec_wait before it sleeps (MOET_CPU_WAIT_SPIN) */
+	int items;                /* items per worker and phase in a rows split (MOET_CPU_ITEMS) */
 	long prewake_spin;        /* pause rounds a worker spins after moet_cpuexec_prewake
 				     (MOET_CPU_PREWAKE; 0: the call does nothing) */
 	atomic_uint prewake;      /* advanced by each moet_cpuexec_prewake */
@@ -441,6 +443,15 @@ int moet_cpuexec_create(const moet_cpuexec_opts *opts, moet_cpuexec **out)
 	    (rc = env_rounds("MOET_CPU_WAIT_SPIN", 0, &ex->wait_spin)) ||
 	    (rc = env_rounds("MOET_CPU_PREWAKE", 0, &ex->prewake_spin)))
 		goto fail;
+	/* MOET_CPU_ITEMS: finer items shorten a call's tail (the last items' workers alone) at
+	 * the price of more claims; the bits do not change (an item is rows, each computed
+	 * whole in the kernel's order) */
+	static const char *const items[] = { "4", "1", "2", "8", "16" };
+	static const int items_of[] = { 4, 1, 2, 8, 16 };
+	int it = 0;
+	if ((rc = moet_env_choice("MOET_CPU_ITEMS", items, 5, &it)))
+		goto fail;
+	ex->items = items_of[it];
 	if (ex->max_tok > ((int64_t)1 << 40) / ex->max_inter) {
 		rc = moet_err(MOET_ERANGE, "CPU executor: max_tok %lld x max_inter %lld is too "
 			      "large a scratch", (long long)ex->max_tok, (long long)ex->max_inter);
@@ -503,10 +514,12 @@ static int check_job(const moet_cpuexec *ex, const moet_cpuexec_job *jb, int j)
 	return 0;
 }
 
-/* rows per item: about 4 items per worker over the phase, a multiple of 16, in [16, 512] */
-static int64_t chunk_rows(int64_t total_rows, int n_thr)
+/* rows per item: about `items` items per worker over the phase (MOET_CPU_ITEMS, default 4),
+ * a multiple of 16, in [16, 512] */
+static int64_t chunk_rows(int64_t total_rows, int n_thr, int items)
 {
-	int64_t c = (total_rows + 4 * (int64_t)n_thr - 1) / (4 * (int64_t)n_thr);
+	const int64_t per = (int64_t)items * n_thr;
+	int64_t c = (total_rows + per - 1) / per;
 	c = (c + 15) / 16 * 16;
 	return c < 16 ? 16 : c > 512 ? 512 : c;
 }
@@ -529,8 +542,8 @@ static void plan(moet_cpuexec *ex, slot *s, const moet_cpuexec_job *jobs, int n_
 			rows2 += jobs[j].down.rows;
 		}
 	}
-	s->chunk1 = chunk_rows(rows1, ex->n_thr);
-	s->chunk2 = chunk_rows(rows2, ex->n_thr);
+	s->chunk1 = chunk_rows(rows1, ex->n_thr, ex->items);
+	s->chunk2 = chunk_rows(rows2, ex->n_thr, ex->items);
 	s->pre1[0] = s->pre2[0] = 0;
 	for (int j = 0; j < n_jobs; j++) {
 		int64_t n1 = 0, n2 = 0;

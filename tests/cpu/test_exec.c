@@ -601,6 +601,45 @@ static void spins_and_span(void)
 	}
 }
 
+/* MOET_CPU_ITEMS: items per worker and phase of a rows split; bad values refused naming the
+ * variable; at every value (one item per worker to sixteen) the bits are the reference's, for
+ * batches whose rows make items of 16 rows (the floor) up to whole matrices. */
+static void items_per_worker(void)
+{
+	const char *bad[] = { "0", "3", "32", "four" };
+	for (int i = 0; i < 4; i++) {
+		setenv("MOET_CPU_ITEMS", bad[i], 1);
+		moet_cpuexec *ex = NULL;
+		moet_cpuexec_opts o = { .n_threads = 2 };
+		CHECK(moet_cpuexec_create(&o, &ex) == MOET_EINVAL && !ex, "MOET_CPU_ITEMS='%s' "
+		      "accepted", bad[i]);
+		CHECK(strstr(moet_errmsg(), "MOET_CPU_ITEMS='") != NULL, "detail: %s",
+		      moet_errmsg());
+		unsetenv("MOET_CPU_ITEMS");
+	}
+	const char *good[] = { "1", "2", "4", "8", "16", "" };
+	for (int g = 0; g < 6; g++) {
+		setenv("MOET_CPU_ITEMS", good[g], 1);
+		moet_cpuexec *ex = make_exec(3, MOET_CPUEXEC_SPLIT_ROWS, NULL);
+		unsetenv("MOET_CPU_ITEMS");
+		if (!ex)
+			continue;
+		for (int d = 0; d < 2; d++) {
+			batch b;
+			make_batch(&b, 1 + g % 3 + d, d ? MOET_DT_BF16 : MOET_DT_F8_E4M3, 256, 384,
+				   1 + 2 * d);
+			clear_outputs(&b);
+			uint64_t tk = 0;
+			CHECK(moet_cpuexec_submit(ex, b.jobs, b.n, &tk) == 0 &&
+			      moet_cpuexec_wait(ex, tk) == 0, "MOET_CPU_ITEMS=%s: %s", good[g],
+			      moet_errmsg());
+			check_outputs(&b, "MOET_CPU_ITEMS");
+			free_batch(&b);
+		}
+		moet_cpuexec_destroy(ex);
+	}
+}
+
 static void sleep_ms(long ms)
 {
 	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
@@ -663,6 +702,7 @@ int main(void)
 #endif
 	create_destroy_loop();
 	spins_and_span();
+	items_per_worker();
 	prewake();
 	return moet_test_done("test_exec");
 }
