@@ -4,7 +4,8 @@ e2e records (OUT_DIR/e2e-NAME-R.json): per variant, round and batch the median s
 one-pass step, Tc, Tg, the overlap bound and step / bound, the CPU tier's team span, the
 driver's wait for it, the GPU's idle time and its part at the routing's waits (i_rt), and the
 shares of passes in two micro-batches, of those on two streams (strm) and polled (poll) (ms per
-step), Tc / Tg, and the cold experts staged per step (stg: MOET_STAGE_BALANCE); then per variant and batch the median over rounds of the step and of step / bound.
+step), Tc / Tg, and the cold experts staged per step (stg: MOET_STAGE_BALANCE); then per
+variant and batch the median over rounds of the step and of step / bound.
 The records' steps of mode MOET_AB_MODE (default hybrid; gpu has no overlap check: nan there).
 Rounds 1 .. MOET_AB_ROUNDS (e2e_ab.sh sets it), else those the named variants' records have.
 A missing or unreadable record is named on its row, never skipped silently."""
