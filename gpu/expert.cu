@@ -79,7 +79,7 @@ static int check_geom(moet_dtype dt, int64_t I, int64_t H)
 static int check_expert(const moet_gpu_expert *ex, int64_t e, moet_dtype dt, int64_t I,
 			int64_t H, bool *vec_up, bool *vec_down)
 {
-	const size_t esz = dt == MOET_DT_F8_E4M3 ? 1 : 2;
+	const size_t esz = moet_dtype_size(dt);
 	if (!same_shape(&ex->gate, dt, I, H) || !same_shape(&ex->up, dt, I, H) ||
 	    !same_shape(&ex->down, dt, H, I))
 		return moet_err(MOET_ESHAPE, "expert ffn: expert %lld: gate %lldx%lld, up %lldx%lld, "
@@ -117,7 +117,7 @@ extern "C" int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, c
 	int rc = check_geom(dt, I, H);
 	if (rc)
 		return rc;
-	const size_t esz = dt == MOET_DT_F8_E4M3 ? 1 : 2;
+	const size_t esz = moet_dtype_size(dt);
 	bool vec_up = (H * (int64_t)esz) % 16 == 0, vec_down = (I * (int64_t)esz) % 16 == 0;
 	int64_t n_pairs = 0;
 	for (int64_t e = 0; e < n_exp; e++) {
@@ -144,7 +144,7 @@ extern "C" int moet_gpu_expert_ffn(const moet_gpu_expert *exps, int64_t n_exp, c
 	int wide = 0, pdl = 0;
 	if ((rc = moet_rows_variant(&wide)) || (rc = moet_rows_pdl(&pdl)))
 		return rc;
-	const int idt = dt == MOET_DT_F8_E4M3 ? MOET_ROWS_F8 : MOET_ROWS_BF16;
+	const int idt = moet_rows_dt(dt);
 	const int64_t hs = (I + 3) / 4 * 4; /* h row stride: 16-byte rows for the down pass */
 	moet_rows_job g = moet_rows_job_of(idt, 2, I, H, x, H, tok, n_x, (float *)scratch, hs,
 					   vec_up && H % 4 == 0 && aligned16(x), 0, wide);
@@ -173,7 +173,7 @@ extern "C" int moet_gpu_gate_up(const moet_mat *gate, const moet_mat *up, const 
 		return moet_err(MOET_ESHAPE, "gate_up: gate %lldx%lld, up %lldx%lld (dtypes %d %d)",
 				(long long)I, (long long)H, (long long)up->rows,
 				(long long)up->cols, (int)dt, (int)up->dtype);
-	const size_t esz = dt == MOET_DT_F8_E4M3 ? 1 : 2;
+	const size_t esz = moet_dtype_size(dt);
 	const moet_mat *ms[2] = { gate, up };
 	bool vec = (H * (int64_t)esz) % 16 == 0 && H % 4 == 0 && x_stride % 4 == 0 && aligned16(x);
 	for (int m = 0; m < 2; m++) {
@@ -196,8 +196,8 @@ extern "C" int moet_gpu_gate_up(const moet_mat *gate, const moet_mat *up, const 
 	e.gate = *gate;
 	e.up = *up;
 	e.n_tok = n;
-	moet_rows_job g = moet_rows_job_of(dt == MOET_DT_F8_E4M3 ? MOET_ROWS_F8 : MOET_ROWS_BF16, 2,
-					   I, H, x, x_stride, tok, n, h, h_stride, vec, 0, wide);
+	moet_rows_job g = moet_rows_job_of(moet_rows_dt(dt), 2, I, H, x, x_stride, tok, n, h,
+					   h_stride, vec, 0, wide);
 	return moet_rows_run(&g, get_gate_up, &e, 1, moet_stream(stream));
 }
 
@@ -220,7 +220,7 @@ extern "C" int moet_gpu_expert_table(const moet_gpu_expert *exps, int64_t n_exp,
 	int rc = check_geom(dt, I, H);
 	if (rc)
 		return rc;
-	const size_t esz = dt == MOET_DT_F8_E4M3 ? 1 : 2;
+	const size_t esz = moet_dtype_size(dt);
 	bool up16 = (H * (int64_t)esz) % 16 == 0, down16 = (I * (int64_t)esz) % 16 == 0;
 	for (int64_t e = 0; e < n_exp; e++) {
 		const moet_gpu_expert *ex = &exps[e];

@@ -81,12 +81,6 @@ static int ks_wanted(int v, const moet_mat *w, bool *out)
 	return rc;
 }
 
-static int rows_dt(moet_dtype dt)
-{
-	return dt == MOET_DT_F8_E4M3 ? MOET_ROWS_F8 : dt == MOET_DT_BF16 ? MOET_ROWS_BF16
-								   : MOET_ROWS_F32;
-}
-
 /* Whether gpu/linear_ks.cu takes W x (x_stride) for n_tok tokens: a supported dtype, the
  * row machinery's vec conditions, whole 128-column blocks, at most MOET_GPU_KS_MAX_TOK tokens
  * and MOET_GPU_KS_MAX_BYTES of weight reads over its token tiles. */
@@ -100,14 +94,15 @@ static bool ks_fits(const moet_mat *w, const float *x, int64_t x_stride, int64_t
 	       aligned16(x) && ((uintptr_t)w->scale_inv & 3u) == 0 && n_tok >= 1 &&
 	       n_tok <= MOET_GPU_KS_MAX_TOK && w->rows >= 1 && w->rows <= INT_MAX / 2 &&
 	       K <= INT_MAX / 2 &&
-	       w->rows * K * esz * moet_gpu_ks_tiles(rows_dt(dt), n_tok) <= MOET_GPU_KS_MAX_BYTES;
+	       w->rows * K * esz * moet_gpu_ks_tiles(moet_rows_dt(dt), n_tok) <=
+		       MOET_GPU_KS_MAX_BYTES;
 }
 
 static int ks_run(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,
 		  int64_t y_stride, int epi, const float *g, void *stream)
 {
-	const moet_gpu_ks_args a = { rows_dt(w->dtype), epi, g, w->data, w->scale_inv, w->rows,
-				     w->cols, x, x_stride, n_tok, y, y_stride };
+	const moet_gpu_ks_args a = { moet_rows_dt(w->dtype), epi, g, w->data, w->scale_inv,
+				     w->rows, w->cols, x, x_stride, n_tok, y, y_stride };
 	return moet_gpu_linear_ks(&a, stream);
 }
 
@@ -122,8 +117,8 @@ static int rows_linear(const moet_mat *w, const float *x, int64_t x_stride, int6
 	int wide = 0, rc = moet_rows_variant(&wide);
 	if (rc)
 		return rc;
-	moet_rows_job j = moet_rows_job_of(rows_dt(w->dtype), 1, w->rows, K, x, x_stride, NULL,
-					   n_tok, y, y_stride, vec, canon, wide);
+	moet_rows_job j = moet_rows_job_of(moet_rows_dt(w->dtype), 1, w->rows, K, x, x_stride,
+					   NULL, n_tok, y, y_stride, vec, canon, wide);
 	linear_ctx c = { w, n_tok };
 	return moet_rows_run(&j, get_one, &c, 1, moet_stream(stream));
 }

@@ -345,7 +345,7 @@ extern "C" int moet_gpu_experts_devgroup(const moet_gpu_expert_geom *geom,
 	int wide = 0, pdl = 0, rc;
 	if ((rc = moet_rows_variant(&wide)) || (rc = moet_rows_pdl(&pdl)))
 		return rc;
-	const int dt = geom->dtype == MOET_DT_F8_E4M3 ? MOET_ROWS_F8 : MOET_ROWS_BF16;
+	const int dt = moet_rows_dt((moet_dtype)geom->dtype);
 	const int64_t m = max_tok < n_pairs ? max_tok : n_pairs;
 	const int64_t hs = (I + 3) / 4 * 4; /* h row stride, as expert.cu's */
 	MOET_CUDA_TRY(cudaMemsetAsync(err, 0, sizeof(*err), s));

@@ -22,6 +22,13 @@
 
 enum { MOET_ROWS_F8 = 0, MOET_ROWS_BF16 = 1, MOET_ROWS_F32 = 2 };
 
+/* The rows kind of a weight dtype (F8_E4M3, BF16, anything else F32: callers validate). */
+static inline int moet_rows_dt(moet_dtype dt)
+{
+	return dt == MOET_DT_F8_E4M3 ? MOET_ROWS_F8 : dt == MOET_DT_BF16 ? MOET_ROWS_BF16
+								   : MOET_ROWS_F32;
+}
+
 typedef struct moet_rows_group {
 	const void *w[2];     /* device weights of matrix 0 (and 1 when nmat == 2) */
 	const float *s[2];    /* device block scales, or NULL (1.0f) */

@@ -795,7 +795,7 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 	/* The cold pairs' rows come last in y, the staged ones first: count the devices' pairs
 	 * and the staged pairs first. A cold expert's pairs are one run of the sorted pairs. */
 	const int64_t st_min = m->xtier ? 0 : moet_hybrid_stage_min(m->hy);
-	const int balance = !m->xtier && m->stage_rows;
+	const int balance = !m->xtier && moet_hybrid_stage_balance(m->hy);
 	int64_t st_row = 0, st_cnt = 0, cpu_cnt = 0;
 	int n_cold = 0;
 	double gpu0_ms = 0; /* the balance's floor: GPU 0's own expert calls of the layer */

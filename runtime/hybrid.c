@@ -680,21 +680,27 @@ double moet_hybrid_stage_gpu_ms(const moet_hybrid *hy, int64_t rows)
 	return moet_cost_call_ms(&hy->cost, true, (double)rows);
 }
 
+/* A split's time from its sides: the CPU tier's calls (cpu, at its own rate), the staged
+ * experts' copies and kernels (link; 0: nothing staged, the CPU at full rate) and the floor. */
+static double split_time(double cpu, double link, double floor_ms)
+{
+	if (link > 0)
+		cpu /= STAGE_CPU_SHARE;
+	const double t = cpu > link ? cpu : link;
+	return t > floor_ms ? t : floor_ms;
+}
+
 double moet_hybrid_stage_split_ms(const moet_hybrid *hy, const int64_t *rows, int n,
 				  const uint8_t *pick, double floor_ms)
 {
 	double cpu = 0, link = 0;
-	int any = 0;
 	for (int i = 0; i < n; i++) {
 		if (pick[i])
-			link += moet_cost_stage_ms(&hy->cost, (double)rows[i]), any = 1;
+			link += moet_cost_stage_ms(&hy->cost, (double)rows[i]);
 		else
 			cpu += moet_cost_call_ms(&hy->cost, false, (double)rows[i]);
 	}
-	if (any)
-		cpu /= STAGE_CPU_SHARE;
-	const double t = cpu > link ? cpu : link;
-	return t > floor_ms ? t : floor_ms;
+	return split_time(cpu, link, floor_ms);
 }
 
 void moet_hybrid_stage_pick(const moet_hybrid *hy, const int64_t *rows, int n, double floor_ms,
@@ -711,14 +717,12 @@ void moet_hybrid_stage_pick(const moet_hybrid *hy, const int64_t *rows, int n, d
 		cpu += moet_cost_call_ms(&hy->cost, false, (double)rows[i]);
 	}
 	qsort(scratch, (size_t)n, 2 * sizeof(int64_t), rows_desc);
-	double best = cpu > floor_ms ? cpu : floor_ms, link = 0;
+	double best = split_time(cpu, 0, floor_ms), link = 0;
 	int n_best = 0;
 	for (int j = 0; j < n; j++) {
 		cpu -= moet_cost_call_ms(&hy->cost, false, (double)scratch[2 * j]);
 		link += moet_cost_stage_ms(&hy->cost, (double)scratch[2 * j]);
-		double t = cpu / STAGE_CPU_SHARE;
-		t = t > link ? t : link;
-		t = t > floor_ms ? t : floor_ms;
+		const double t = split_time(cpu, link, floor_ms);
 		if (t < best)
 			best = t, n_best = j + 1;
 	}
