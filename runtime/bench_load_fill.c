@@ -4,7 +4,7 @@
  *
  *   items     the hot experts' tensors (placement owner >= 0, or every routed expert), in
  *             layer, expert, name order (the upload's order, near enough), until the cap
- *   fill-map-fresh  the shards mapped anew (PROT_READ, MAP_PRIVATE, as the checkpoint maps
+ *   fill-map-fresh  the shards mapped anew (PROT_READ, MAP_SHARED, as the checkpoint maps
  *             them): untouched page tables even with the page cache warm, so every page the
  *             fill reads is a page fault, as in the upload at start
  *   fill-map-warm   the same mapping again: its pages are mapped now (no faults)
@@ -106,7 +106,7 @@ int moet_bench_load_fill(const moet_bench_load_opts *o, const moet_model *m, dou
 	/* NOTE: a mapping of our own, not the checkpoint's: its page tables are untouched */
 	for (int i = 0; i < n_sh; i++) {
 		size_t len = moet_ckpt_shard_bytes(ck, i);
-		void *p = len ? mmap(NULL, len, PROT_READ, MAP_PRIVATE,
+		void *p = len ? mmap(NULL, len, PROT_READ, MAP_SHARED,
 				     moet_upload_files_at(files, i)->fd, 0) : NULL;
 		if (p == MAP_FAILED) {
 			rc = moet_err(MOET_EIO, "bench load: mapping %s", moet_ckpt_shard_path(ck, i));

@@ -5,7 +5,7 @@
  *     |- DIR/model.safetensors.index.json present?
  *     |    yes: weight_map {tensor: shard}; the shard set = the distinct values, sorted
  *     |    no:  one shard, DIR/model.safetensors
- *     |- each shard: open, fstat, mmap whole (PROT_READ, MAP_PRIVATE), moet_safetensors_parse
+ *     |- each shard: open, fstat, mmap whole (PROT_READ, MAP_SHARED), moet_safetensors_parse
  *     |- all tensors -> one array sorted by name (adjacent equal names = a tensor in two shards)
  *     '- index <-> shards agree both ways: every weight_map entry exists in the shard it
  *        names, and every tensor of every shard is listed in the weight_map
@@ -117,7 +117,11 @@ static int map_shard(shard *sh, moet_tensor **out_t, size_t *out_n)
 	}
 	sh->map_bytes = (size_t)st.st_size;
 	if (sh->map_bytes > 0) {
-		void *m = mmap(NULL, sh->map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+		/* NOTE: shared, not private: page-locking (MOET_STAGE_BALANCE's cudaHostRegister)
+		 * pins read-only long-term, and Linux unshares every page of a private file
+		 * mapping it so pins (a copy into anonymous memory: the checkpoint twice) where a
+		 * shared one pins the page cache itself. Read-only, the two read the same bytes. */
+		void *m = mmap(NULL, sh->map_bytes, PROT_READ, MAP_SHARED, fd, 0);
 		if (m == MAP_FAILED) {
 			int e = errno;
 			close(fd);

@@ -1,6 +1,6 @@
 /*
  * test_residency.c: the residency set on a real 8 MiB file mapped like a checkpoint shard
- * (read-only, MAP_PRIVATE, whole), checked against the kernel's own accounts read
+ * (read-only, MAP_SHARED, whole), checked against the kernel's own accounts read
  * independently here: mincore() written out in the test, /proc/self/numa_maps, VmLck in
  * /proc/self/status. Then the pure assignment logic on synthetic 2- and 4-node machines, and
  * bad input.
@@ -136,7 +136,7 @@ static int make_file(const char *path)
 	if (fd < 0 || fsync(fd))
 		return -1;
 	map_bytes = FILE_PAGES * PG;
-	base = mmap(NULL, map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+	base = mmap(NULL, map_bytes, PROT_READ, MAP_SHARED, fd, 0);
 	return base == MAP_FAILED ? -1 : 0;
 }
 

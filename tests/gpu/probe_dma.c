@@ -7,12 +7,15 @@
  *   FILE     a file of at least 1 GiB (its pages are mapped read-only and page-locked)
  *   SECONDS  length of each timed phase (default 1.5)
  * Prints one line per phase:
- *   register   cudaHostRegister(read-only) of the whole mapping, one call: GB/s
+ *   register   cudaHostRegister(read-only) of the whole mapping, one call: GB/s, and the
+ *              process's anonymous memory before and after (RssAnon of /proc/self/status)
  *   dma        44 MB copies (a Kimi-K2 expert) from the registered mapping to the GPU: GB/s
  *   pinned     the same copies from cudaHostAlloc memory (the link's ceiling): GB/s
  *   cpu        every core but one streaming an anonymous buffer (the CPU tier's read): GB/s
  *   cpu+dma    both at once: each one's GB/s
  *   cpu+pinned both at once, the copies from pinned memory
+ * Environment: MOET_PROBE_MAP=private maps FILE MAP_PRIVATE (as the checkpoint was mapped
+ * until 2026-12-01) instead of MAP_SHARED; MOET_PROBE_REGISTER_ONLY=1 stops after register.
  */
 #include <cuda_runtime_api.h>
 #include <fcntl.h>
@@ -20,6 +23,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -109,6 +113,20 @@ static int both(const char *name, moet_cpuexec *ex, const uint8_t *buf, size_t b
 	return cpu < 0 || a->rc;
 }
 
+/* RssAnon of /proc/self/status in MB (-1 unread). */
+static long rss_anon_mb(void)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	long kb = -1;
+	while (f && fgets(line, sizeof(line), f))
+		if (sscanf(line, "RssAnon: %ld kB", &kb) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kb < 0 ? -1 : kb / 1024;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
@@ -123,12 +141,15 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	const size_t fbytes = (size_t)sb.st_size & ~(size_t)4095;
-	uint8_t *map = mmap(NULL, fbytes, PROT_READ, MAP_SHARED, fd, 0);
+	const char *mode = getenv("MOET_PROBE_MAP");
+	const int priv = mode && !strcmp(mode, "private");
+	uint8_t *map = mmap(NULL, fbytes, PROT_READ, priv ? MAP_PRIVATE : MAP_SHARED, fd, 0);
 	if (map == MAP_FAILED) {
 		perror("probe_dma: mmap");
 		return 1;
 	}
 	madvise(map, fbytes, MADV_POPULATE_READ);
+	const long anon0 = rss_anon_mb();
 	double t0 = moet_bench_now_s();
 	cudaError_t e = cudaHostRegister(map, fbytes, cudaHostRegisterReadOnly);
 	double tr = moet_bench_now_s() - t0;
@@ -136,7 +157,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "probe_dma: cudaHostRegister: %s\n", cudaGetErrorString(e));
 		return 1;
 	}
-	printf("register   %.2f GB in %.3f s: %.2f GB/s\n", fbytes / 1e9, tr, fbytes / tr / 1e9);
+	printf("register   %s mapping, %.2f GB in %.3f s: %.2f GB/s; anonymous memory %ld -> "
+	       "%ld MB\n", priv ? "private" : "shared", fbytes / 1e9, tr, fbytes / tr / 1e9, anon0,
+	       rss_anon_mb());
+	if (getenv("MOET_PROBE_REGISTER_ONLY"))
+		return cudaHostUnregister(map) ? 1 : 0;
 
 	dma_arg a = { .src = map, .bytes = fbytes, .seconds = secs };
 	void *pinned = NULL;

@@ -19,6 +19,7 @@
  * with MOET_STAGE_REGISTER=0 (copies from the pageable mapping) and with the default, where
  * the checkpoint's shards must be page-locked with the placement and unlocked with it.
  */
+#include <execinfo.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -43,14 +44,17 @@
 /* Where the test is, for the watchdog: its first GPU run was killed by run.sh's timeout with
  * nothing printed (2026-12-01), so a run that hangs now says where. */
 static char where[160] = "start";
+static unsigned watch_s = 120; /* MOET_TEST_WATCHDOG_S */
 
 static void watchdog(int sig)
 {
 	(void)sig;
-	static const char pre[] = "test_stage_balance: no progress for 120 s, stuck at: ";
+	static const char pre[] = "test_stage_balance: no progress, stuck at: ";
+	void *frames[48];
 	(void)!write(2, pre, sizeof(pre) - 1);
 	(void)!write(2, where, strnlen(where, sizeof(where)));
 	(void)!write(2, "\n", 1);
+	backtrace_symbols_fd(frames, backtrace(frames, 48), 2); /* the main thread's */
 	_exit(1);
 }
 
@@ -62,7 +66,7 @@ static void step(const char *fmt, ...)
 	vsnprintf(where, sizeof(where), fmt, ap);
 	va_end(ap);
 	printf("... %s\n", where);
-	alarm(120);
+	alarm(watch_s);
 }
 
 typedef struct cold {
@@ -295,6 +299,9 @@ static void model_checks(const char *device, int reg)
 int main(void)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	const char *ws = getenv("MOET_TEST_WATCHDOG_S");
+	if (ws && atoi(ws) > 0)
+		watch_s = (unsigned)atoi(ws);
 	signal(SIGALRM, watchdog);
 	step("pick checks");
 	/* part 1 on the engine of an all-CPU placement with the default (H200) figures */

@@ -78,7 +78,7 @@ static int setup(fixture *f)
 	size_t n = 0;
 	f->ref = rc ? NULL : moet_test_read_file(f->path, &n);
 	f->fd = open(f->path, O_RDONLY | O_CLOEXEC);
-	void *p = f->fd >= 0 ? mmap(NULL, FILE_BYTES, PROT_READ, MAP_PRIVATE, f->fd, 0) : MAP_FAILED;
+	void *p = f->fd >= 0 ? mmap(NULL, FILE_BYTES, PROT_READ, MAP_SHARED, f->fd, 0) : MAP_FAILED;
 	CHECK(f->ref && n == FILE_BYTES && p != MAP_FAILED, "test file %s", f->path);
 	if (!f->ref || p == MAP_FAILED)
 		return -1;
