@@ -133,7 +133,7 @@ void moet_hybrid_stage_pick(const moet_hybrid *hy, const int64_t *rows, int n, d
 			    int64_t *scratch, uint8_t *pick);
 /* The cost model's time (ms) of such a split: the longest of the CPU tier's calls (slowed by
  * the copies' share of the host's memory when any expert is staged), the staged experts'
- * copies and kernels one after the other, and floor_ms. */
+ * copies and kernels one after the other (times MOET_STAGE_LINK_PRICE), and floor_ms. */
 double moet_hybrid_stage_split_ms(const moet_hybrid *hy, const int64_t *rows, int n,
 				  const uint8_t *pick, double floor_ms);
 /* The cost model's time (ms) of one GPU expert call of `rows` rows. */

@@ -112,6 +112,25 @@ static uint64_t xs(uint64_t *x)
 	return moet_test_xorshift64(x);
 }
 
+/* The experts staged by the pick over a fixed sequence of calls (no floor), one count per
+ * call into cnt (PRICE_CALLS). */
+#define PRICE_CALLS 200
+static void pick_counts(moet_hybrid *hy, int *cnt)
+{
+	uint64_t rng = 0x9E3779B97F4A7C15ull;
+	int64_t rows[10], scratch[20];
+	uint8_t pick[10];
+	for (int it = 0; it < PRICE_CALLS; it++) {
+		const int n = 1 + (int)(xs(&rng) % 10);
+		for (int i = 0; i < n; i++)
+			rows[i] = 1 + (int64_t)(xs(&rng) % 40);
+		moet_hybrid_stage_pick(hy, rows, n, 0, scratch, pick);
+		cnt[it] = 0;
+		for (int i = 0; i < n; i++)
+			cnt[it] += pick[i];
+	}
+}
+
 /* Part 1: the pick against brute force, on the engine of a placement set with the default
  * (H200) figures. */
 static void pick_checks(moet_hybrid *hy)
@@ -318,8 +337,25 @@ int main(void)
 			own[i] = -1;
 		setenv("MOET_STAGE_BALANCE", "1", 1);
 		CHECK(moet_model_set_placement(m, own, 0) == 0, "%s", moet_errmsg());
-		unsetenv("MOET_STAGE_BALANCE");
 		pick_checks(m->hy);
+		/* MOET_STAGE_LINK_PRICE: a dearer link stages no more in any call, fewer in some;
+		 * the brute force holds at its price too; a value off the list is refused */
+		int c1[PRICE_CALLS], c4[PRICE_CALLS], more = 0, fewer = 0;
+		pick_counts(m->hy, c1);
+		setenv("MOET_STAGE_LINK_PRICE", "4", 1);
+		CHECK(moet_model_set_placement(m, own, 0) == 0, "%s", moet_errmsg());
+		pick_counts(m->hy, c4);
+		pick_checks(m->hy);
+		for (int i = 0; i < PRICE_CALLS; i++)
+			more += c4[i] > c1[i], fewer += c4[i] < c1[i];
+		CHECK(more == 0 && fewer > 0, "link price 4 against 1: %d calls stage more, %d fewer",
+		      more, fewer);
+		setenv("MOET_STAGE_LINK_PRICE", "2.5", 1);
+		CHECK(moet_model_set_placement(m, own, 0) != 0 &&
+			      strstr(moet_errmsg(), "MOET_STAGE_LINK_PRICE"),
+		      "MOET_STAGE_LINK_PRICE=2.5 accepted or not named: %s", moet_errmsg());
+		unsetenv("MOET_STAGE_LINK_PRICE");
+		unsetenv("MOET_STAGE_BALANCE");
 		moet_model_close(m);
 		free(own);
 	}
