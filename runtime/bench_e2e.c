@@ -89,6 +89,7 @@ typedef struct step_split {
 	double stream_share;          /* of all: split on two streams (MOET_MB_STREAMS) */
 	double polled_share;          /* of all: split with the driver polling (MOET_MB_POLL) */
 	double merged_calls;          /* per step: GPU expert calls of both halves (MOET_MB_MERGE) */
+	double price_share[3];        /* of all: at each link price (MOET_STAGE_BALANCE=auto) */
 	int warmup;                   /* untimed steps before them */
 } step_split;
 
@@ -161,6 +162,8 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int warmup, int steps, 
 		split->stream_share = (double)hs.stream_passes / steps;
 		split->polled_share = (double)hs.polled_passes / steps;
 		split->merged_calls = (double)hs.merged_calls / steps;
+		for (int a = 0; a < 3; a++)
+			split->price_share[a] = (double)hs.price_passes[a] / steps;
 	}
 	for (int64_t b = 0; kv && b < B; b++)
 		moet_kv_destroy(kv[b]);
@@ -470,7 +473,7 @@ static void ram_bound_print(FILE *out, const moet_xtier_stats *t, const ram_boun
 static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 {
 	return json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
-			 "s:f, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:f, s:f}",
+			 "s:f, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:f, s:f, s:[f, f, f]}",
 			 "mode",
 			 mode, "batch", (json_int_t)B, "step_s", sp->step_s, "tokens_per_s",
 			 (double)B / sp->step_s, "cpu_busy_s", sp->cpu_s, "cpu_wait_s", sp->wait_s,
@@ -483,7 +486,8 @@ static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 			 sp->merged_calls, "warmup_steps", sp->warmup, "gpu_idle_s", sp->gpu_idle_s,
 			 "gpu_idle_route_s", sp->gpu_idle_route_s, "gpu_busy_s",
 			 sp->mean_s - sp->gpu_idle_s, "staged_experts", sp->staged_experts,
-			 "staged_pairs", sp->staged_pairs);
+			 "staged_pairs", sp->staged_pairs, "price_share", sp->price_share[0],
+			 sp->price_share[1], sp->price_share[2]);
 }
 
 /* --graph: what MOET_CUDA_GRAPH=1 needs, set where unset (bits of what was set), and undone. */
@@ -657,9 +661,8 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			 * engine's choice, so they are warm-up (timed, they were a quarter of 8
 			 * steps: record 2026-11-30-e2e-deep-h200-63334dc.txt) */
 			const char *mbv = getenv("MOET_MICROBATCH");
-			const int warm = mode != MOET_E2E_GPU && (!mbv || !*mbv) &&
-						 o->warmup < MOET_MB_TRIAL_PASSES
-					 ? MOET_MB_TRIAL_PASSES : o->warmup;
+			const int trials = mode != MOET_E2E_GPU ? moet_model_trial_passes(m) : 0;
+			const int warm = o->warmup < trials ? trials : o->warmup;
 			rc = decode_run(m, B, o->ctx, warm, o->steps, samples, &sp,
 					brec.p || brec.batch ? &brec : NULL);
 			sp.warmup = warm;

@@ -294,6 +294,8 @@ void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset)
 	out->split_passes = m->split_passes;
 	out->stream_passes = m->stream_passes;
 	out->polled_passes = m->polled_passes;
+	_Static_assert(sizeof(out->price_passes) == sizeof(m->price_passes), "one count per price");
+	memcpy(out->price_passes, m->price_passes, sizeof(out->price_passes));
 	out->merged_calls = m->merged_calls;
 	out->ns_gpu_idle = m->ns_gpu_idle;
 	out->ns_gpu_idle_route = m->ns_gpu_idle_route;
@@ -303,6 +305,7 @@ void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset)
 		m->split_passes = 0;
 		m->stream_passes = 0;
 		m->polled_passes = 0;
+		memset(m->price_passes, 0, sizeof(m->price_passes));
 		m->merged_calls = 0;
 		m->ns_gpu_idle = 0;
 		m->ns_gpu_idle_route = 0;

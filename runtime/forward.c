@@ -640,53 +640,105 @@ static moet_mb_tune *mb_tune_of(moet_model *m, int64_t n)
  * expert both halves route to is read twice, which costs more than it hides while the CPU tier
  * is bandwidth-bound (bench e2e records). Both forms give the same bits. Another value:
  * MOET_EINVAL naming it, at every pass (with or without a placement), before any cache grows.
+ *
+ * MOET_STAGE_BALANCE=auto multiplies the arms so chosen by the balance's link prices (none, 1
+ * and 2 times MOET_STAGE_LINK_PRICE; *out_price, else -1): on the H200 the best price depended
+ * on the form and the placement (record 2026-12-01-stage-balance-h200-b8ff68b.txt: with two
+ * micro-batches at hot 84, 1 gained nothing and 2 made batch 16 9-10% shorter; in one pass at
+ * hot 106, 1 made it 5% shorter and batch 64 longer). The prices give the same bits too.
  */
-/* MOET_MB_TEST_SKEW=A,B (tests only; unset or empty: 0,0): seconds added to the recorded time
- * of each batch size's first one-pass trial (A) and of every two-micro-batch pass (B), so that a
- * test can make a slow first pass and a slower form without timing anything. */
-static int mb_skew(moet_model *m)
+/* n comma-separated seconds (0 .. 1e6) from the variable `var` into out; unset or empty: 0s. */
+static int skew_list(const char *var, const char *want, int n, double *out)
 {
-	const char *v = getenv("MOET_MB_TEST_SKEW");
-	m->mb_skew[0] = m->mb_skew[1] = 0;
+	const char *v = getenv(var), *q = v;
+	for (int i = 0; i < n; i++)
+		out[i] = 0;
 	if (!v || !*v)
 		return 0;
-	char *end;
-	double a = strtod(v, &end), b = -1;
-	if (end != v && *end == ',') {
-		const char *q = end + 1;
-		b = strtod(q, &end);
-		if (end == q)
-			b = -1;
+	for (int i = 0; i < n; i++) {
+		char *end;
+		out[i] = strtod(q, &end);
+		if (end == q || !(out[i] >= 0 && out[i] < 1e6) || *end != (i + 1 < n ? ',' : 0))
+			return moet_err(MOET_EINVAL, "%s='%s': want %s (seconds >= 0)", var, v,
+					want);
+		q = end + 1;
 	}
-	if (*end || !(a >= 0 && a < 1e6) || !(b >= 0 && b < 1e6))
-		return moet_err(MOET_EINVAL, "MOET_MB_TEST_SKEW='%s': want A,B (seconds >= 0)", v);
-	m->mb_skew[0] = a;
-	m->mb_skew[1] = b;
 	return 0;
 }
 
+/* MOET_MB_TEST_SKEW=A,B (tests only; unset or empty: 0,0): seconds added to the recorded time
+ * of each batch size's first one-pass trial (A) and of every two-micro-batch pass (B), so that a
+ * test can make a slow first pass and a slower form without timing anything.
+ * MOET_STAGE_TEST_SKEW=N,P,Q (the same): seconds added to every pass at each of the
+ * balance's prices (none, 1, 2) under MOET_STAGE_BALANCE=auto. */
+static int mb_skew(moet_model *m)
+{
+	int rc = skew_list("MOET_MB_TEST_SKEW", "A,B", 2, m->mb_skew);
+	return rc ? rc : skew_list("MOET_STAGE_TEST_SKEW", "N,P,Q", MOET_MB_PRICES, m->price_skew);
+}
+
+/* The arms a pass of this model chooses among (forms, then prices), arms[] in that order.
+ * NOTE: MOET_STAGE_BALANCE=auto tries the prices in decode passes only; a prompt's pass runs at
+ * the price 1 arm (an 8K-token prompt without staging took 30.2 s against 21.0 on the H200:
+ * docs/hybrid.md, so trying none on long prompts would be dear). */
+static int mb_arms(const moet_model *m, int mode, int can_split, int decode, int *arms)
+{
+	const int price_auto = m->hy && moet_hybrid_stage_price_auto(m->hy);
+	const int p0 = price_auto && !decode, p1 = price_auto ? (decode ? 2 : 1) : 0;
+	const int f0 = can_split && mode == 2, f1 = can_split && mode != 1;
+	int na = 0;
+	for (int f = f0; f <= f1; f++)
+		for (int p = p0; p <= p1; p++)
+			arms[na++] = f * MOET_MB_PRICES + p;
+	return na;
+}
+
+int moet_model_trial_passes(const moet_model *m)
+{
+	static const char *const modes[] = { "auto", "0", "1" };
+	int mode = 0, arms[MOET_MB_ARMS];
+	if (moet_env_choice("MOET_MICROBATCH", modes, 3, &mode))
+		moet_err_clear();
+	const int na = mb_arms(m, mode, 1, 1, arms);
+	return na > 1 ? na * MB_TRIALS : 0;
+}
+
+/* *out_arm: the arm to record the pass under (mb_record), -1: none. */
 static int mb_choose(moet_model *m, const moet_seq_step *steps, int n_steps, int64_t n,
-		     int *out_k, int *out_form)
+		     int *out_k, int *out_form, int *out_price, int *out_arm)
 {
 	static const char *const modes[] = { "auto", "0", "1" };
 	int mode = 0, rc = moet_env_choice("MOET_MICROBATCH", modes, 3, &mode);
 	*out_k = n_steps;
 	*out_form = 0;
+	*out_price = *out_arm = -1;
 	if (rc || (rc = mb_skew(m)))
 		return rc;
 	*out_k = split_point(m, steps, n_steps, n, mode == 2);
-	if (*out_k == n_steps || mode) {
-		*out_form = *out_k < n_steps && mode == 2;
-		return 0;
+	const int can_split = *out_k < n_steps;
+	const int price_auto = m->hy && moet_hybrid_stage_price_auto(m->hy);
+	int arms[MOET_MB_ARMS];
+	const int na = mb_arms(m, mode, can_split, n == n_steps, arms);
+	int arm = arms[0];
+	if (na > 1) {
+		moet_mb_tune *t = mb_tune_of(m, n);
+		t->passes++;
+		int least = 0, best = 0; /* the arm tried fewest times (the first of those) */
+		for (int i = 1; i < na; i++) {
+			least = t->cnt[arms[i]] < t->cnt[arms[least]] ? i : least;
+			best = t->mean[arms[i]] < t->mean[arms[best]] ? i : best;
+		}
+		if (t->cnt[arms[least]] < MB_TRIALS)
+			arm = arms[least];
+		else if (t->passes % MB_RETRY == 0) /* now and then another, in turn */
+			arm = arms[(best + 1 + (int)(t->passes / MB_RETRY) % (na - 1)) % na];
+		else
+			arm = arms[best];
 	}
-	moet_mb_tune *t = mb_tune_of(m, n);
-	t->passes++;
-	if (t->cnt[0] < MB_TRIALS || t->cnt[1] < MB_TRIALS) {
-		*out_form = t->cnt[1] < t->cnt[0];
-		return 0;
-	}
-	int best = t->mean[1] < t->mean[0];
-	*out_form = (t->passes % MB_RETRY == 0) ? !best : best;
+	*out_form = arm / MOET_MB_PRICES;
+	*out_price = price_auto ? arm % MOET_MB_PRICES : -1;
+	/* NOTE: a forced form's passes count for it too, as before the prices (can_split) */
+	*out_arm = na > 1 || can_split ? arm : -1;
 	return 0;
 }
 
@@ -695,23 +747,25 @@ static int mb_choose(moet_model *m, const moet_seq_step *steps, int n_steps, int
  * mean, made the slower form win (bench e2e on the H200, 2026-12-01: two micro-batches chosen
  * at batch 16 for a 27.9 ms step against 21.7 ms in one pass). After the trials the running
  * mean goes on from that median. */
-static void mb_record(moet_model *m, int64_t n, int form, double seconds)
+static void mb_record(moet_model *m, int64_t n, int arm, double seconds)
 {
 	_Static_assert(sizeof(((moet_mb_tune *)0)->trial[0]) / sizeof(double) == MB_TRIALS,
 		       "one trial slot per trial pass");
 	moet_mb_tune *t = mb_tune_of(m, n);
-	const int c = t->cnt[form]++;
+	const int c = t->cnt[arm]++, form = arm / MOET_MB_PRICES;
 	seconds += form ? m->mb_skew[1] : c == 0 ? m->mb_skew[0] : 0; /* tests: mb_skew */
+	if (m->hy && moet_hybrid_stage_price_auto(m->hy))
+		seconds += m->price_skew[arm % MOET_MB_PRICES];
 	if (c < MB_TRIALS) {
-		double *v = t->trial[form];
+		double *v = t->trial[arm];
 		v[c] = seconds;
 		if (c == MB_TRIALS - 1) { /* the median of three */
 			double lo = v[0] < v[1] ? v[0] : v[1], hi = v[0] < v[1] ? v[1] : v[0];
-			t->mean[form] = v[2] < lo ? lo : v[2] > hi ? hi : v[2];
+			t->mean[arm] = v[2] < lo ? lo : v[2] > hi ? hi : v[2];
 		}
 		return;
 	}
-	t->mean[form] = 0.75 * t->mean[form] + 0.25 * seconds;
+	t->mean[arm] = 0.75 * t->mean[arm] + 0.25 * seconds;
 }
 
 static double now_s(void)
@@ -743,9 +797,12 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 		return rc;
 	if (m->experts_unbound && !m->owner)
 		TRY(moet_model_bind_experts(m, NULL));
-	int k = n_steps, form = 0;
-	TRY(mb_choose(m, steps, n_steps, n, &k, &form));
-	const int can_split = k < n_steps;
+	int k = n_steps, form = 0, price = -1, arm = -1;
+	TRY(mb_choose(m, steps, n_steps, n, &k, &form, &price, &arm));
+	if (price >= 0) { /* MOET_STAGE_BALANCE=auto */
+		moet_hybrid_stage_set_arm(m->hy, price);
+		m->price_passes[price]++;
+	}
 	const double t0 = now_s();
 	const uint64_t t0_ns = moet_now_ns();
 	if (!form)
@@ -809,8 +866,8 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 	}
 	for (int s = 0; s < n_steps; s++)
 		steps[s].kv->len += steps[s].n_tok;
-	if (can_split)
-		mb_record(m, n, form, now_s() - t0);
+	if (arm >= 0)
+		mb_record(m, n, arm, now_s() - t0);
 	return 0;
 }
 

@@ -111,7 +111,10 @@ struct moet_hybrid {
 	int stage_pinned;         /* MOET_STAGE_COPY: 1 pinned (waves), 0 driver */
 	int stage_balance;        /* MOET_STAGE_BALANCE=1: each call's cold experts split by
 				   * moet_hybrid_stage_pick */
-	double link_price;        /* MOET_STAGE_LINK_PRICE: the pick's link times this */
+	double link_base;         /* MOET_STAGE_LINK_PRICE */
+	double link_price;        /* the pick's link times this: link_base, or under
+				   * MOET_STAGE_BALANCE=auto the pass's arm times it */
+	int price_auto;           /* MOET_STAGE_BALANCE=auto: the price set per pass */
 	moet_cost_in cost;        /* the hardware figures the pick prices with */
 	struct moet_trace *trace; /* MOET_TRACE, or NULL */
 };
@@ -623,9 +626,12 @@ int moet_hybrid_stage_setup(moet_hybrid *hy, const moet_config *c, uint64_t expe
 	if ((rc = moet_stage_copy_pinned(on_gpu, &hy->stage_pinned)))
 		return rc;
 	hy->stage_mode = v && *v ? mode_of[mode] : on_gpu ? HY_STAGE_AUTO : HY_STAGE_NEVER;
-	static const char *const bal[] = { "0", "1" };
-	if ((rc = moet_env_choice("MOET_STAGE_BALANCE", bal, 2, &hy->stage_balance)))
+	static const char *const bal[] = { "0", "1", "auto" };
+	int bi = 0;
+	if ((rc = moet_env_choice("MOET_STAGE_BALANCE", bal, 3, &bi)))
 		return rc;
+	hy->stage_balance = bi > 0;
+	hy->price_auto = bi == 2;
 	if (hy->stage_balance)
 		hy->stage_pinned = 0; /* the copies DMA from the registered mapping (dispatch.c) */
 	/* NOTE: the link's side as the pick prices it, times this (unset or empty: 1). Measured
@@ -639,7 +645,7 @@ int moet_hybrid_stage_setup(moet_hybrid *hy, const moet_config *c, uint64_t expe
 	int pi = 0;
 	if ((rc = moet_env_choice("MOET_STAGE_LINK_PRICE", prices, 5, &pi)))
 		return rc;
-	hy->link_price = price_of[pi];
+	hy->link_base = hy->link_price = price_of[pi];
 	long long at_least = 0;
 	if (min && min[0]) {
 		char *end = NULL;
@@ -680,6 +686,16 @@ int64_t moet_hybrid_stage_min(const moet_hybrid *hy)
 int moet_hybrid_stage_balance(const moet_hybrid *hy)
 {
 	return hy && hy->stage_balance;
+}
+
+int moet_hybrid_stage_price_auto(const moet_hybrid *hy)
+{
+	return hy && hy->price_auto;
+}
+
+void moet_hybrid_stage_set_arm(moet_hybrid *hy, int arm)
+{
+	hy->link_price = arm * hy->link_base;
 }
 
 static int rows_desc(const void *a, const void *b)
@@ -729,6 +745,8 @@ void moet_hybrid_stage_pick(const moet_hybrid *hy, const int64_t *rows, int n, d
 		scratch[2 * i] = rows[i], scratch[2 * i + 1] = i;
 		cpu += moet_cost_call_ms(&hy->cost, false, (double)rows[i]);
 	}
+	if (hy->link_price <= 0) /* MOET_STAGE_BALANCE=auto's arm 0: nothing staged */
+		return;
 	qsort(scratch, (size_t)n, 2 * sizeof(int64_t), rows_desc);
 	double best = split_time(cpu, 0, floor_ms), link = 0;
 	int n_best = 0;

@@ -122,8 +122,14 @@ int moet_hybrid_stage_setup(moet_hybrid *hy, const moet_config *c, uint64_t expe
 			    int on_gpu);
 /* The tokens from which a cold expert of a call is staged (0: never). */
 int64_t moet_hybrid_stage_min(const moet_hybrid *hy);
-/* MOET_STAGE_BALANCE=1: a call's cold experts are split by moet_hybrid_stage_pick instead. */
+/* MOET_STAGE_BALANCE=1 or auto: a call's cold experts are split by moet_hybrid_stage_pick
+ * instead. */
 int moet_hybrid_stage_balance(const moet_hybrid *hy);
+/* MOET_STAGE_BALANCE=auto: the link's price is set per pass (forward.c: by measured passes). */
+int moet_hybrid_stage_price_auto(const moet_hybrid *hy);
+/* MOET_STAGE_BALANCE=auto: the pick's link price from now on, MOET_STAGE_LINK_PRICE times
+ * arm (0: nothing staged, 1, 2). */
+void moet_hybrid_stage_set_arm(moet_hybrid *hy, int arm);
 /* The split of one call's n cold experts (rows[i] tokens each) between the CPU tier and the
  * staging slots: pick[i] = 1 for the staged ones. Stages the prefix of the experts ordered
  * by rows (most first, then index) that minimizes moet_hybrid_stage_split_ms; none on a tie.
@@ -290,12 +296,15 @@ int moet_tp_splits_ffn(const moet_tp *tp);
 int moet_tp_ffn(moet_tp *tp, const moet_tp_mat *gate, const moet_tp_mat *up,
 		const moet_tp_mat *down, const float *x, int64_t n, float *out);
 
-/* forward.c: measured step times of the two forms of a pass (one pass, two micro-batches)
- * for one batch-size bucket. */
+/* forward.c: measured step times of a pass's arms for one batch-size bucket: its two forms
+ * (one pass, two micro-batches) x MOET_STAGE_BALANCE=auto's link prices (none, 1, 2 times
+ * MOET_STAGE_LINK_PRICE; without auto only the first), arm = form * MOET_MB_PRICES + price. */
+#define MOET_MB_PRICES 3
+#define MOET_MB_ARMS (2 * MOET_MB_PRICES)
 typedef struct moet_mb_tune {
-	double mean[2];
-	double trial[2][3]; /* each form's trial passes (forward.c MB_TRIALS) */
-	int cnt[2];
+	double mean[MOET_MB_ARMS];
+	double trial[MOET_MB_ARMS][3]; /* each arm's trial passes (forward.c MB_TRIALS) */
+	int cnt[MOET_MB_ARMS];
 	uint32_t passes;
 } moet_mb_tune;
 
@@ -354,6 +363,8 @@ struct moet_model {
 	uint64_t ns_gpu_idle_route; /* of which at the routing's waits (MOET_IDLE_ROUTE) */
 	moet_mb_tune mb_tune[32]; /* per batch size, rows in powers of two (forward.c) */
 	double mb_skew[2];        /* MOET_MB_TEST_SKEW (forward.c, tests only) */
+	double price_skew[MOET_MB_PRICES]; /* MOET_STAGE_TEST_SKEW (the same) */
+	uint64_t price_passes[MOET_MB_PRICES]; /* MOET_STAGE_BALANCE=auto: passes per arm */
 	int experts_unbound;      /* some routed experts are not bound yet (GPU backends bind
 				     them at the placement or the first pass) */
 	uint64_t upload_bytes;    /* routed experts' bytes bound by moet_model_bind_experts */

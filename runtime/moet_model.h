@@ -199,6 +199,8 @@ typedef struct moet_hybrid_stats {
 	uint64_t split_passes; /* forward passes run as two pipelined micro-batches */
 	uint64_t stream_passes; /* of which with the halves on two streams (MOET_MB_STREAMS) */
 	uint64_t polled_passes; /* of which with the driver polling both halves (MOET_MB_POLL) */
+	uint64_t price_passes[3]; /* MOET_STAGE_BALANCE=auto: passes at each link price (none,
+				     1, 2 times MOET_STAGE_LINK_PRICE) */
 	uint64_t d2h_copies; /* copies of hidden rows: only the rows the CPU tier's pairs use, in
 				ranges (gaps merged when cheaper than a copy's latency); queued:
 				one per layer */
@@ -308,6 +310,11 @@ void moet_model_shadow_stats(const moet_model *m, moet_shadow_stats *out);
  * both forms (one pass, two micro-batches) before it keeps the faster (forward.c): a
  * benchmark of the steady state warms up at least this many passes. */
 #define MOET_MB_TRIAL_PASSES 6
+
+/* The trial passes of one decode batch size under the switches now (MOET_MICROBATCH, and
+ * MOET_STAGE_BALANCE=auto, which tries three link prices in each form: 18 with both forms):
+ * MOET_MB_TRIAL_PASSES by default, 0 where there is nothing to choose. */
+int moet_model_trial_passes(const moet_model *m);
 
 /* Overlap of the CPU tier with the device's work on (1, the default) or off (0: the CPU tier
  * runs alone, the reference path; MOET_HYBRID_OVERLAP=0 at set_placement does the same).

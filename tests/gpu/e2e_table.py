@@ -4,8 +4,9 @@ e2e records (OUT_DIR/e2e-NAME-R.json): per variant, round and batch the median s
 one-pass step, Tc, Tg, the overlap bound and step / bound, the CPU tier's team span, the
 driver's wait for it, the GPU's idle time and its part at the routing's waits (i_rt), and the
 shares of passes in two micro-batches, of those on two streams (strm) and polled (poll) (ms per
-step), Tc / Tg, and the cold experts staged per step (stg: MOET_STAGE_BALANCE); then per
-variant and batch the median over rounds of the step and of step / bound.
+step), Tc / Tg, the cold experts staged per step (stg: MOET_STAGE_BALANCE) and the link price
+most of the timed passes ran at (prc, MOET_STAGE_BALANCE=auto: 0 none, 1, 2; - without);
+then per variant and batch the median over rounds of the step and of step / bound.
 The records' steps of mode MOET_AB_MODE (default hybrid; gpu has no overlap check: nan there).
 Rounds 1 .. MOET_AB_ROUNDS (e2e_ab.sh sets it), else those the named variants' records have.
 A missing or unreadable record is named on its row, never skipped silently."""
@@ -38,7 +39,7 @@ def main():
                        f[4:-5].rsplit("-", 1)[0] in names and
                        f[:-5].rsplit("-", 1)[1].isdigit()})
     print("variant  round batch    step      1p      Tc      Tg   bound st/bd   run"
-          "    wait   idle  i_rt split  strm  poll tc/tg   stg")
+          "    wait   idle  i_rt split  strm  poll tc/tg   stg prc")
     agg = {}
     for name in names:
         for r in runs:
@@ -52,14 +53,16 @@ def main():
                 v = [1e3 * s.get(k, float("nan")) for k in COLS]
                 ratio = s.get("step_over_bound", float("nan"))
                 agg.setdefault((name, s["batch"]), []).append((v[0], ratio))
+                ps = s.get("price_share") or [0, 0, 0]
+                prc = str(ps.index(max(ps))) if max(ps) > 0 else "-"
                 print("%-8s %5d %5d %7.2f %7.2f %7.2f %7.2f %7.2f %5.3f %6.2f %6.2f %6.2f %5.2f "
-                      "%5.2f %5.2f %5.2f %5.2f %5.2f" % (
+                      "%5.2f %5.2f %5.2f %5.2f %5.2f %3s" % (
                           name, r, s["batch"], v[0], v[1], v[2], v[3], v[4], ratio, v[5], v[6],
                           v[7], v[8], s.get("split_share", float("nan")),
                           s.get("stream_share", float("nan")),
                           s.get("polled_share", float("nan")),
                           s.get("tc_tg_ratio", float("nan")),
-                          s.get("staged_experts", float("nan"))))
+                          s.get("staged_experts", float("nan")), prc))
     print("\nmedians over rounds: variant batch step_ms step/bound (runs)")
     for (name, b), vals in agg.items():
         print("%-8s %5d %8.2f %6.3f (%d)" % (name, b, statistics.median(x for x, _ in vals),

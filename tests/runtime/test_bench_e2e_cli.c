@@ -89,6 +89,13 @@ int main(void)
 				      idle - route >= num(row, "cpu_wait_s") * (1 - 1e-9),
 			      "%s batch %lld: GPU idle %g s, %g at the routing, CPU wait %g s", mode,
 			      (long long)B, idle, route, num(row, "cpu_wait_s"));
+			/* the passes per link price of MOET_STAGE_BALANCE=auto: none here */
+			const json_t *ps = json_object_get(row, "price_share");
+			CHECK(json_array_size(ps) == 3 &&
+				      json_number_value(json_array_get(ps, 0)) == 0 &&
+				      json_number_value(json_array_get(ps, 1)) == 0 &&
+				      json_number_value(json_array_get(ps, 2)) == 0,
+			      "%s batch %lld: price_share not three zeros", mode, (long long)B);
 			if (!strcmp(mode, "gpu")) {
 				CHECK(pairs == 0 && bytes == 0, "gpu mode: no CPU tier work");
 				CHECK(json_integer_value(json_object_get(row, "warmup_steps")) == 1,

@@ -1,0 +1,203 @@
+/*
+ * test_stage_auto.c: MOET_STAGE_BALANCE=auto, the balance's link price chosen per batch size
+ * by measured passes (runtime/forward.c mb_choose) among none, 1 and 2 times
+ * MOET_STAGE_LINK_PRICE, on the CPU backend with a placement of cold experts and the "even"
+ * hardware figures (where price 1 stages some of a call's experts, not all):
+ *
+ *   - the trial passes the model reports (moet_model_trial_passes) under each switch;
+ *   - each arm made the fastest in turn by MOET_STAGE_TEST_SKEW (seconds added to the
+ *     recorded time of its passes, nothing timed): after three trials of each the passes
+ *     run at that arm, counted per arm (price_passes), nothing staged at price none and
+ *     something at the others; every pass's logits equal those of the run without placement;
+ *   - with both forms (MOET_MICROBATCH unset) six arms, three trials each;
+ *   - bad values refused, naming the variable.
+ * On a GPU (when there is one) the same on the CUDA backend.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moet_err.h"
+#include "moet_gpu.h"
+#include "moet_gen.h"
+#include "moet_model.h"
+#include "moet_test.h"
+
+#define NB 4   /* sequences */
+#define NP 8   /* prompt tokens of each */
+#define ND 12  /* decode steps: 9 trials of three arms, then 3 at the chosen one */
+#define TRIALS 3
+
+/* NB prompts (one pass), then ND decode steps of the batch: every pass's last logits into
+ * out ((ND + 1) x NB x V); the hybrid stats reset at the start, after the prompt's pass and
+ * after pass `reset_at` (-1: none); the prompt's pass's price arm by price_passes into
+ * prompt_arm (-1: none, -2: several). */
+static int prompt_arm;
+static void run(moet_model *m, float *out, int64_t V, int reset_at)
+{
+	moet_hybrid_stats hs;
+	moet_model_hybrid_stats(m, &hs, 1);
+	moet_kv *kv[NB];
+	int64_t tok[NB][NP + ND];
+	moet_seq_step st[NB];
+	prompt_arm = -1;
+	for (int s = 0; s < NB; s++) {
+		CHECK(moet_kv_create(m, NP + ND + 1, &kv[s]) == 0, "kv");
+		for (int i = 0; i < NP + ND; i++)
+			tok[s][i] = (i * 29 + s * 11 + 5) % V;
+	}
+	for (int d = 0; d <= ND; d++) {
+		for (int s = 0; s < NB; s++)
+			st[s] = (moet_seq_step){ .kv = kv[s], .tokens = d ? &tok[s][NP + d - 1]
+									  : tok[s],
+						 .n_tok = d ? 1 : NP,
+						 .out_logits = out + ((int64_t)d * NB + s) * V,
+						 .last_only = 1 };
+		CHECK(moet_model_forward_batch(m, st, NB) == 0, "pass %d: %s", d, moet_errmsg());
+		moet_model_hybrid_stats(m, &hs, d == reset_at || d == 0);
+		for (int a = 0; d == 0 && a < 3; a++)
+			if (hs.price_passes[a])
+				prompt_arm = prompt_arm == -1 ? a : -2;
+	}
+	for (int s = 0; s < NB; s++)
+		moet_kv_destroy(kv[s]);
+}
+
+static void checks(const char *device)
+{
+	moet_gen_params gp;
+	moet_gen_params_init(&gp);
+	gp.seed = 9;
+	char *dir = NULL;
+	moet_model *m = moet_test_gen_open_on("stage-auto", &gp, device, &dir);
+	if (!m) {
+		free(dir);
+		return;
+	}
+	const moet_config *c = moet_model_config(m);
+	const int64_t L = c->num_hidden_layers, E = c->n_routed_experts, V = c->vocab_size;
+	const size_t n_out = (size_t)((ND + 1) * NB * V);
+	float *ref = malloc(n_out * sizeof(float)), *got = malloc(n_out * sizeof(float));
+	int16_t *own = malloc((size_t)(L * E) * sizeof(*own));
+	char hw[512];
+	static const char even[] = "name: even\ncpu_read_gbps: 1\npcie_gbps: 1.2\n"
+				   "pcie_latency_us: 0\n";
+	snprintf(hw, sizeof(hw), "%s/hw-even.yaml", dir);
+	CHECK(moet_test_write_file(hw, even, strlen(even)) == 0, "hw file");
+	run(m, ref, V, -1);
+	for (int64_t i = 0; i < L * E; i++) /* every third expert on the CPU side */
+		own[i] = (int16_t)(i % 3 == 0 ? -1 : 0);
+	moet_test_env("MOET_HARDWARE", hw);
+
+	/* the trial passes each switch makes */
+	static const struct {
+		const char *bal, *mb;
+		int trials;
+	} tp[] = { { "1", NULL, 6 }, { "1", "0", 0 }, { "auto", "0", 9 }, { "auto", NULL, 18 },
+		   { "auto", "1", 9 }, { NULL, NULL, 6 } };
+	for (size_t i = 0; i < sizeof(tp) / sizeof(tp[0]); i++) {
+		moet_test_env("MOET_STAGE_BALANCE", tp[i].bal);
+		moet_test_env("MOET_MICROBATCH", tp[i].mb);
+		CHECK(moet_model_set_placement(m, own, 1) == 0, "%s", moet_errmsg());
+		CHECK(moet_model_trial_passes(m) == tp[i].trials,
+		      "MOET_STAGE_BALANCE=%s MOET_MICROBATCH=%s: %d trial passes, want %d",
+		      tp[i].bal ? tp[i].bal : "(unset)", tp[i].mb ? tp[i].mb : "(unset)",
+		      moet_model_trial_passes(m), tp[i].trials);
+	}
+
+	/* one pass (three arms): each made the fastest in turn */
+	static const char *const skew[3] = { "0,1,1", "1,0,1", "1,1,0" };
+	moet_test_env("MOET_STAGE_BALANCE", "auto");
+	moet_test_env("MOET_MICROBATCH", "0");
+	for (int best = 0; best < 3; best++) {
+		moet_test_env("MOET_STAGE_TEST_SKEW", skew[best]);
+		CHECK(moet_model_set_placement(m, own, 1) == 0, "%s", moet_errmsg());
+		memset(got, 0xAB, n_out * sizeof(float));
+		run(m, got, V, 3 * TRIALS); /* the prompt's pass, then 9 decode trials */
+		moet_hybrid_stats hs;
+		moet_model_hybrid_stats(m, &hs, 0);
+		CHECK(memcmp(ref, got, n_out * sizeof(float)) == 0,
+		      "%s, price arm %d the fastest: logits differ from the run without placement",
+		      device, best);
+		CHECK(prompt_arm == 1, "%s: the prompt's pass at price arm %d, want 1 (prompts "
+		      "try no prices)", device, prompt_arm);
+		/* counted since the reset: the passes after the trials, all at the best arm */
+		uint64_t want[3] = { 0, 0, 0 };
+		want[best] = ND - 3 * TRIALS;
+		for (int a = 0; a < 3; a++)
+			CHECK(hs.price_passes[a] == want[a],
+			      "%s, arm %d the fastest: %llu passes at arm %d after the trials, "
+			      "want %llu", device, best, (unsigned long long)hs.price_passes[a], a,
+			      (unsigned long long)want[a]);
+		CHECK(best == 0 ? hs.staged_pairs == 0 : hs.staged_pairs > 0,
+		      "%s, arm %d: %llu pairs staged after the trials", device, best,
+		      (unsigned long long)hs.staged_pairs);
+		CHECK(hs.cpu_pairs > 0, "%s, arm %d: no pair on the CPU tier (the even figures "
+		      "stage some)", device, best);
+		printf("%s one pass, arm %d the fastest: logits equal; after the trials %llu "
+		       "passes there, %llu pairs staged, %llu on the CPU tier\n", device, best,
+		       (unsigned long long)hs.price_passes[best],
+		       (unsigned long long)hs.staged_pairs, (unsigned long long)hs.cpu_pairs);
+	}
+
+	/* both forms: six arms; split passes 0.5 s slower, price 2 the fastest */
+	moet_test_env("MOET_MICROBATCH", NULL);
+	moet_test_env("MOET_STAGE_TEST_SKEW", "1,1,0");
+	moet_test_env("MOET_MB_TEST_SKEW", "0,0.5");
+	CHECK(moet_model_set_placement(m, own, 1) == 0, "%s", moet_errmsg());
+	memset(got, 0xAB, n_out * sizeof(float));
+	run(m, got, V, -1);
+	run(m, got, V, 6 * TRIALS - ND); /* decode passes 13 .. 18 are trials */
+	moet_hybrid_stats hs;
+	moet_model_hybrid_stats(m, &hs, 0);
+	CHECK(memcmp(ref, got, n_out * sizeof(float)) == 0, "%s, six arms: logits differ",
+	      device);
+	CHECK(hs.price_passes[2] == (uint64_t)(ND - (6 * TRIALS - ND)) && hs.price_passes[0] == 0 &&
+		      hs.price_passes[1] == 0 && hs.split_passes == 0,
+	      "%s, six arms: after the trials %llu, %llu, %llu passes at the arms, %llu split; "
+	      "want all one-pass at price 2", device, (unsigned long long)hs.price_passes[0],
+	      (unsigned long long)hs.price_passes[1], (unsigned long long)hs.price_passes[2],
+	      (unsigned long long)hs.split_passes);
+	moet_test_env("MOET_MB_TEST_SKEW", NULL);
+
+	/* bad values */
+	moet_test_env("MOET_STAGE_BALANCE", "Auto");
+	CHECK(moet_model_set_placement(m, own, 1) != 0 &&
+		      strstr(moet_errmsg(), "MOET_STAGE_BALANCE='Auto'"),
+	      "MOET_STAGE_BALANCE=Auto: %s", moet_errmsg());
+	moet_test_env("MOET_STAGE_BALANCE", "auto");
+	CHECK(moet_model_set_placement(m, own, 1) == 0, "%s", moet_errmsg());
+	static const char *const bad_skew[] = { "1,1", "1,1,1,1", "x,0,0", "0,-1,0", "0,0," };
+	for (size_t i = 0; i < sizeof(bad_skew) / sizeof(bad_skew[0]); i++) {
+		moet_test_env("MOET_STAGE_TEST_SKEW", bad_skew[i]);
+		moet_kv *kv = NULL;
+		const int64_t t = 1;
+		CHECK(moet_kv_create(m, 4, &kv) == 0, "kv");
+		moet_seq_step st = { .kv = kv, .tokens = &t, .n_tok = 1 };
+		CHECK(moet_model_forward_batch(m, &st, 1) != 0 &&
+			      strstr(moet_errmsg(), "MOET_STAGE_TEST_SKEW"),
+		      "MOET_STAGE_TEST_SKEW='%s' accepted (%s)", bad_skew[i], moet_errmsg());
+		moet_kv_destroy(kv);
+	}
+	moet_test_env("MOET_STAGE_TEST_SKEW", NULL);
+	moet_test_env("MOET_STAGE_BALANCE", NULL);
+	moet_test_env("MOET_HARDWARE", NULL);
+	CHECK(moet_model_set_placement(m, NULL, 0) == 0, "placement removed");
+	moet_model_close(m);
+	free(ref);
+	free(got);
+	free(own);
+	free(dir);
+}
+
+int main(void)
+{
+	checks("cpu");
+	const char *why = NULL;
+	if (moet_gpu_count(&why) > 0)
+		checks("cuda");
+	else
+		printf("cuda part skipped: %s\n", why ? why : "no CUDA device");
+	return moet_test_done("test_stage_auto");
+}
