@@ -866,7 +866,9 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 	}
 	for (int s = 0; s < n_steps; s++)
 		steps[s].kv->len += steps[s].n_tok;
-	if (arm >= 0)
+	/* NOTE: not a pass with the CPU tier alone (moet_model_set_hybrid_overlap 0: bench e2e's
+	 * Tc): slower in every arm, it would steer the choice while Tc is measured */
+	if (arm >= 0 && (!m->hy || moet_hybrid_overlapped(m->hy)))
 		mb_record(m, n, arm, now_s() - t0);
 	return 0;
 }

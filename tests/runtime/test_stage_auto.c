@@ -9,6 +9,7 @@
  *     recorded time of its passes, nothing timed): after three trials of each the passes
  *     run at that arm, counted per arm (price_passes), nothing staged at price none and
  *     something at the others; every pass's logits equal those of the run without placement;
+ *   - passes with the CPU tier alone (bench e2e's Tc) leave the choice as it was;
  *   - with both forms (MOET_MICROBATCH unset) six arms, three trials each;
  *   - bad values refused, naming the variable.
  * On a GPU (when there is one) the same on the CUDA backend.
@@ -139,6 +140,22 @@ static void checks(const char *device)
 		       "passes there, %llu pairs staged, %llu on the CPU tier\n", device, best,
 		       (unsigned long long)hs.price_passes[best],
 		       (unsigned long long)hs.staged_pairs, (unsigned long long)hs.cpu_pairs);
+		if (best != 1)
+			continue;
+		/* the CPU tier alone (bench e2e's Tc): its passes, slower, do not count, so
+		 * the arm stays though they are now made the slowest there */
+		moet_test_env("MOET_STAGE_TEST_SKEW", "0,5,0");
+		CHECK(moet_model_set_hybrid_overlap(m, 0) == 0, "%s", moet_errmsg());
+		run(m, got, V, -1);
+		CHECK(moet_model_set_hybrid_overlap(m, 1) == 0, "%s", moet_errmsg());
+		moet_model_hybrid_stats(m, &hs, 0);
+		CHECK(hs.price_passes[1] == ND && hs.price_passes[0] == 0 && hs.price_passes[2] == 0,
+		      "%s, the CPU tier alone: %llu, %llu, %llu decode passes at the arms, want all "
+		      "%d at 1", device, (unsigned long long)hs.price_passes[0],
+		      (unsigned long long)hs.price_passes[1], (unsigned long long)hs.price_passes[2],
+		      ND);
+		CHECK(memcmp(ref, got, n_out * sizeof(float)) == 0,
+		      "%s, the CPU tier alone: logits differ", device);
 	}
 
 	/* both forms: six arms; split passes 0.5 s slower, price 2 the fastest */
