@@ -213,7 +213,8 @@ void moet_test_cli_expect(const char *args, int want_rc, const char *want_text)
 	free(out);
 }
 
-int moet_test_ragged_run(moet_model *m, int seqs, int steps, int batched, float *out)
+static int ragged(moet_model *m, int seqs, int steps, int batched, float *out,
+		  void (*after)(int step, void *ctx), void *ctx)
 {
 	const int64_t V = moet_model_config(m)->vocab_size;
 	const int64_t max_prompt = 2 * (int64_t)seqs + 1, width = max_prompt + steps;
@@ -240,6 +241,8 @@ int moet_test_ragged_run(moet_model *m, int seqs, int steps, int batched, float 
 			rc = moet_model_forward_batch(m, st, seqs);
 		for (int s = 0; s < seqs && !batched && !rc; s++)
 			rc = moet_model_forward_batch(m, &st[s], 1);
+		if (!rc && after)
+			after(step, ctx);
 	}
 	for (int s = 0; kv && s < seqs; s++)
 		moet_kv_destroy(kv[s]);
@@ -247,6 +250,17 @@ int moet_test_ragged_run(moet_model *m, int seqs, int steps, int batched, float 
 	free(tok);
 	free(st);
 	return rc;
+}
+
+int moet_test_ragged_run(moet_model *m, int seqs, int steps, int batched, float *out)
+{
+	return ragged(m, seqs, steps, batched, out, NULL, NULL);
+}
+
+int moet_test_ragged_run_hook(moet_model *m, int seqs, int steps, float *out,
+			      void (*after)(int step, void *ctx), void *ctx)
+{
+	return ragged(m, seqs, steps, 1, out, after, ctx);
 }
 
 double moet_test_now_ms(void)

@@ -112,6 +112,10 @@ moet_model *moet_test_gen_open(const char *tag, const moet_gen_params *gp, char 
  * (batched) or one per call, then `steps` decode steps; out gets the last row's logits of
  * every sequence and call, [steps + 1][seqs][vocab]. Returns 0 or the first error. */
 int moet_test_ragged_run(moet_model *m, int seqs, int steps, int batched, float *out);
+/* The same, batched, with after(step, ctx) called after each step's call (step 0: the
+ * prompts). */
+int moet_test_ragged_run_hook(moet_model *m, int seqs, int steps, float *out,
+			      void (*after)(int step, void *ctx), void *ctx);
 
 /* A MOET_TRACE file (runtime/moet_trace.h) read back with jansson: its complete events counted
  * by lane (passes; ops on the pass's stream and the two micro-batch streams; CPU-tier spans;

@@ -26,43 +26,38 @@
 #include "moet_test.h"
 
 #define NB 4   /* sequences */
-#define NP 8   /* prompt tokens of each */
 #define ND 12  /* decode steps: 9 trials of three arms, then 3 at the chosen one */
 #define TRIALS 3
 
-/* NB prompts (one pass), then ND decode steps of the batch: every pass's last logits into
- * out ((ND + 1) x NB x V); the hybrid stats reset at the start, after the prompt's pass and
- * after pass `reset_at` (-1: none); the prompt's pass's price arm by price_passes into
- * prompt_arm (-1: none, -2: several). */
+/* After each pass of run: the hybrid stats reset after the prompts' pass and after pass
+ * reset_at; the prompts' pass's price arm by price_passes into prompt_arm (-1: none, -2:
+ * several). */
+typedef struct hook {
+	moet_model *m;
+	int reset_at, prompt_arm;
+} hook;
+
+static void after(int step, void *ctx)
+{
+	hook *h = ctx;
+	moet_hybrid_stats hs;
+	moet_model_hybrid_stats(h->m, &hs, step == h->reset_at || step == 0);
+	for (int a = 0; step == 0 && a < 3; a++)
+		if (hs.price_passes[a])
+			h->prompt_arm = h->prompt_arm == -1 ? a : -2;
+}
+
+/* NB ragged prompts (one pass), then ND decode steps of the batch: every pass's last logits
+ * into out ((ND + 1) x NB x V); the hook as above. */
 static int prompt_arm;
-static void run(moet_model *m, float *out, int64_t V, int reset_at)
+static void run(moet_model *m, float *out, int reset_at)
 {
 	moet_hybrid_stats hs;
 	moet_model_hybrid_stats(m, &hs, 1);
-	moet_kv *kv[NB];
-	int64_t tok[NB][NP + ND];
-	moet_seq_step st[NB];
-	prompt_arm = -1;
-	for (int s = 0; s < NB; s++) {
-		CHECK(moet_kv_create(m, NP + ND + 1, &kv[s]) == 0, "kv");
-		for (int i = 0; i < NP + ND; i++)
-			tok[s][i] = (i * 29 + s * 11 + 5) % V;
-	}
-	for (int d = 0; d <= ND; d++) {
-		for (int s = 0; s < NB; s++)
-			st[s] = (moet_seq_step){ .kv = kv[s], .tokens = d ? &tok[s][NP + d - 1]
-									  : tok[s],
-						 .n_tok = d ? 1 : NP,
-						 .out_logits = out + ((int64_t)d * NB + s) * V,
-						 .last_only = 1 };
-		CHECK(moet_model_forward_batch(m, st, NB) == 0, "pass %d: %s", d, moet_errmsg());
-		moet_model_hybrid_stats(m, &hs, d == reset_at || d == 0);
-		for (int a = 0; d == 0 && a < 3; a++)
-			if (hs.price_passes[a])
-				prompt_arm = prompt_arm == -1 ? a : -2;
-	}
-	for (int s = 0; s < NB; s++)
-		moet_kv_destroy(kv[s]);
+	hook h = { .m = m, .reset_at = reset_at, .prompt_arm = -1 };
+	CHECK(moet_test_ragged_run_hook(m, NB, ND, out, after, &h) == 0, "run: %s",
+	      moet_errmsg());
+	prompt_arm = h.prompt_arm;
 }
 
 static void checks(const char *device)
@@ -86,7 +81,7 @@ static void checks(const char *device)
 				   "pcie_latency_us: 0\n";
 	snprintf(hw, sizeof(hw), "%s/hw-even.yaml", dir);
 	CHECK(moet_test_write_file(hw, even, strlen(even)) == 0, "hw file");
-	run(m, ref, V, -1);
+	run(m, ref, -1);
 	for (int64_t i = 0; i < L * E; i++) /* every third expert on the CPU side */
 		own[i] = (int16_t)(i % 3 == 0 ? -1 : 0);
 	moet_test_env("MOET_HARDWARE", hw);
@@ -115,7 +110,7 @@ static void checks(const char *device)
 		moet_test_env("MOET_STAGE_TEST_SKEW", skew[best]);
 		CHECK(moet_model_set_placement(m, own, 1) == 0, "%s", moet_errmsg());
 		memset(got, 0xAB, n_out * sizeof(float));
-		run(m, got, V, 3 * TRIALS); /* the prompt's pass, then 9 decode trials */
+		run(m, got, 3 * TRIALS); /* the prompt's pass, then 9 decode trials */
 		moet_hybrid_stats hs;
 		moet_model_hybrid_stats(m, &hs, 0);
 		CHECK(memcmp(ref, got, n_out * sizeof(float)) == 0,
@@ -146,7 +141,7 @@ static void checks(const char *device)
 		 * the arm stays though they are now made the slowest there */
 		moet_test_env("MOET_STAGE_TEST_SKEW", "0,5,0");
 		CHECK(moet_model_set_hybrid_overlap(m, 0) == 0, "%s", moet_errmsg());
-		run(m, got, V, -1);
+		run(m, got, -1);
 		CHECK(moet_model_set_hybrid_overlap(m, 1) == 0, "%s", moet_errmsg());
 		moet_model_hybrid_stats(m, &hs, 0);
 		CHECK(hs.price_passes[1] == ND && hs.price_passes[0] == 0 && hs.price_passes[2] == 0,
@@ -164,8 +159,8 @@ static void checks(const char *device)
 	moet_test_env("MOET_MB_TEST_SKEW", "0,0.5");
 	CHECK(moet_model_set_placement(m, own, 1) == 0, "%s", moet_errmsg());
 	memset(got, 0xAB, n_out * sizeof(float));
-	run(m, got, V, -1);
-	run(m, got, V, 6 * TRIALS - ND); /* decode passes 13 .. 18 are trials */
+	run(m, got, -1);
+	run(m, got, 6 * TRIALS - ND); /* decode passes 13 .. 18 are trials */
 	moet_hybrid_stats hs;
 	moet_model_hybrid_stats(m, &hs, 0);
 	CHECK(memcmp(ref, got, n_out * sizeof(float)) == 0, "%s, six arms: logits differ",
