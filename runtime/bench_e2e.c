@@ -657,8 +657,9 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			    (rc = moet_profile_create(moet_model_config(m), &brec.batch)))
 				break;
 			/* NOTE: under MOET_MICROBATCH=auto (unset) a hybrid or cpu mode's first
-			 * passes of a batch size try both forms; the step reported is the
-			 * engine's choice, so they are warm-up (timed, they were a quarter of 8
+			 * passes of a batch size try both forms (and under MOET_STAGE_BALANCE=auto
+			 * three link prices in each: moet_model_trial_passes); the step reported
+			 * is the engine's choice, so they are warm-up (timed, they were a quarter of 8
 			 * steps: record 2026-11-30-e2e-deep-h200-63334dc.txt) */
 			const char *mbv = getenv("MOET_MICROBATCH");
 			const int trials = mode != MOET_E2E_GPU ? moet_model_trial_passes(m) : 0;

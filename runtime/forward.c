@@ -681,9 +681,16 @@ static int mb_skew(moet_model *m)
  * NOTE: MOET_STAGE_BALANCE=auto tries the prices in decode passes only; a prompt's pass runs at
  * the price 1 arm (an 8K-token prompt without staging took 30.2 s against 21.0 on the H200:
  * docs/hybrid.md, so trying none on long prompts would be dear). */
+/* MOET_STAGE_BALANCE=auto, with something to price: cold experts, and no NVMe tier (which
+ * keeps the prefill threshold: dispatch.c). */
+static int prices_tried(const moet_model *m)
+{
+	return m->hy && m->cpu_tier && !m->xtier && moet_hybrid_stage_price_auto(m->hy);
+}
+
 static int mb_arms(const moet_model *m, int mode, int can_split, int decode, int *arms)
 {
-	const int price_auto = m->hy && moet_hybrid_stage_price_auto(m->hy);
+	const int price_auto = prices_tried(m);
 	const int p0 = price_auto && !decode, p1 = price_auto ? (decode ? 2 : 1) : 0;
 	const int f0 = can_split && mode == 2, f1 = can_split && mode != 1;
 	int na = 0;
@@ -716,7 +723,6 @@ static int mb_choose(moet_model *m, const moet_seq_step *steps, int n_steps, int
 		return rc;
 	*out_k = split_point(m, steps, n_steps, n, mode == 2);
 	const int can_split = *out_k < n_steps;
-	const int price_auto = m->hy && moet_hybrid_stage_price_auto(m->hy);
 	int arms[MOET_MB_ARMS];
 	const int na = mb_arms(m, mode, can_split, n == n_steps, arms);
 	int arm = arms[0];
@@ -736,7 +742,7 @@ static int mb_choose(moet_model *m, const moet_seq_step *steps, int n_steps, int
 			arm = arms[best];
 	}
 	*out_form = arm / MOET_MB_PRICES;
-	*out_price = price_auto ? arm % MOET_MB_PRICES : -1;
+	*out_price = prices_tried(m) ? arm % MOET_MB_PRICES : -1;
 	/* NOTE: a forced form's passes count for it too, as before the prices (can_split) */
 	*out_arm = na > 1 || can_split ? arm : -1;
 	return 0;
@@ -754,7 +760,7 @@ static void mb_record(moet_model *m, int64_t n, int arm, double seconds)
 	moet_mb_tune *t = mb_tune_of(m, n);
 	const int c = t->cnt[arm]++, form = arm / MOET_MB_PRICES;
 	seconds += form ? m->mb_skew[1] : c == 0 ? m->mb_skew[0] : 0; /* tests: mb_skew */
-	if (m->hy && moet_hybrid_stage_price_auto(m->hy))
+	if (prices_tried(m))
 		seconds += m->price_skew[arm % MOET_MB_PRICES];
 	if (c < MB_TRIALS) {
 		double *v = t->trial[arm];

@@ -109,8 +109,8 @@ struct moet_hybrid {
 	int64_t n_experts;
 	moet_stage *ring;         /* staging slots, made at the first staged expert */
 	int stage_pinned;         /* MOET_STAGE_COPY: 1 pinned (waves), 0 driver */
-	int stage_balance;        /* MOET_STAGE_BALANCE=1: each call's cold experts split by
-				   * moet_hybrid_stage_pick */
+	int stage_balance;        /* MOET_STAGE_BALANCE=1 or auto: each call's cold experts
+				   * split by moet_hybrid_stage_pick */
 	double link_base;         /* MOET_STAGE_LINK_PRICE */
 	double link_price;        /* the pick's link times this: link_base, or under
 				   * MOET_STAGE_BALANCE=auto the pass's arm times it */

@@ -11,6 +11,7 @@
  *     something at the others; every pass's logits equal those of the run without placement;
  *   - passes with the CPU tier alone (bench e2e's Tc) leave the choice as it was;
  *   - with both forms (MOET_MICROBATCH unset) six arms, three trials each;
+ *   - with every expert on the device no price is tried;
  *   - bad values refused, naming the variable.
  * On a GPU (when there is one) the same on the CUDA backend.
  */
@@ -172,6 +173,25 @@ static void checks(const char *device)
 	      (unsigned long long)hs.price_passes[1], (unsigned long long)hs.price_passes[2],
 	      (unsigned long long)hs.split_passes);
 	moet_test_env("MOET_MB_TEST_SKEW", NULL);
+
+	/* every expert on the device: no price to try, so the forms' trials alone, none counted */
+	for (int64_t i = 0; i < L * E; i++)
+		own[i] = 0;
+	moet_test_env("MOET_STAGE_TEST_SKEW", NULL);
+	CHECK(moet_model_set_placement(m, own, 1) == 0, "%s", moet_errmsg());
+	CHECK(moet_model_trial_passes(m) == 6, "all on the device: %d trial passes, want 6",
+	      moet_model_trial_passes(m));
+	run(m, got, -1);
+	moet_model_hybrid_stats(m, &hs, 0);
+	CHECK(hs.price_passes[0] + hs.price_passes[1] + hs.price_passes[2] == 0 &&
+		      hs.staged_pairs == 0,
+	      "all on the device: %llu passes counted at prices, %llu pairs staged",
+	      (unsigned long long)(hs.price_passes[0] + hs.price_passes[1] + hs.price_passes[2]),
+	      (unsigned long long)hs.staged_pairs);
+	CHECK(memcmp(ref, got, n_out * sizeof(float)) == 0, "%s, all on the device: logits "
+	      "differ", device);
+	for (int64_t i = 0; i < L * E; i++)
+		own[i] = (int16_t)(i % 3 == 0 ? -1 : 0);
 
 	/* bad values */
 	moet_test_env("MOET_STAGE_BALANCE", "Auto");
