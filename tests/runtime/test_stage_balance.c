@@ -42,7 +42,9 @@
 #define MAX_E 64
 
 /* Where the test is, for the watchdog: its first GPU run was killed by run.sh's timeout with
- * nothing printed (2026-12-01), so a run that hangs now says where. */
+ * nothing printed (2026-12-01; the next, with these steps, stopped at the first page-locked
+ * placement: the shards were mapped private then, test_ckpt now checks they are shared), so
+ * a run that hangs says where, with the main thread's frames. */
 static char where[160] = "start";
 static unsigned watch_s = 120; /* MOET_TEST_WATCHDOG_S */
 
