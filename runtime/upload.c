@@ -30,7 +30,8 @@
  * staged_opts says why) are meant to save the last two.
  * NOTE (what was tried): DMA from the mapped pages page-locked in place (cudaHostRegister,
  * MOET_UPLOAD=register) measured 1.0-1.4 GB/s serial, and its threaded version hung on the
- * H200 machine; removed (docs/hybrid.md).
+ * H200 machine; removed (docs/hybrid.md). Both pinned a private mapping, which Linux copies
+ * page by page (the shards are mapped shared since: 5-10 GB/s measured, no copy).
  *
  * The source (MOET_UPLOAD_READ): map copies from the items' host bytes (the checkpoint's
  * mapping: the first touch of each page is a page fault taken by the filling thread); pread
