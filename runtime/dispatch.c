@@ -39,11 +39,9 @@
 #include <string.h>
 
 #include "model_int.h"
-#include "moet_ckpt.h"
 #include "moet_env.h"
 #include "moet_err.h"
 #include "moet_gpu.h"
-#include "moet_gpu_host.h"
 #include "moet_upload.h"
 
 static void sim_free(moet_sim_device *d)
@@ -116,14 +114,11 @@ static int sim_fill_uring(moet_model *m, moet_sim_device *d, int g, const int16_
 	return rc;
 }
 
-/* The checkpoint's shards page-locked by stage_register, unlocked (the balance's copies are
- * done: the ring is gone with the engine). */
+/* What stage_register page-locked, unlocked (the balance's copies are done: the ring is gone
+ * with the engine). */
 static void stage_unregister(moet_model *m)
 {
-	for (int i = 0; i < m->n_stage_reg; i++)
-		if (moet_ckpt_shard_base(m->ck, i) && moet_ckpt_shard_bytes(m->ck, i))
-			moet_gpu_host_unregister(moet_ckpt_shard_base(m->ck, i));
-	m->n_stage_reg = 0;
+	moet_stage_unlock(m);
 	free(m->stage_rows);
 	free(m->stage_pick);
 	m->stage_rows = NULL;
@@ -131,35 +126,20 @@ static void stage_unregister(moet_model *m)
 }
 
 /*
- * MOET_STAGE_BALANCE=1 (hybrid.c): the pick's tables, and on a GPU every shard's mapping
- * page-locked (read-only) so that a staged expert's copy is a DMA from the checkpoint's own
- * pages at the link's rate. Measured on the H200 machine (tests/gpu/probe_dma.sh): 8.6 GB of
- * mapped tmpfs pages in 0.82 s, then 55 GB/s, as from pinned memory.
+ * MOET_STAGE_BALANCE (hybrid.c): the pick's tables, and on a GPU the cold experts' pages
+ * page-locked (read-only, stage_lock.c) so that a staged expert's copy is a DMA from the
+ * checkpoint's own pages at the link's rate. Measured on the H200 machine
+ * (tests/gpu/probe_dma.sh): mapped pages locked at 5-10 GB/s, then 55 GB/s, as from pinned
+ * memory.
  */
-static int stage_register(moet_model *m, int host)
+static int stage_register(moet_model *m, const int16_t *owner, int host)
 {
 	const int64_t E = m->cfg.n_routed_experts;
 	m->stage_rows = malloc((size_t)(3 * E) * sizeof(*m->stage_rows));
 	m->stage_pick = malloc((size_t)E);
 	if (!m->stage_rows || !m->stage_pick)
 		return moet_err(MOET_ENOMEM, "decode staging tables");
-	/* MOET_STAGE_REGISTER=0: the copies from the pageable mapping (the driver stages them:
-	 * the reference path of the page-locking, far slower; the pick still prices the link) */
-	static const char *const regs[] = { "1", "0" };
-	int no_reg = 0, rc = moet_env_choice("MOET_STAGE_REGISTER", regs, 2, &no_reg);
-	if (rc)
-		return rc;
-	for (int i = 0; !host && !no_reg && m->ck && i < moet_ckpt_shard_count(m->ck); i++) {
-		const void *p = moet_ckpt_shard_base(m->ck, i);
-		const size_t bytes = moet_ckpt_shard_bytes(m->ck, i);
-		if (!p || !bytes)
-			continue; /* none to lock (unregister skips it too) */
-		if ((rc = moet_gpu_host_register_ro(p, bytes)))
-			return moet_err_prefix(rc, "MOET_STAGE_BALANCE: page-locking %s",
-					       moet_ckpt_shard_path(m->ck, i));
-		m->n_stage_reg = i + 1;
-	}
-	return 0;
+	return moet_stage_lock(m, owner, host);
 }
 
 int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
@@ -238,7 +218,7 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 		}
 	}
 	if ((rc = moet_hybrid_stage_setup(m->hy, c, expert_bytes, !host)) ||
-	    (moet_hybrid_stage_balance(m->hy) && (rc = stage_register(m, host))))
+	    (moet_hybrid_stage_balance(m->hy) && (rc = stage_register(m, owner, host))))
 		goto fail;
 	if (!host) {
 		if ((rc = moet_model_bind_experts(m, owner)))

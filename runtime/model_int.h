@@ -296,6 +296,20 @@ int moet_tp_splits_ffn(const moet_tp *tp);
 int moet_tp_ffn(moet_tp *tp, const moet_tp_mat *gate, const moet_tp_mat *up,
 		const moet_tp_mat *down, const float *x, int64_t n, float *out);
 
+/* stage_lock.c: a range of the checkpoint's mapped bytes page-locked for MOET_STAGE_BALANCE. */
+typedef struct moet_lock_range {
+	const void *p;
+	size_t bytes;
+} moet_lock_range;
+struct moet_model;
+/* At a placement with MOET_STAGE_BALANCE: the ranges of MOET_STAGE_REGISTER (cold: the CPU
+ * side's experts, owner < 0, page-aligned and merged per shard; all: every shard; 0: none)
+ * into m->stage_lock, locked on a GPU backend (host 0). Nothing behind the NVMe tier. Errors:
+ * MOET_EINVAL naming a bad value, MOET_ENOMEM, the driver's, naming the shard. */
+int moet_stage_lock(struct moet_model *m, const int16_t *owner, int host);
+/* Unlocks and forgets them. */
+void moet_stage_unlock(struct moet_model *m);
+
 /* forward.c: measured step times of a pass's arms for one batch-size bucket: its two forms
  * (one pass, two micro-batches) x MOET_STAGE_BALANCE=auto's link prices (none, 1, 2 times
  * MOET_STAGE_LINK_PRICE; without auto only the first), arm = form * MOET_MB_PRICES + price. */
@@ -388,7 +402,9 @@ struct moet_model {
 	moet_expert_pair *stage_list; /* the cold pairs staged to the backend (hybrid.c) */
 	int64_t *stage_rows;      /* [3 E]: a call's cold experts' rows, then the pick's scratch */
 	uint8_t *stage_pick;      /* [E]: which of them are staged */
-	int n_stage_reg;          /* checkpoint shards page-locked for the balance's copies */
+	moet_lock_range *stage_lock; /* what MOET_STAGE_BALANCE page-locks (stage_lock.c) */
+	int n_stage_lock;
+	int n_stage_locked;       /* of which locked now (a GPU backend) */
 	int32_t *ids_h, *slot_h;
 	int64_t cap_pairs;
 	int gpu_first;            /* this pass starts the CPU tier after the device tiers */

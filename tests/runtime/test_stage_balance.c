@@ -13,11 +13,14 @@
  *    device) with the balance on and three hardware files: a CPU far slower than the link
  *    (every cold expert staged), far faster (none staged), and about even (some of each):
  *    logits memcmp-equal to the run without a placement, and the counters: staged and CPU-tier
- *    pairs add up to the cold pairs the route observer saw.
+ *    pairs add up to the cold pairs the route observer saw; the ranges to page-lock
+ *    (stage_lock.c) against the placement: every CPU-side expert's bytes in them, a GPU
+ *    expert's only on shared boundary pages, whole pages of one shard each, less than the
+ *    shards; with MOET_STAGE_REGISTER=all every shard whole.
  * 3. MOET_STAGE_BALANCE=2 and MOET_STAGE_REGISTER=yes are refused, naming the variable.
  * Part 2 runs again on GPU 0 where one is present (tests/gpu/run.sh runs this program too),
  * with MOET_STAGE_REGISTER=0 (copies from the pageable mapping) and with the default, where
- * the checkpoint's shards must be page-locked with the placement and unlocked with it.
+ * the ranges must be page-locked with the placement and unlocked with it.
  */
 #include <execinfo.h>
 #include <signal.h>
@@ -199,8 +202,73 @@ static void pick_checks(moet_hybrid *hy)
 	       "shorter by brute force\n", staged_some, staged_none, floored);
 }
 
-/* Part 2 on one backend: "cpu" (the simulated devices) or "cuda" (GPU 0: the checkpoint's
- * shards page-locked, the copies DMA from them, each kernel waiting on the device). */
+/* Bytes of [p, p + n) inside the locked ranges (disjoint). */
+static size_t covered(const moet_model *m, uintptr_t p, size_t n)
+{
+	size_t got = 0;
+	for (int i = 0; i < m->n_stage_lock; i++) {
+		const uintptr_t lo = (uintptr_t)m->stage_lock[i].p, hi = lo + m->stage_lock[i].bytes;
+		const uintptr_t a = p > lo ? p : lo, b = p + n < hi ? p + n : hi;
+		got += b > a ? b - a : 0;
+	}
+	return got;
+}
+
+/* What the balance page-locked (stage_lock.c) against the placement, read here from the
+ * experts' views and the shards: with MOET_STAGE_REGISTER=cold (reg) every CPU-side expert's
+ * bytes (weights and block scales) lie in the ranges, a GPU expert's only on the pages it
+ * shares with them; the ranges page-aligned, disjoint, each inside one shard's mapping;
+ * locked on CUDA only; none with MOET_STAGE_REGISTER=0. *locked / *all: the bytes locked and
+ * the shards' bytes. */
+static void lock_checks(const moet_model *m, const int16_t *own, int cuda, int reg,
+			const char *what, size_t *locked, size_t *all)
+{
+	const int64_t L = m->cfg.num_hidden_layers, E = m->cfg.n_routed_experts;
+	const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+	CHECK(m->n_stage_locked == (cuda && reg ? m->n_stage_lock : 0), "%s: %d of %d ranges "
+	      "locked", what, m->n_stage_locked, m->n_stage_lock);
+	CHECK(reg ? m->n_stage_lock > 0 : m->n_stage_lock == 0, "%s: %d ranges", what,
+	      m->n_stage_lock);
+	*locked = *all = 0;
+	for (int s = 0; s < moet_ckpt_shard_count(m->ck); s++)
+		*all += moet_ckpt_shard_bytes(m->ck, s);
+	for (int i = 0; i < m->n_stage_lock; i++) {
+		const uintptr_t p = (uintptr_t)m->stage_lock[i].p;
+		const size_t n = m->stage_lock[i].bytes;
+		int in = 0;
+		for (int s = 0; s < moet_ckpt_shard_count(m->ck); s++) {
+			const uintptr_t b = (uintptr_t)moet_ckpt_shard_base(m->ck, s);
+			const size_t sb = (moet_ckpt_shard_bytes(m->ck, s) + pg - 1) & ~(pg - 1);
+			in += b && p >= b && p + n <= b + sb;
+		}
+		CHECK(p % pg == 0 && n % pg == 0 && n > 0 && in == 1, "%s: range %d (%#lx, %zu "
+		      "bytes) not whole pages of one shard", what, i, (unsigned long)p, n);
+		for (int j = 0; j < i; j++) {
+			const uintptr_t q = (uintptr_t)m->stage_lock[j].p;
+			CHECK(q + m->stage_lock[j].bytes <= p || p + n <= q, "%s: ranges %d and %d "
+			      "overlap", what, j, i);
+		}
+		*locked += n;
+	}
+	for (int64_t e = 0; reg && e < L * E; e++) {
+		if (!m->layers[e / E].is_moe)
+			continue;
+		const moet_ffn_w *w = &m->layers[e / E].experts_host[e % E];
+		const moet_mat *x[3] = { &w->gate, &w->up, &w->down };
+		for (int t = 0; t < 6; t++) {
+			const moet_mat *a = x[t / 2];
+			const uintptr_t p = (uintptr_t)(t % 2 ? (const void *)a->scale_inv : a->data);
+			const size_t n = t % 2 ? moet_mat_scale_bytes(a) : moet_mat_data_bytes(a);
+			const size_t c = p && n ? covered(m, p, n) : 0;
+			CHECK(own[e] < 0 ? c == n : c <= 2 * pg, "%s: layer %lld expert %lld (%s) "
+			      "tensor %d: %zu of %zu bytes locked", what, (long long)(e / E),
+			      (long long)(e % E), own[e] < 0 ? "CPU" : "GPU", t, c, n);
+		}
+	}
+}
+
+/* Part 2 on one backend: "cpu" (the simulated devices) or "cuda" (GPU 0: the cold experts'
+ * pages locked, the copies DMA from them, each kernel waiting on the device). */
 static void model_checks(const char *device, int reg)
 {
 	moet_gen_params gp;
@@ -252,12 +320,16 @@ static void model_checks(const char *device, int reg)
 			      moet_errmsg());
 			if (rc)
 				continue;
-			if (cuda)
-				CHECK(reg ? m->n_stage_reg == moet_ckpt_shard_count(m->ck) &&
-						    m->n_stage_reg > 0
-					  : m->n_stage_reg == 0,
-				      "cuda, MOET_STAGE_REGISTER=%d: %d of %d shards page-locked", reg,
-				      m->n_stage_reg, moet_ckpt_shard_count(m->ck));
+			char what[96];
+			snprintf(what, sizeof(what), "%s%s placement %d", device,
+				 reg ? "" : " (not page-locked)", pl);
+			size_t locked = 0, all = 0;
+			lock_checks(m, own, cuda, reg, what, &locked, &all);
+			CHECK(!reg || locked < all, "%s: %zu of %zu bytes locked: the dense part "
+			      "too", what, locked, all);
+			if (h == 0)
+				printf("%s: %d ranges, %zu of the shards' %zu bytes page-locked\n",
+				       what, m->n_stage_lock, locked, all);
 			cold cd = { .own = own, .E = E };
 			moet_model_set_route_observer(m, observe, &cd);
 			moet_hybrid_stats hs;
@@ -294,6 +366,18 @@ static void model_checks(const char *device, int reg)
 			       (unsigned long long)hs.cpu_pairs);
 		}
 	}
+	/* MOET_STAGE_REGISTER=all: every shard whole, as first measured */
+	setenv("MOET_STAGE_BALANCE", "1", 1);
+	setenv("MOET_STAGE_REGISTER", "all", 1);
+	CHECK(moet_model_set_placement(m, own, 1) == 0, "%s", moet_errmsg());
+	unsetenv("MOET_STAGE_REGISTER");
+	int whole = m->n_stage_lock == moet_ckpt_shard_count(m->ck) &&
+		    m->n_stage_locked == (cuda ? m->n_stage_lock : 0);
+	for (int i = 0; whole && i < m->n_stage_lock; i++)
+		whole = m->stage_lock[i].p == moet_ckpt_shard_base(m->ck, i) &&
+			m->stage_lock[i].bytes == moet_ckpt_shard_bytes(m->ck, i);
+	CHECK(whole, "%s, MOET_STAGE_REGISTER=all: %d ranges (%d locked) for %d shards", device,
+	      m->n_stage_lock, m->n_stage_locked, moet_ckpt_shard_count(m->ck));
 	setenv("MOET_STAGE_BALANCE", "2", 1);
 	int rc = moet_model_set_placement(m, own, 1);
 	unsetenv("MOET_STAGE_BALANCE");
@@ -309,7 +393,7 @@ static void model_checks(const char *device, int reg)
 	unsetenv("MOET_STAGE_REGISTER");
 	step("%s: placement removed", device);
 	CHECK(moet_model_set_placement(m, NULL, 0) == 0, "placement removed");
-	CHECK(m->n_stage_reg == 0, "shards unlocked with the placement");
+	CHECK(m->n_stage_lock == 0 && m->n_stage_locked == 0, "unlocked with the placement");
 	moet_model_close(m);
 	free(ref);
 	free(got);
