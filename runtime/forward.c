@@ -677,10 +677,6 @@ static int mb_skew(moet_model *m)
 	return rc ? rc : skew_list("MOET_STAGE_TEST_SKEW", "N,P,Q", MOET_MB_PRICES, m->price_skew);
 }
 
-/* The arms a pass of this model chooses among (forms, then prices), arms[] in that order.
- * NOTE: MOET_STAGE_BALANCE=auto tries the prices in decode passes only; a prompt's pass runs at
- * the price 1 arm (an 8K-token prompt without staging took 30.2 s against 21.0 on the H200:
- * docs/hybrid.md, so trying none on long prompts would be dear). */
 /* MOET_STAGE_BALANCE=auto, with something to price: cold experts, and no NVMe tier (which
  * keeps the prefill threshold: dispatch.c). */
 static int prices_tried(const moet_model *m)
@@ -688,6 +684,10 @@ static int prices_tried(const moet_model *m)
 	return m->hy && m->cpu_tier && !m->xtier && moet_hybrid_stage_price_auto(m->hy);
 }
 
+/* The arms a pass of this model chooses among (forms, then prices), arms[] in that order.
+ * NOTE: MOET_STAGE_BALANCE=auto tries the prices in decode passes only; a prompt's pass runs at
+ * the price 1 arm (an 8K-token prompt without staging took 30.2 s against 21.0 on the H200:
+ * docs/hybrid.md, so trying none on long prompts would be dear). */
 static int mb_arms(const moet_model *m, int mode, int can_split, int decode, int *arms)
 {
 	const int price_auto = prices_tried(m);
