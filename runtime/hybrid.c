@@ -739,14 +739,14 @@ void moet_hybrid_stage_pick(const moet_hybrid *hy, const int64_t *rows, int n, d
 	 * its rows, a staged one hardly): stage a prefix of them in that order, the prefix
 	 * whose split is the shortest, never below the GPU's own work of the layer (floor_ms:
 	 * staging then gains nothing), none on a tie */
+	memset(pick, 0, (size_t)n);
+	if (hy->link_price <= 0) /* MOET_STAGE_BALANCE=auto's arm 0: nothing staged */
+		return;
 	double cpu = 0;
 	for (int i = 0; i < n; i++) {
-		pick[i] = 0;
 		scratch[2 * i] = rows[i], scratch[2 * i + 1] = i;
 		cpu += moet_cost_call_ms(&hy->cost, false, (double)rows[i]);
 	}
-	if (hy->link_price <= 0) /* MOET_STAGE_BALANCE=auto's arm 0: nothing staged */
-		return;
 	qsort(scratch, (size_t)n, 2 * sizeof(int64_t), rows_desc);
 	double best = split_time(cpu, 0, floor_ms), link = 0;
 	int n_best = 0;
@@ -768,13 +768,13 @@ int moet_hybrid_stage_run(moet_hybrid *hy, moet_backend *be, const moet_ffn_w *t
 	int rc;
 	if (cnt <= 0)
 		return 0;
-	if (!hy->ring &&
-	    (rc = moet_stage_create(be, hy->stage_pinned ? MOET_STAGE_SLOTS_PINNED
-							  : MOET_STAGE_SLOTS_DRIVER,
-				    hy->stage_pinned, hy->n_experts, &hy->ring)))
-		return moet_err_prefix(rc, "prefill staging");
-	if (hy->stage_balance)
-		moet_stage_set_dev_wait(hy->ring, 1);
+	if (!hy->ring) { /* made at the first staged expert, kept with the engine */
+		if ((rc = moet_stage_create(be, hy->stage_pinned ? MOET_STAGE_SLOTS_PINNED
+								 : MOET_STAGE_SLOTS_DRIVER,
+					    hy->stage_pinned, hy->n_experts, &hy->ring)))
+			return moet_err_prefix(rc, "prefill staging");
+		moet_stage_set_dev_wait(hy->ring, hy->stage_balance);
+	}
 	uint64_t t0 = moet_now_ns();
 	moet_stage_counts ct = { 0 };
 	rc = moet_stage_run(hy->ring, be, table, pairs, cnt, top_k, h, n, y, hy->H, &ct);

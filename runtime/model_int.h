@@ -301,14 +301,13 @@ typedef struct moet_lock_range {
 	const void *p;
 	size_t bytes;
 } moet_lock_range;
-struct moet_model;
 /* At a placement with MOET_STAGE_BALANCE: the ranges of MOET_STAGE_REGISTER (cold: the CPU
  * side's experts, owner < 0, page-aligned and merged per shard; all: every shard; 0: none)
  * into m->stage_lock, locked on a GPU backend (host 0). Nothing behind the NVMe tier. Errors:
  * MOET_EINVAL naming a bad value, MOET_ENOMEM, the driver's, naming the shard. */
-int moet_stage_lock(struct moet_model *m, const int16_t *owner, int host);
+int moet_stage_lock(moet_model *m, const int16_t *owner, int host);
 /* Unlocks and forgets them. */
-void moet_stage_unlock(struct moet_model *m);
+void moet_stage_unlock(moet_model *m);
 
 /* forward.c: measured step times of a pass's arms for one batch-size bucket: its two forms
  * (one pass, two micro-batches) x MOET_STAGE_BALANCE=auto's link prices (none, 1, 2 times
