@@ -32,9 +32,10 @@
  * staging slots (stage.c, the shadow check's mechanism) with the backend's kernel: the same
  * bits. The ring is made at the first staged expert and kept.
  *
- * Decode staging by balance (MOET_STAGE_BALANCE=1, opt-in): the link is idle while a decode
- * layer's CPU tier reads its cold experts, and a batch-16 layer with three or four of them
- * outlasts the GPU's own experts (docs/hybrid.md, "Why batch 16 resists"). With the switch,
+ * Decode staging by balance (MOET_STAGE_BALANCE=1 or auto; unset, auto on one GPU where its
+ * page-locking fits, dispatch.c): the link is idle while a decode layer's CPU tier reads its
+ * cold experts, and a batch-16 layer with three or four of them outlasts the GPU's own
+ * experts (docs/hybrid.md, "Why batch 16 resists"). With the balance,
  * each call's cold experts are split between the CPU tier and the staging slots by
  * moet_hybrid_stage_pick (the split whose longer side, CPU or link, the cost model prices
  * shortest, and none where the GPU's own experts of the layer take longer anyway), and
@@ -115,6 +116,7 @@ struct moet_hybrid {
 	double link_price;        /* the pick's link times this: link_base, or under
 				   * MOET_STAGE_BALANCE=auto the pass's arm times it */
 	int price_auto;           /* MOET_STAGE_BALANCE=auto: the price set per pass */
+	int balance_by_default;   /* the balance on with MOET_STAGE_BALANCE unset */
 	moet_cost_in cost;        /* the hardware figures the pick prices with */
 	struct moet_trace *trace; /* MOET_TRACE, or NULL */
 };
@@ -608,7 +610,7 @@ void moet_hybrid_reset_stats(moet_hybrid *hy)
 }
 
 int moet_hybrid_stage_setup(moet_hybrid *hy, const moet_config *c, uint64_t expert_bytes,
-			    int on_gpu)
+			    int on_gpu, int balance_unset)
 {
 	const char *min = getenv("MOET_PREFILL_STAGE_MIN"), *hw_file = getenv("MOET_HARDWARE");
 	moet_cost_in in = { .batch = 1, .top_k = c->num_experts_per_tok, .d_model = c->hidden_size,
@@ -627,9 +629,13 @@ int moet_hybrid_stage_setup(moet_hybrid *hy, const moet_config *c, uint64_t expe
 		return rc;
 	hy->stage_mode = v && *v ? mode_of[mode] : on_gpu ? HY_STAGE_AUTO : HY_STAGE_NEVER;
 	static const char *const bal[] = { "0", "1", "auto" };
+	const char *bv = getenv("MOET_STAGE_BALANCE");
 	int bi = 0;
 	if ((rc = moet_env_choice("MOET_STAGE_BALANCE", bal, 3, &bi)))
 		return rc;
+	hy->balance_by_default = !(bv && *bv) && balance_unset > 0;
+	if (hy->balance_by_default)
+		bi = balance_unset;
 	hy->stage_balance = bi > 0;
 	hy->price_auto = bi == 2;
 	if (hy->stage_balance)
@@ -686,6 +692,11 @@ int64_t moet_hybrid_stage_min(const moet_hybrid *hy)
 int moet_hybrid_stage_balance(const moet_hybrid *hy)
 {
 	return hy && hy->stage_balance;
+}
+
+int moet_hybrid_stage_balance_by_default(const moet_hybrid *hy)
+{
+	return hy && hy->balance_by_default;
 }
 
 int moet_hybrid_stage_price_auto(const moet_hybrid *hy)

@@ -116,15 +116,18 @@ void moet_hybrid_get_stats(const moet_hybrid *hy, moet_hybrid_stats *out);
 /* Prefill staging of cold experts (MOET_PREFILL_STAGE, docs/hybrid.md): reads the switches
  * and, for auto, the crossover of the cost model (placement/moet_cost.h) for experts of
  * expert_bytes on the hardware of MOET_HARDWARE (a configs/hardware-*.yaml file) or the
- * defaults; unset, auto when on_gpu (the home backend is a GPU), else never. MOET_EINVAL
- * naming a malformed switch; the hardware file's own errors. */
+ * defaults; unset, auto when on_gpu (the home backend is a GPU), else never. Decode staging
+ * by balance (MOET_STAGE_BALANCE): unset or empty, balance_unset (0 off, 1, 2 auto).
+ * MOET_EINVAL naming a malformed switch; the hardware file's own errors. */
 int moet_hybrid_stage_setup(moet_hybrid *hy, const moet_config *c, uint64_t expert_bytes,
-			    int on_gpu);
+			    int on_gpu, int balance_unset);
 /* The tokens from which a cold expert of a call is staged (0: never). */
 int64_t moet_hybrid_stage_min(const moet_hybrid *hy);
 /* MOET_STAGE_BALANCE=1 or auto: a call's cold experts are split by moet_hybrid_stage_pick
  * instead. */
 int moet_hybrid_stage_balance(const moet_hybrid *hy);
+/* The balance is on with MOET_STAGE_BALANCE unset (its default: dispatch.c). */
+int moet_hybrid_stage_balance_by_default(const moet_hybrid *hy);
 /* MOET_STAGE_BALANCE=auto: the link's price is set per pass (forward.c: by measured passes). */
 int moet_hybrid_stage_price_auto(const moet_hybrid *hy);
 /* MOET_STAGE_BALANCE=auto: the pick's link price from now on, MOET_STAGE_LINK_PRICE times
@@ -303,8 +306,10 @@ typedef struct moet_lock_range {
 } moet_lock_range;
 /* At a placement with MOET_STAGE_BALANCE: the ranges of MOET_STAGE_REGISTER (cold: the CPU
  * side's experts, owner < 0, page-aligned and merged per shard; all: every shard; 0: none)
- * into m->stage_lock, locked on a GPU backend (host 0). Nothing behind the NVMe tier. Errors:
- * MOET_EINVAL naming a bad value, MOET_ENOMEM, the driver's, naming the shard. */
+ * into m->stage_lock, locked on a GPU backend (host 0); by default (MOET_STAGE_BALANCE unset)
+ * only when they take at most half the host's memory. Nothing behind the NVMe tier (attaching
+ * one unlocks them). Errors: MOET_EINVAL naming a bad value, MOET_ENOMEM (also the default's
+ * decline), the driver's, naming the shard. */
 int moet_stage_lock(moet_model *m, const int16_t *owner, int host);
 /* Unlocks and forgets them. */
 void moet_stage_unlock(moet_model *m);

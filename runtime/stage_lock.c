@@ -11,8 +11,10 @@
  *
  * The ranges are computed on every backend (the tests read them on the CPU one); only a GPU
  * backend locks them (cudaHostRegister, read-only: the shards are mapped shared, ckpt.c says
- * why). Behind the NVMe tier nothing is locked: its cold experts come from RAM slots, and
- * its checkpoint may not fit the host's memory.
+ * why). By default (the balance on because MOET_STAGE_BALANCE is unset) at most half the
+ * host's memory is locked: more, and the placement runs without the balance (dispatch.c).
+ * Behind the NVMe tier nothing is locked (attaching one unlocks what was): its cold experts
+ * come from RAM slots, and its checkpoint may not fit the host's memory.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -115,15 +117,54 @@ static int whole_shards(moet_model *m)
 	return 0;
 }
 
+/* The host's memory in bytes: MOET_STAGE_TEST_RAM (a test's stand-in) or the physical
+ * pages'. */
+static int host_ram(uint64_t *out)
+{
+	const char *v = getenv("MOET_STAGE_TEST_RAM");
+	if (v && *v) {
+		char *end = NULL;
+		const unsigned long long b = strtoull(v, &end, 10);
+		if (*end || !b || v[0] == '-')
+			return moet_err(MOET_EINVAL, "MOET_STAGE_TEST_RAM='%s': expected bytes "
+					"above 0", v);
+		*out = b;
+		return 0;
+	}
+	*out = (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE);
+	return 0;
+}
+
+/* NOTE: by default (MOET_STAGE_BALANCE unset) the lock takes at most half the host's memory:
+ * more, and the host is left too little to run in (a checkpoint near the host's size is the
+ * NVMe tier's case, whose tier is attached after the placement) */
+static int default_fits(const moet_model *m, uint64_t ram)
+{
+	uint64_t bytes = 0;
+	for (int i = 0; i < m->n_stage_lock; i++)
+		bytes += m->stage_lock[i].bytes;
+	if (bytes > ram / 2)
+		return moet_err(MOET_ENOMEM, "MOET_STAGE_BALANCE unset: the CPU side's experts "
+				"(%.2f GB) are more than half the host's memory (%.2f GB) and stay "
+				"pageable; MOET_STAGE_BALANCE=auto page-locks them anyway",
+				(double)bytes / 1e9, (double)ram / 1e9);
+	return 0;
+}
+
 int moet_stage_lock(moet_model *m, const int16_t *owner, int host)
 {
 	static const char *const modes[] = { "cold", "all", "0" };
 	int mode = 0, rc = moet_env_choice("MOET_STAGE_REGISTER", modes, 3, &mode);
 	if (rc)
 		return rc;
+	uint64_t ram = 0;
+	if ((rc = host_ram(&ram)))
+		return rc;
 	if (mode == 2 || !m->ck || m->xtier)
 		return 0;
 	if ((rc = mode == 1 ? whole_shards(m) : cold_ranges(m, owner)))
+		return rc;
+	if (!host && moet_hybrid_stage_balance_by_default(m->hy) && (rc = default_fits(m, ram)))
 		return rc;
 	for (int i = 0; !host && i < m->n_stage_lock; i++) {
 		const moet_lock_range *g = &m->stage_lock[i];

@@ -587,6 +587,7 @@ int moet_model_set_xtier(moet_model *m, const moet_xtier_opts *o)
 		goto fail;
 	trace_start(x);
 	m->xtier = x;
+	moet_stage_unlock(m); /* the balance's pages: unused behind the tier (dispatch.c) */
 	return 0;
 fail:
 	moet_xtier_destroy(x);

@@ -268,7 +268,12 @@ int moet_cli_verify(int argc, char **argv)
 			       ref[first], got[first]);
 			differ = 1;
 		}
+		moet_hybrid_stats hs;
+		moet_model_hybrid_stats(m, &hs, 0);
 		printf("; routings: CPU %.1f%%", total ? 100.0 * (double)cnt[0] / (double)total : 0);
+		if (hs.staged_pairs) /* cold experts the GPU computed from their staged bytes */
+			printf(" (%.1f%% staged to GPU 0)",
+			       100.0 * (double)hs.staged_pairs / (double)total);
 		for (int g = 0; g < n_dev; g++)
 			printf(", %s %.1f%%", g < moet_placement_n_gpus(pl) ?
 			       moet_placement_gpu_at(pl, g)->name : "sim",

@@ -4,7 +4,10 @@
  * MOET_STAGE_LINK_PRICE, on the CPU backend with a placement of cold experts and the "even"
  * hardware figures (where price 1 stages some of a call's experts, not all):
  *
- *   - the trial passes the model reports (moet_model_trial_passes) under each switch;
+ *   - the trial passes the model reports (moet_model_trial_passes) under each switch, and
+ *     unset: off on the CPU backend, auto on one GPU, where it stages and the logits equal
+ *     the run without placement, but off where the page-locking would take more than half
+ *     the host's memory (MOET_STAGE_TEST_RAM, a stand-in for it) unless asked for;
  *   - each arm made the fastest in turn by MOET_STAGE_TEST_SKEW (seconds added to the
  *     recorded time of its passes, nothing timed): after three trials of each the passes
  *     run at that arm, counted per arm (price_passes), nothing staged at price none and
@@ -91,17 +94,50 @@ static void checks(const char *device)
 	static const struct {
 		const char *bal, *mb;
 		int trials;
-	} tp[] = { { "1", NULL, 6 }, { "1", "0", 0 }, { "auto", "0", 9 }, { "auto", NULL, 18 },
-		   { "auto", "1", 9 }, { NULL, NULL, 6 } };
+		const char *ram; /* MOET_STAGE_TEST_RAM */
+	} tp[] = { { "1", NULL, 6, NULL },     { "1", "0", 0, NULL },	  { "auto", "0", 9, NULL },
+		   { "auto", NULL, 18, NULL }, { "auto", "1", 9, NULL },  { "0", NULL, 6, NULL },
+		   { NULL, NULL, -1, NULL },   { NULL, NULL, 6, "4096" }, { "auto", NULL, 18, "4096" } };
+	const int gpu = strcmp(device, "cpu") != 0;
+	moet_test_env("MOET_PREFILL_STAGE", "0"); /* staged below: by the balance alone */
 	for (size_t i = 0; i < sizeof(tp) / sizeof(tp[0]); i++) {
+		/* unset: auto on one GPU (18), off on the CPU backend (6); off on a GPU too where
+		 * the lock would take more than half the host's memory (here 4096 bytes), but
+		 * MOET_STAGE_BALANCE=auto locks anyway */
+		const int want = tp[i].trials >= 0 ? tp[i].trials : gpu ? 18 : 6;
+		if (tp[i].ram && !gpu)
+			continue;
 		moet_test_env("MOET_STAGE_BALANCE", tp[i].bal);
 		moet_test_env("MOET_MICROBATCH", tp[i].mb);
+		moet_test_env("MOET_STAGE_TEST_RAM", tp[i].ram);
 		CHECK(moet_model_set_placement(m, own, 1) == 0, "%s", moet_errmsg());
-		CHECK(moet_model_trial_passes(m) == tp[i].trials,
-		      "MOET_STAGE_BALANCE=%s MOET_MICROBATCH=%s: %d trial passes, want %d",
-		      tp[i].bal ? tp[i].bal : "(unset)", tp[i].mb ? tp[i].mb : "(unset)",
-		      moet_model_trial_passes(m), tp[i].trials);
+		CHECK(moet_model_trial_passes(m) == want,
+		      "%s, MOET_STAGE_BALANCE=%s MOET_MICROBATCH=%s MOET_STAGE_TEST_RAM=%s: %d trial "
+		      "passes, want %d", device, tp[i].bal ? tp[i].bal : "(unset)",
+		      tp[i].mb ? tp[i].mb : "(unset)", tp[i].ram ? tp[i].ram : "(unset)",
+		      moet_model_trial_passes(m), want);
+		if (!gpu || tp[i].bal)
+			continue;
+		/* the default on a GPU: staged where it is on, logits as without placement */
+		moet_hybrid_stats hs;
+		memset(got, 0xAB, n_out * sizeof(float));
+		run(m, got, -1);
+		moet_model_hybrid_stats(m, &hs, 0);
+		CHECK(memcmp(ref, got, n_out * sizeof(float)) == 0,
+		      "%s, MOET_STAGE_BALANCE unset, MOET_STAGE_TEST_RAM=%s: logits differ", device,
+		      tp[i].ram ? tp[i].ram : "(unset)");
+		CHECK(tp[i].ram ? hs.staged_pairs == 0 : hs.staged_pairs > 0,
+		      "%s, MOET_STAGE_BALANCE unset, MOET_STAGE_TEST_RAM=%s: %llu pairs staged",
+		      device, tp[i].ram ? tp[i].ram : "(unset)",
+		      (unsigned long long)hs.staged_pairs);
 	}
+	moet_test_env("MOET_STAGE_TEST_RAM", "12x");
+	moet_test_env("MOET_STAGE_BALANCE", gpu ? NULL : "auto");
+	CHECK(moet_model_set_placement(m, own, 1) != 0 &&
+		      strstr(moet_errmsg(), "MOET_STAGE_TEST_RAM='12x'"),
+	      "%s, MOET_STAGE_TEST_RAM=12x: %s", device, moet_errmsg());
+	moet_test_env("MOET_STAGE_TEST_RAM", NULL);
+	moet_test_env("MOET_PREFILL_STAGE", NULL);
 
 	/* one pass (three arms): each made the fastest in turn */
 	static const char *const skew[3] = { "0,1,1", "1,0,1", "1,1,0" };
