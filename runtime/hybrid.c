@@ -32,11 +32,11 @@
  * staging slots (stage.c, the shadow check's mechanism) with the backend's kernel: the same
  * bits. The ring is made at the first staged expert and kept.
  *
- * Decode staging by balance (MOET_STAGE_BALANCE=1 or auto; unset, auto on one GPU where its
- * page-locking fits, dispatch.c): the link is idle while a decode layer's CPU tier reads its
- * cold experts, and a batch-16 layer with three or four of them outlasts the GPU's own
- * experts (docs/hybrid.md, "Why batch 16 resists"). With the balance,
- * each call's cold experts are split between the CPU tier and the staging slots by
+ * Decode staging by balance (MOET_STAGE_BALANCE=1 or auto; unset: off, dispatch.c says
+ * when that changes): the link is idle while a decode layer's CPU tier reads its cold
+ * experts, and a batch-16 layer with three or four of them outlasts the GPU's own experts
+ * (docs/hybrid.md, "Why batch 16 resists"). With the balance, each call's cold experts are
+ * split between the CPU tier and the staging slots by
  * moet_hybrid_stage_pick (the split whose longer side, CPU or link, the cost model prices
  * shortest, and none where the GPU's own experts of the layer take longer anyway), and
  * dispatch.c page-locks the checkpoint's mappings at the placement so that a staged expert's

@@ -35,7 +35,8 @@
  *     driver, the reference path): a 64-token
  *     prompt's logits equal the CPU reference's, experts staged and not as switched;
  *   - the upload sources plain, uring and staged with small cached-store buffers give the
- *     same logits;
+ *     same logits, with decode staging by balance (MOET_STAGE_BALANCE=auto; everything above
+ *     with it off: =0);
  *   - MOET_GPU_DEVGROUP=1 (runtime/devgroup.c: grouping and expert call on the device, no id
  *     download) against =0 and the reference, memcmp: no placement, all-GPU, per-layer (the
  *     all-GPU layers on the device path, the all-CPU ones today's), random halves (a CPU tier
@@ -190,6 +191,10 @@ int main(void)
 	/* the staged upload even for this small model (by default it takes the plain path
 	 * below 256 MiB); MOET_UPLOAD=plain is compared with it below */
 	setenv("MOET_UPLOAD", "staged", 1);
+	/* the paths below with decode staging by balance off (its own tests: test_stage_auto,
+	 * test_stage_balance): its measured choice would stage differently from run to run;
+	 * on for the upload sources' placements at the end */
+	setenv("MOET_STAGE_BALANCE", "0", 1);
 	moet_gen_params gp;
 	moet_gen_params_init(&gp);
 	gp.seed = 11;
@@ -497,7 +502,10 @@ int main(void)
 		free(lg);
 	}
 
-	/* the upload's reference path: every matrix through the driver's pageable copy */
+	/* the upload's reference path: every matrix through the driver's pageable copy, with
+	 * decode staging by balance (its cold experts' pages locked after the upload: a hot
+	 * expert's copy from a page that a locked range takes in part is refused) */
+	setenv("MOET_STAGE_BALANCE", "auto", 1);
 	setenv("MOET_UPLOAD", "plain", 1);
 	moet_model *plain = NULL;
 	CHECK(moet_model_open_on(dir, "cuda", &plain) == 0, "open plain: %s", moet_errmsg());
