@@ -145,9 +145,9 @@ static int stage_register(moet_model *m, const int16_t *owner, int host)
 
 /* The balance's tables and page-locking (stage_register) when it is on; where its default
  * (MOET_STAGE_BALANCE unset) declines or fails to lock, the placement goes on without it.
- * NOTE: after the uploads from the mapping: a driver copy of a hot expert whose page a
- * cold one's locked range takes in part is refused (MOET_UPLOAD=plain on the H200: "invalid
- * argument") */
+ * NOTE: after the uploads from the mapping: CUDA refuses a copy from host memory that is
+ * partly registered and partly not, as a hot expert's is where a cold one's locked range
+ * takes a page of it (MOET_UPLOAD=plain on the H200, bc96780: "invalid argument") */
 static int stage_balance_lock(moet_model *m, const int16_t *owner, int host,
 			      uint64_t expert_bytes)
 {

@@ -97,9 +97,11 @@ static void checks(const char *device)
 		const char *bal, *mb;
 		int trials;
 		const char *ram; /* MOET_STAGE_TEST_RAM */
-	} tp[] = { { "1", NULL, 6, NULL },     { "1", "0", 0, NULL },	  { "auto", "0", 9, NULL },
-		   { "auto", NULL, 18, NULL }, { "auto", "1", 9, NULL },  { "0", NULL, 6, NULL },
-		   { NULL, NULL, -1, NULL },   { NULL, NULL, 6, "4096" }, { "auto", NULL, 18, "4096" } };
+	} tp[] = { { "1", NULL, 6, NULL },	  { "1", "0", 0, NULL },
+		   { "auto", "0", 9, NULL },	  { "auto", NULL, 18, NULL },
+		   { "auto", "1", 9, NULL },	  { "0", NULL, 6, NULL },
+		   { NULL, NULL, -1, NULL },	  { NULL, NULL, 6, "4096" },
+		   { "auto", NULL, 18, "4096" } };
 	const int gpu = strcmp(device, "cpu") != 0;
 	moet_test_env("MOET_PREFILL_STAGE", "0"); /* staged below: by the balance alone */
 	for (size_t i = 0; i < sizeof(tp) / sizeof(tp[0]); i++) {
@@ -115,8 +117,8 @@ static void checks(const char *device)
 		moet_test_env("MOET_STAGE_TEST_RAM", tp[i].ram);
 		CHECK(moet_model_set_placement(m, own, 1) == 0, "%s", moet_errmsg());
 		CHECK(moet_model_trial_passes(m) == want,
-		      "%s, MOET_STAGE_BALANCE=%s MOET_MICROBATCH=%s MOET_STAGE_TEST_RAM=%s: %d trial "
-		      "passes, want %d", device, tp[i].bal ? tp[i].bal : "(unset)",
+		      "%s, MOET_STAGE_BALANCE=%s MOET_MICROBATCH=%s MOET_STAGE_TEST_RAM=%s: "
+		      "%d trial passes, want %d", device, tp[i].bal ? tp[i].bal : "(unset)",
 		      tp[i].mb ? tp[i].mb : "(unset)", tp[i].ram ? tp[i].ram : "(unset)",
 		      moet_model_trial_passes(m), want);
 		if (!gpu || tp[i].bal)
