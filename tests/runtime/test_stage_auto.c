@@ -139,7 +139,7 @@ static void checks(const char *device)
 		      (unsigned long long)hs.staged_pairs);
 	}
 	moet_test_env("MOET_STAGE_TEST_RAM", "12x");
-	moet_test_env("MOET_STAGE_BALANCE", gpu ? NULL : "auto");
+	moet_test_env("MOET_STAGE_BALANCE", "auto");
 	CHECK(moet_model_set_placement(m, own, 1) != 0 &&
 		      strstr(moet_errmsg(), "MOET_STAGE_TEST_RAM='12x'"),
 	      "%s, MOET_STAGE_TEST_RAM=12x: %s", device, moet_errmsg());
