@@ -16,7 +16,8 @@
  *    pairs add up to the cold pairs the route observer saw; the ranges to page-lock
  *    (stage_lock.c) against the placement: every CPU-side expert's bytes in them, a GPU
  *    expert's only on shared boundary pages, whole pages of one shard each, less than the
- *    shards; with MOET_STAGE_REGISTER=all every shard whole.
+ *    shards; with MOET_STAGE_REGISTER=all every shard whole; none left once the NVMe tier
+ *    is attached (a RAM budget).
  * 3. MOET_STAGE_BALANCE=2 and MOET_STAGE_REGISTER=yes are refused, naming the variable.
  * Part 2 runs again on GPU 0 where one is present (tests/gpu/run.sh runs this program too),
  * with MOET_STAGE_REGISTER=0 (copies from the pageable mapping) and with the default, where
@@ -378,6 +379,12 @@ static void model_checks(const char *device, int reg)
 			m->stage_lock[i].bytes == moet_ckpt_shard_bytes(m->ck, i);
 	CHECK(whole, "%s, MOET_STAGE_REGISTER=all: %d ranges (%d locked) for %d shards", device,
 	      m->n_stage_lock, m->n_stage_locked, moet_ckpt_shard_count(m->ck));
+	/* the NVMe tier attached: its slots replace the locked pages, unlocked */
+	CHECK(moet_model_set_ram_budget(m, (size_t)64 << 20, NULL) == 0, "%s, RAM budget: %s",
+	      device, moet_errmsg());
+	CHECK(m->n_stage_lock == 0 && m->n_stage_locked == 0, "%s, NVMe tier attached: %d ranges "
+	      "(%d locked) left", device, m->n_stage_lock, m->n_stage_locked);
+	CHECK(moet_model_set_ram_budget(m, 0, NULL) == 0, "%s", moet_errmsg());
 	setenv("MOET_STAGE_BALANCE", "2", 1);
 	int rc = moet_model_set_placement(m, own, 1);
 	unsetenv("MOET_STAGE_BALANCE");
