@@ -2,9 +2,12 @@
  * test_cli_verify.c: `moet-hybrid verify` end to end on a generated tiny checkpoint with a
  * placement over two simulated devices: bit-identical at batch 1 and 4 with the routings
  * split over the CPU and both devices; a bad placement and too few --sim-devices exit 1 with
- * one line; no arguments exit 2. generate and logits with --placement give the same ids and
- * the same logits bytes as without.
+ * one line; no arguments exit 2. With decode staging by balance on the simulated devices
+ * (MOET_STAGE_BALANCE=1, a slow CPU's hardware file) the same bits and the share of routings
+ * computed from staged bytes printed, within the CPU tier's. generate and logits with
+ * --placement give the same ids and the same logits bytes as without.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,6 +72,32 @@ int main(void)
 	rc = moet_test_run(cmd, &out);
 	CHECK(rc == 1 && out && strstr(out, "--batches: 8 is not in [1, 4]"), "--batches 8 of 4: rc "
 	      "%d, '%s'", rc, out ? out : "");
+	free(out);
+
+	/* decode staging by balance on the simulated devices (a CPU far slower than the link:
+	 * every cold expert staged): the same bits, and the staged share printed within the CPU
+	 * tier's; none printed without staging (above) */
+	char hw[1100];
+	snprintf(hw, sizeof(hw), "%s/hw-slow.yaml", dir);
+	static const char slow[] = "name: slow-cpu\ncpu_read_gbps: 0.001\npcie_gbps: 1000\n"
+				   "pcie_latency_us: 0\n";
+	CHECK(moet_test_write_file(hw, slow, strlen(slow)) == 0, "write hardware file");
+	snprintf(cmd, sizeof(cmd), "MOET_STAGE_BALANCE=1 MOET_HARDWARE=%s %s verify --model %s "
+		 "--placement %s --batches 4", hw, moet_test_bin(), model, place);
+	rc = moet_test_run(cmd, &out);
+	const char *r = out ? strstr(out, "routings: CPU ") : NULL;
+	double cpu_pct = -1, staged_pct = -1;
+	CHECK(rc == 0 && r && strstr(out, "batch 4: logits bit-identical") &&
+	      sscanf(r, "routings: CPU %lf%% (%lf%% staged to GPU 0)", &cpu_pct,
+		     &staged_pct) == 2 && staged_pct > 0 && staged_pct <= cpu_pct,
+	      "staged: rc %d, CPU %.1f%%, staged %.1f%%, '%s'", rc, cpu_pct, staged_pct,
+	      out ? out : "");
+	free(out);
+	snprintf(cmd, sizeof(cmd), "%s verify --model %s --placement %s --batches 4",
+		 moet_test_bin(), model, place);
+	rc = moet_test_run(cmd, &out);
+	CHECK(rc == 0 && out && !strstr(out, "staged"), "not staged: rc %d, '%s'", rc,
+	      out ? out : "");
 	free(out);
 
 	/* --shadow: no reference run, CPU-tier calls recomputed by the backend and compared; a
