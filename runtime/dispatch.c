@@ -115,7 +115,7 @@ static int sim_fill_uring(moet_model *m, moet_sim_device *d, int g, const int16_
 	return rc;
 }
 
-/* What stage_register page-locked, unlocked (the balance's copies are done: the ring is gone
+/* What stage_balance_lock page-locked, unlocked (the balance's copies are done: the ring is gone
  * with the engine). */
 static void stage_unregister(moet_model *m)
 {
@@ -127,34 +127,28 @@ static void stage_unregister(moet_model *m)
 }
 
 /*
- * MOET_STAGE_BALANCE (hybrid.c): the pick's tables, and on a GPU the cold experts' pages
- * page-locked (read-only, stage_lock.c) so that a staged expert's copy is a DMA from the
+ * MOET_STAGE_BALANCE (hybrid.c), when on: the pick's tables, and on a GPU the cold experts'
+ * pages page-locked (read-only, stage_lock.c) so that a staged expert's copy is a DMA from the
  * checkpoint's own pages at the link's rate. Measured on the H200 machine
  * (tests/gpu/probe_dma.sh): mapped pages locked at 5-10 GB/s, then 55 GB/s, as from pinned
- * memory.
+ * memory. Where the balance's default (MOET_STAGE_BALANCE unset) declines or fails to lock,
+ * the placement goes on without it.
+ * NOTE: after the uploads from the mapping: CUDA refuses a copy from host memory that is
+ * partly registered and partly not, as a hot expert's is where a cold one's locked range
+ * takes a page of it (MOET_UPLOAD=plain on the H200, bc96780: "invalid argument")
  */
-static int stage_register(moet_model *m, const int16_t *owner, int host)
+static int stage_balance_lock(moet_model *m, const int16_t *owner, int host,
+			      uint64_t expert_bytes)
 {
+	if (!moet_hybrid_stage_balance(m->hy))
+		return 0;
 	const int64_t E = m->cfg.n_routed_experts;
 	m->stage_rows = malloc((size_t)(3 * E) * sizeof(*m->stage_rows));
 	m->stage_pick = malloc((size_t)E);
 	if (!m->stage_rows || !m->stage_pick)
 		return moet_err(MOET_ENOMEM, "decode staging tables");
-	return moet_stage_lock(m, owner, host);
-}
-
-/* The balance's tables and page-locking (stage_register) when it is on; where its default
- * (MOET_STAGE_BALANCE unset) declines or fails to lock, the placement goes on without it.
- * NOTE: after the uploads from the mapping: CUDA refuses a copy from host memory that is
- * partly registered and partly not, as a hot expert's is where a cold one's locked range
- * takes a page of it (MOET_UPLOAD=plain on the H200, bc96780: "invalid argument") */
-static int stage_balance_lock(moet_model *m, const int16_t *owner, int host,
-			      uint64_t expert_bytes)
-{
-	int rc = 0;
-	if (!moet_hybrid_stage_balance(m->hy) || !(rc = stage_register(m, owner, host)))
-		return 0;
-	if (rc == MOET_EINVAL || !moet_hybrid_stage_balance_by_default(m->hy))
+	int rc = moet_stage_lock(m, owner, host);
+	if (!rc || rc == MOET_EINVAL || !moet_hybrid_stage_balance_by_default(m->hy))
 		return rc;
 	fprintf(stderr, "moet-hybrid: decode staging by balance off: %s\n", moet_errmsg());
 	stage_unregister(m);
