@@ -230,13 +230,11 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 			expert_bytes += moet_mat_data_bytes(x) + moet_mat_scale_bytes(x);
 		}
 	}
-	/* NOTE: the balance's default on one GPU: off for now. Auto measured best on the H200
-	 * (record 2026-12-02-stage-auto-h200-1c349d3.txt: over four placements and batches 16
-	 * and 64, 8% shorter steps in the geometric mean than without, at most 3.4% longer in
-	 * one); it becomes the default once test_gpu_hybrid has passed with it on a GPU (its
-	 * first run found the lock-before-upload fault mended in stage_balance_lock). Off on
-	 * the CPU backend (its simulated devices have no link) and on several GPUs (not yet
-	 * measured there). */
+	/* NOTE: the balance's default on one GPU is auto: against the balance off on the H200,
+	 * 8.4% shorter steps in the geometric mean over four placements and batches 16 and 64,
+	 * at most 3.5% longer in one (record 2026-12-02-stage-default-on-h200-3957d4f.txt, where
+	 * the GPU suite passed with it). Off on the CPU backend (its simulated devices have no
+	 * link) and on several GPUs (not yet measured there). */
 	const int bal_unset = !host && n_devices == 1 ? MOET_STAGE_BALANCE_GPU_DEFAULT : 0;
 	if ((rc = moet_hybrid_stage_setup(m->hy, c, expert_bytes, !host, bal_unset)))
 		goto fail;

@@ -129,7 +129,7 @@ int moet_hybrid_stage_balance(const moet_hybrid *hy);
 /* The balance is on with MOET_STAGE_BALANCE unset (its default: dispatch.c). */
 int moet_hybrid_stage_balance_by_default(const moet_hybrid *hy);
 /* MOET_STAGE_BALANCE unset on one GPU: 0 off, 1, 2 auto (dispatch.c says why). */
-#define MOET_STAGE_BALANCE_GPU_DEFAULT 0
+#define MOET_STAGE_BALANCE_GPU_DEFAULT 2
 /* MOET_STAGE_BALANCE=auto: the link's price is set per pass (forward.c: by measured passes). */
 int moet_hybrid_stage_price_auto(const moet_hybrid *hy);
 /* MOET_STAGE_BALANCE=auto: the pick's link price from now on, MOET_STAGE_LINK_PRICE times
