@@ -93,9 +93,17 @@ typedef struct step_split {
 	int warmup;                   /* untimed steps before them */
 } step_split;
 
-/* B sequences: prefill ctx tokens, `warmup` untimed steps, `steps` timed steps. */
+/* The link price arm of each timed step (MOET_STAGE_BALANCE=auto; -1: none): recorded from the
+ * row's run, played back (moet_model_force_price) in the overlap check's serial run. */
+typedef struct price_tape {
+	int8_t *arm; /* [steps] */
+	int play;
+} price_tape;
+
+/* B sequences: prefill ctx tokens, `warmup` untimed steps, `steps` timed steps; the timed
+ * steps' price arms recorded into or played from pt (NULL: neither). */
 static int decode_run(moet_model *m, int64_t B, int ctx, int warmup, int steps, double *samples,
-		      step_split *split, route_rec *rr)
+		      step_split *split, route_rec *rr, const price_tape *pt)
 {
 	const int64_t V = moet_model_config(m)->vocab_size;
 	moet_kv **kv = calloc((size_t)B, sizeof(*kv));
@@ -131,10 +139,18 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int warmup, int steps, 
 			st[b].tokens = tok + b * ctx;
 			st[b].n_tok = 1;
 		}
+		if (pt && pt->play && it >= 0 && (rc = moet_model_force_price(m, pt->arm[it])))
+			break;
 		double t0 = moet_bench_now_s();
 		rc = moet_model_forward_batch(m, st, (int)B);
 		if (it >= 0)
 			samples[it] = moet_bench_now_s() - t0;
+		if (pt && !pt->play && it >= 0)
+			pt->arm[it] = (int8_t)moet_model_last_price(m);
+	}
+	if (pt && pt->play) { /* the choice again, whatever happened */
+		int r = moet_model_force_price(m, -1);
+		rc = rc ? rc : r;
 	}
 	if (rr) {
 		moet_model_set_route_observer(m, NULL, NULL);
@@ -525,7 +541,7 @@ static int graph_row(const moet_bench_e2e_opts *o, moet_model *m, int mode, int6
 		setenv("MOET_MICROBATCH", "0", 1);
 	moet_graph_stats_get(m, &gs, 1);
 	int rc = decode_run(m, B, o->ctx, o->warmup > 3 ? o->warmup : 3, o->steps, samples, &sp,
-			    NULL);
+			    NULL, NULL);
 	moet_graph_stats_get(m, &gs, 1);
 	unsetenv("MOET_CUDA_GRAPH");
 	if (one_pass)
@@ -565,8 +581,10 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 	double *samples = malloc((size_t)o->steps * sizeof(double));
 	/* the decode-<mode> step per batch, for the RAM rows' disk bound */
 	double *all_s = calloc((size_t)(o->n_batches > 0 ? o->n_batches : 1), sizeof(double));
-	int rc = (!steps_arr || !ready || !samples || !all_s) ? moet_err(MOET_ENOMEM, "bench e2e")
-							       : 0;
+	price_tape tape = { malloc((size_t)o->steps), 0 };
+	int rc = (!steps_arr || !ready || !samples || !all_s || !tape.arm)
+			 ? moet_err(MOET_ENOMEM, "bench e2e")
+			 : 0;
 	if (!rc) {
 		json_object_set_new(rec, "steps", steps_arr);
 		json_object_set_new(rec, "decode_warmup_steps", json_integer(o->warmup));
@@ -664,8 +682,9 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			const char *mbv = getenv("MOET_MICROBATCH");
 			const int trials = mode != MOET_E2E_GPU ? moet_model_trial_passes(m) : 0;
 			const int warm = o->warmup < trials ? trials : o->warmup;
+			tape.play = 0;
 			rc = decode_run(m, B, o->ctx, warm, o->steps, samples, &sp,
-					brec.p || brec.batch ? &brec : NULL);
+					brec.p || brec.batch ? &brec : NULL, &tape);
 			sp.warmup = warm;
 			double expert_ms = 0;
 			if (!rc && brec.batch)
@@ -711,7 +730,8 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 				const int had_mb = mbv != NULL;
 				snprintf(mb_user, sizeof(mb_user), "%s", mbv ? mbv : "");
 				setenv("MOET_MICROBATCH", "0", 1);
-				rc = ser ? decode_run(m, B, o->ctx, warm, o->steps, ser, &s1, NULL)
+				rc = ser ? decode_run(m, B, o->ctx, warm, o->steps, ser, &s1, NULL,
+						      NULL)
 					 : moet_err(MOET_ENOMEM, "samples");
 				if (!rc) {
 					moet_bench_stats one;
@@ -726,8 +746,16 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 					json_decref(op);
 					rc = moet_model_set_hybrid_overlap(m, 0);
 				}
+				/* NOTE: at the row's price arm step by step (under
+				 * MOET_STAGE_BALANCE=auto): the arms split the cold experts
+				 * between the CPU tier and the link, and the row's running means
+				 * mix them (on the H200, 2026-12-02: a row's steps at prices 1
+				 * and 2, 4.8 pairs a step staged, its serial run at 2 alone, 2.1
+				 * staged: Tc and Tg of another split) */
+				tape.play = 1;
 				if (!rc)
-					rc = decode_run(m, B, o->ctx, warm, o->steps, ser, &ss, NULL);
+					rc = decode_run(m, B, o->ctx, warm, o->steps, ser, &ss, NULL,
+							&tape);
 				if (had_mb)
 					setenv("MOET_MICROBATCH", mb_user, 1);
 				else
@@ -750,6 +778,12 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 					json_object_set_new(sj, "tc_cpu_run_s", json_real(ss.cpu_run_s));
 					json_object_set_new(sj, "tc_cpu_calls", json_real(ss.cpu_calls));
 					json_object_set_new(sj, "tc_cpu_pairs", json_real(ss.cpu_pairs));
+					json_object_set_new(sj, "tc_staged_pairs",
+							    json_real(ss.staged_pairs));
+					json_object_set_new(sj, "tc_price_share",
+							    json_pack("[f, f, f]", ss.price_share[0],
+								      ss.price_share[1],
+								      ss.price_share[2]));
 					json_object_set_new(sj, "tc_cpu_layer_calls",
 							    json_real(ss.cpu_layers));
 					json_object_set_new(sj, "tc_cpu_weight_bytes",
@@ -787,7 +821,8 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 			for (int bi = 0; !rc && bi < o->n_batches; bi++) {
 				const int64_t B = o->batches[bi];
 				step_split sp = { 0 };
-				if ((rc = decode_run(m, B, o->ctx, o->warmup, o->steps, samples, &sp, NULL)))
+				if ((rc = decode_run(m, B, o->ctx, o->warmup, o->steps, samples,
+						     &sp, NULL, NULL)))
 					break;
 				char name[48];
 				snprintf(name, sizeof(name), "decode-%s-ram%s", mode_name[mode],
@@ -889,5 +924,6 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 	moet_profile_free(rrec.p);
 	free(samples);
 	free(all_s);
+	free(tape.arm);
 	return rc;
 }

@@ -670,11 +670,16 @@ static int skew_list(const char *var, const char *want, int n, double *out)
  * of each batch size's first one-pass trial (A) and of every two-micro-batch pass (B), so that a
  * test can make a slow first pass and a slower form without timing anything.
  * MOET_STAGE_TEST_SKEW=N,P,Q (the same): seconds added to every pass at each of the
- * balance's prices (none, 1, 2) under MOET_STAGE_BALANCE=auto. */
+ * balance's prices (none, 1, 2) under MOET_STAGE_BALANCE=auto.
+ * MOET_STAGE_TEST_CYCLE=1 (the same; unset, empty or 0: off): after the trials, decode passes
+ * take the prices in turn instead of the lowest mean, so that a test sees a row of mixed
+ * prices (as the running means make on a GPU) without timing anything. */
 static int mb_skew(moet_model *m)
 {
+	static const char *const cyc[] = { "0", "1" };
 	int rc = skew_list("MOET_MB_TEST_SKEW", "A,B", 2, m->mb_skew);
-	return rc ? rc : skew_list("MOET_STAGE_TEST_SKEW", "N,P,Q", MOET_MB_PRICES, m->price_skew);
+	rc = rc ? rc : skew_list("MOET_STAGE_TEST_SKEW", "N,P,Q", MOET_MB_PRICES, m->price_skew);
+	return rc ? rc : moet_env_choice("MOET_STAGE_TEST_CYCLE", cyc, 2, &m->price_cycle);
 }
 
 /* MOET_STAGE_BALANCE=auto, with something to price: cold experts, and no NVMe tier (which
@@ -740,11 +745,33 @@ static int mb_choose(moet_model *m, const moet_seq_step *steps, int n_steps, int
 			arm = arms[(best + 1 + (int)(t->passes / MB_RETRY) % (na - 1)) % na];
 		else
 			arm = arms[best];
+		if (m->price_cycle && prices_tried(m) && n == n_steps &&
+		    t->cnt[arms[least]] >= MB_TRIALS) /* MOET_STAGE_TEST_CYCLE (tests) */
+			arm = arm / MOET_MB_PRICES * MOET_MB_PRICES +
+			      (int)(t->passes % MOET_MB_PRICES);
 	}
+	/* moet_model_force_price: the arm's form, at the forced price, recorded for none */
+	const int forced = m->price_forced && prices_tried(m) && n == n_steps;
+	if (forced)
+		arm = arm / MOET_MB_PRICES * MOET_MB_PRICES + m->price_forced - 1;
 	*out_form = arm / MOET_MB_PRICES;
 	*out_price = prices_tried(m) ? arm % MOET_MB_PRICES : -1;
 	/* NOTE: a forced form's passes count for it too, as before the prices (can_split) */
-	*out_arm = na > 1 || can_split ? arm : -1;
+	*out_arm = !forced && (na > 1 || can_split) ? arm : -1;
+	return 0;
+}
+
+int moet_model_last_price(const moet_model *m)
+{
+	return m->price_last - 1;
+}
+
+int moet_model_force_price(moet_model *m, int arm)
+{
+	if (arm < -1 || arm >= MOET_MB_PRICES)
+		return moet_err(MOET_EINVAL, "forced link price arm %d (want 0..%d, or -1)", arm,
+				MOET_MB_PRICES - 1);
+	m->price_forced = arm + 1;
 	return 0;
 }
 
@@ -809,6 +836,7 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 		moet_hybrid_stage_set_arm(m->hy, price);
 		m->price_passes[price]++;
 	}
+	m->price_last = price + 1;
 	const double t0 = now_s();
 	const uint64_t t0_ns = moet_now_ns();
 	if (!form)

@@ -385,6 +385,11 @@ struct moet_model {
 	double mb_skew[2];        /* MOET_MB_TEST_SKEW (forward.c, tests only) */
 	double price_skew[MOET_MB_PRICES]; /* MOET_STAGE_TEST_SKEW (the same) */
 	uint64_t price_passes[MOET_MB_PRICES]; /* MOET_STAGE_BALANCE=auto: passes per arm */
+	int price_last;           /* 1 + the last pass's price arm, 0: none
+				     (moet_model_last_price) */
+	int price_forced;         /* 1 + the arm decode passes run at, 0: the choice
+				     (moet_model_force_price) */
+	int price_cycle;          /* MOET_STAGE_TEST_CYCLE (forward.c, tests only) */
 	int experts_unbound;      /* some routed experts are not bound yet (GPU backends bind
 				     them at the placement or the first pass) */
 	uint64_t upload_bytes;    /* routed experts' bytes bound by moet_model_bind_experts */

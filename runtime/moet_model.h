@@ -316,6 +316,16 @@ void moet_model_shadow_stats(const moet_model *m, moet_shadow_stats *out);
  * MOET_MB_TRIAL_PASSES by default, 0 where there is nothing to choose. */
 int moet_model_trial_passes(const moet_model *m);
 
+/* MOET_STAGE_BALANCE=auto: the link price arm (0: none, 1, 2: times MOET_STAGE_LINK_PRICE) the
+ * last pass ran at, -1 where it priced nothing (the balance not auto, nothing cold). */
+int moet_model_last_price(const moet_model *m);
+
+/* MOET_STAGE_BALANCE=auto: decode passes from now on run at the price arm `arm` (0..2) instead
+ * of the measured choice, and are not recorded for it; -1: the choice again. bench e2e's
+ * overlap check replays the timed steps' arms in its serial run with it, so that Tc and Tg
+ * time the row's own split of the cold experts. MOET_EINVAL for another value. */
+int moet_model_force_price(moet_model *m, int arm);
+
 /* Overlap of the CPU tier with the device's work on (1, the default) or off (0: the CPU tier
  * runs alone, the reference path; MOET_HYBRID_OVERLAP=0 at set_placement does the same).
  * Same bits either way. MOET_EINVAL without a placement. */

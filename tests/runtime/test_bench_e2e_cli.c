@@ -207,6 +207,56 @@ int main(void)
 	      out ? out : "");
 	unsetenv("MOET_MICROBATCH");
 	free(out);
+	/* MOET_STAGE_BALANCE=auto: the overlap check's serial run replays the row's price arm
+	 * step by step (moet_model_force_price), so that Tc and Tg time the row's own split of
+	 * the cold experts between the CPU tier and the link. The prices taken in turn
+	 * (MOET_STAGE_TEST_CYCLE) make a row of mixed prices, as the running means do on a GPU:
+	 * two steps, two of the three prices, and the serial run, later in the turn, would take
+	 * another two without the replay. It must have the row's shares, staged and CPU-tier
+	 * pairs ("even" hardware figures: prices 1 and 2 stage some of a call's experts) */
+	char hwp[600], js4[600];
+	snprintf(hwp, sizeof(hwp), "%s/hw-even.yaml", dir);
+	snprintf(js4, sizeof(js4), "%s/e2e-auto.json", dir);
+	static const char even[] = "name: even\ncpu_read_gbps: 1\npcie_gbps: 1.2\n"
+				   "pcie_latency_us: 0\n";
+	CHECK(moet_test_write_file(hwp, even, strlen(even)) == 0, "hw file");
+	setenv("MOET_HARDWARE", hwp, 1);
+	setenv("MOET_STAGE_BALANCE", "auto", 1);
+	setenv("MOET_STAGE_TEST_CYCLE", "1", 1);
+	setenv("MOET_MICROBATCH", "0", 1); /* one pass: the pick sees the row's calls whole */
+	out = NULL;
+	rc = moet_test_cli(&out, "bench e2e --model %s --device cpu --modes hybrid --placement %s "
+			   "--batches 3 --prefill none --ctx 4 --steps 2 --json %s", model, place,
+			   js4);
+	CHECK(rc == 0, "bench e2e, auto: exit %d\n%s", rc, out ? out : "");
+	free(out);
+	json_t *rau = json_load_file(js4, 0, NULL);
+	const json_t *sau = json_array_get(json_object_get(rau, "steps"), 0);
+	const json_t *ps = json_object_get(sau, "price_share"),
+		     *tps = json_object_get(sau, "tc_price_share");
+	int mixed = 0, same = json_array_size(ps) == 3 && json_array_size(tps) == 3;
+	for (size_t a = 0; a < 3; a++) {
+		mixed += json_number_value(json_array_get(ps, a)) > 0;
+		same = same && json_number_value(json_array_get(ps, a)) ==
+				       json_number_value(json_array_get(tps, a));
+	}
+	CHECK(sau && mixed >= 2 && num(sau, "staged_pairs") > 0 && num(sau, "cpu_pairs") > 0,
+	      "auto: the row at %d prices, %g pairs staged, %g on the CPU tier a step", mixed,
+	      num(sau, "staged_pairs"), num(sau, "cpu_pairs"));
+	CHECK(same && num(sau, "tc_staged_pairs") == num(sau, "staged_pairs") &&
+		      num(sau, "tc_cpu_pairs") == num(sau, "cpu_pairs"),
+	      "auto: the serial run at prices [%g %g %g] with %g staged and %g CPU-tier pairs a "
+	      "step, the row at [%g %g %g] with %g and %g",
+	      json_number_value(json_array_get(tps, 0)), json_number_value(json_array_get(tps, 1)),
+	      json_number_value(json_array_get(tps, 2)), num(sau, "tc_staged_pairs"),
+	      num(sau, "tc_cpu_pairs"), json_number_value(json_array_get(ps, 0)),
+	      json_number_value(json_array_get(ps, 1)), json_number_value(json_array_get(ps, 2)),
+	      num(sau, "staged_pairs"), num(sau, "cpu_pairs"));
+	json_decref(rau);
+	unsetenv("MOET_HARDWARE");
+	unsetenv("MOET_STAGE_BALANCE");
+	unsetenv("MOET_STAGE_TEST_CYCLE");
+	unsetenv("MOET_MICROBATCH");
 	/* --profile-out: the routing of the timed decode steps, every MoE layer top_k per token,
 	 * however many untimed warm-up steps come first (--warmup: 1 by default, 0, 5) */
 	char prof[600], jsw[600];

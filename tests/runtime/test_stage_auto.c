@@ -14,6 +14,8 @@
  *     run at that arm, counted per arm (price_passes), nothing staged at price none and
  *     something at the others; every pass's logits equal those of the run without placement;
  *   - passes with the CPU tier alone (bench e2e's Tc) leave the choice as it was;
+ *   - moet_model_force_price: every decode pass at the forced arm (bench e2e's serial run
+ *     replays a row's arms), the choice untouched; MOET_STAGE_TEST_CYCLE=1: the prices in turn;
  *   - with both forms (MOET_MICROBATCH unset) six arms, three trials each;
  *   - with every expert on the device no price is tried;
  *   - bad values refused, naming the variable.
@@ -217,6 +219,49 @@ static void checks(const char *device)
 	      (unsigned long long)hs.split_passes);
 	moet_test_env("MOET_MB_TEST_SKEW", NULL);
 
+	/* moet_model_force_price (bench e2e's serial run replays a row's arms with it): every
+	 * decode pass at the forced arm and counted there, the choice (arm 1) untouched;
+	 * MOET_STAGE_TEST_CYCLE=1: after the trials the prices in turn */
+	moet_test_env("MOET_MICROBATCH", "0");
+	moet_test_env("MOET_STAGE_TEST_SKEW", "1,0,1");
+	CHECK(moet_model_set_placement(m, own, 1) == 0, "%s", moet_errmsg());
+	run(m, got, 3 * TRIALS);
+	for (int f = 0; f < 4; f++) {
+		const int arm = f < 3 ? f : -1, at = f < 3 ? f : 1; /* -1: the choice again */
+		CHECK(moet_model_force_price(m, arm) == 0, "force %d: %s", arm, moet_errmsg());
+		memset(got, 0xAB, n_out * sizeof(float));
+		run(m, got, -1);
+		moet_model_hybrid_stats(m, &hs, 0);
+		CHECK(hs.price_passes[at] == ND && hs.price_passes[(at + 1) % 3] == 0 &&
+			      hs.price_passes[(at + 2) % 3] == 0 && moet_model_last_price(m) == at,
+		      "%s, forced arm %d: %llu, %llu, %llu decode passes at the arms, the last at "
+		      "%d; want all %d at %d", device, arm, (unsigned long long)hs.price_passes[0],
+		      (unsigned long long)hs.price_passes[1], (unsigned long long)hs.price_passes[2],
+		      moet_model_last_price(m), ND, at);
+		CHECK(at == 0 ? hs.staged_pairs == 0 : hs.staged_pairs > 0,
+		      "%s, forced arm %d: %llu pairs staged", device, arm,
+		      (unsigned long long)hs.staged_pairs);
+		CHECK(memcmp(ref, got, n_out * sizeof(float)) == 0, "%s, forced arm %d: logits "
+		      "differ", device, arm);
+	}
+	CHECK(moet_model_force_price(m, 3) == MOET_EINVAL && moet_model_force_price(m, -2) ==
+		      MOET_EINVAL && strstr(moet_errmsg(), "-2"),
+	      "force_price 3 and -2 accepted (%s)", moet_errmsg());
+	moet_test_env("MOET_STAGE_TEST_CYCLE", "1");
+	memset(got, 0xAB, n_out * sizeof(float));
+	run(m, got, -1);
+	moet_model_hybrid_stats(m, &hs, 0);
+	CHECK(hs.price_passes[0] == ND / 3 && hs.price_passes[1] == ND / 3 &&
+		      hs.price_passes[2] == ND / 3,
+	      "%s, MOET_STAGE_TEST_CYCLE=1: %llu, %llu, %llu passes at the arms, want %d each",
+	      device, (unsigned long long)hs.price_passes[0],
+	      (unsigned long long)hs.price_passes[1], (unsigned long long)hs.price_passes[2],
+	      ND / 3);
+	CHECK(memcmp(ref, got, n_out * sizeof(float)) == 0, "%s, the prices in turn: logits "
+	      "differ", device);
+	moet_test_env("MOET_STAGE_TEST_CYCLE", NULL);
+	moet_test_env("MOET_MICROBATCH", NULL);
+
 	/* every expert on the device: no price to try, so the forms' trials alone, none counted */
 	for (int64_t i = 0; i < L * E; i++)
 		own[i] = 0;
@@ -227,7 +272,7 @@ static void checks(const char *device)
 	run(m, got, -1);
 	moet_model_hybrid_stats(m, &hs, 0);
 	CHECK(hs.price_passes[0] + hs.price_passes[1] + hs.price_passes[2] == 0 &&
-		      hs.staged_pairs == 0,
+		      hs.staged_pairs == 0 && moet_model_last_price(m) == -1,
 	      "all on the device: %llu passes counted at prices, %llu pairs staged",
 	      (unsigned long long)(hs.price_passes[0] + hs.price_passes[1] + hs.price_passes[2]),
 	      (unsigned long long)hs.staged_pairs);
@@ -243,19 +288,22 @@ static void checks(const char *device)
 	      "MOET_STAGE_BALANCE=Auto: %s", moet_errmsg());
 	moet_test_env("MOET_STAGE_BALANCE", "auto");
 	CHECK(moet_model_set_placement(m, own, 1) == 0, "%s", moet_errmsg());
-	static const char *const bad_skew[] = { "1,1", "1,1,1,1", "x,0,0", "0,-1,0", "0,0," };
-	for (size_t i = 0; i < sizeof(bad_skew) / sizeof(bad_skew[0]); i++) {
-		moet_test_env("MOET_STAGE_TEST_SKEW", bad_skew[i]);
+	static const char *const bad[][2] = {
+		{ "MOET_STAGE_TEST_SKEW", "1,1" },    { "MOET_STAGE_TEST_SKEW", "1,1,1,1" },
+		{ "MOET_STAGE_TEST_SKEW", "x,0,0" },  { "MOET_STAGE_TEST_SKEW", "0,-1,0" },
+		{ "MOET_STAGE_TEST_SKEW", "0,0," },   { "MOET_STAGE_TEST_CYCLE", "2" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		moet_test_env(bad[i][0], bad[i][1]);
 		moet_kv *kv = NULL;
 		const int64_t t = 1;
 		CHECK(moet_kv_create(m, 4, &kv) == 0, "kv");
 		moet_seq_step st = { .kv = kv, .tokens = &t, .n_tok = 1 };
-		CHECK(moet_model_forward_batch(m, &st, 1) != 0 &&
-			      strstr(moet_errmsg(), "MOET_STAGE_TEST_SKEW"),
-		      "MOET_STAGE_TEST_SKEW='%s' accepted (%s)", bad_skew[i], moet_errmsg());
+		CHECK(moet_model_forward_batch(m, &st, 1) != 0 && strstr(moet_errmsg(), bad[i][0]),
+		      "%s='%s' accepted (%s)", bad[i][0], bad[i][1], moet_errmsg());
 		moet_kv_destroy(kv);
+		moet_test_env(bad[i][0], NULL);
 	}
-	moet_test_env("MOET_STAGE_TEST_SKEW", NULL);
 	moet_test_env("MOET_STAGE_BALANCE", NULL);
 	moet_test_env("MOET_HARDWARE", NULL);
 	CHECK(moet_model_set_placement(m, NULL, 0) == 0, "placement removed");
