@@ -82,6 +82,7 @@ typedef struct step_split {
 	double cpu_pairs, pcie_bytes; /* per step */
 	double cpu_calls, cpu_bytes;  /* per step: the CPU tier's expert calls, their weights */
 	double staged_experts, staged_pairs; /* per step: cold experts staged (MOET_STAGE_BALANCE) */
+	double stage_bytes, stage_link_s; /* per step: their bytes, the copies' own time */
 	double cpu_layers;            /* per step: MoE layer calls with work for the CPU tier */
 	double gpu_idle_s;            /* per step: moet_hybrid_stats' ns_gpu_idle */
 	double gpu_idle_route_s;      /* of which at the routing's waits (ns_gpu_idle_route) */
@@ -172,6 +173,8 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int warmup, int steps, 
 		split->cpu_bytes = (double)hs.cpu_weight_bytes / steps;
 		split->staged_experts = (double)hs.staged_experts / steps;
 		split->staged_pairs = (double)hs.staged_pairs / steps;
+		split->stage_bytes = (double)hs.bytes_staged / steps;
+		split->stage_link_s = (double)hs.ns_stage_link / 1e9 / steps;
 		split->cpu_layers = (double)hs.calls / steps;
 		split->pcie_bytes = (double)(hs.bytes_d2h + hs.bytes_h2d) / steps;
 		split->split_share = (double)hs.split_passes / steps;
@@ -488,7 +491,8 @@ static void ram_bound_print(FILE *out, const moet_xtier_stats *t, const ram_boun
 
 static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 {
-	return json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
+	json_t *j =
+		json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, "
 			 "s:f, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:f, s:f, s:[f, f, f]}",
 			 "mode",
 			 mode, "batch", (json_int_t)B, "step_s", sp->step_s, "tokens_per_s",
@@ -504,6 +508,11 @@ static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 			 sp->mean_s - sp->gpu_idle_s, "staged_experts", sp->staged_experts,
 			 "staged_pairs", sp->staged_pairs, "price_share", sp->price_share[0],
 			 sp->price_share[1], sp->price_share[2]);
+	if (j) { /* the staged copies: their bytes and own time a step (their rate) */
+		json_object_set_new(j, "stage_bytes", json_real(sp->stage_bytes));
+		json_object_set_new(j, "stage_link_s", json_real(sp->stage_link_s));
+	}
+	return j;
 }
 
 /* --graph: what MOET_CUDA_GRAPH=1 needs, set where unset (bits of what was set), and undone. */
@@ -780,6 +789,10 @@ int moet_bench_e2e(const moet_bench_e2e_opts *o, json_t *rec, FILE *log, FILE *o
 					json_object_set_new(sj, "tc_cpu_pairs", json_real(ss.cpu_pairs));
 					json_object_set_new(sj, "tc_staged_pairs",
 							    json_real(ss.staged_pairs));
+					json_object_set_new(sj, "tc_stage_bytes",
+							    json_real(ss.stage_bytes));
+					json_object_set_new(sj, "tc_stage_link_s",
+							    json_real(ss.stage_link_s));
 					json_object_set_new(sj, "tc_price_share",
 							    json_pack("[f, f, f]", ss.price_share[0],
 								      ss.price_share[1],

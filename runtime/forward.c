@@ -881,6 +881,8 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 	 * marks are dropped (an open one would pair with the next pass's) */
 	const int ri = moet_model_gpu_idle_take(m);
 	rc = rc ? rc : ri;
+	const int rl = moet_hybrid_stage_take_link(m->hy); /* the staged copies' device times */
+	rc = rc ? rc : rl;
 	/* MOET_GPU_DEVGROUP=1: the device's error words, after the logits' download */
 	const int rd = moet_devgroup_check(m, rc != 0);
 	rc = rc ? rc : rd;

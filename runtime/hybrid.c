@@ -794,6 +794,17 @@ int moet_hybrid_stage_run(moet_hybrid *hy, moet_backend *be, const moet_ffn_w *t
 	hy->st.staged_experts += ct.experts;
 	hy->st.ns_stage_copy += ct.ns_copy;
 	hy->st.ns_stage_wait += ct.ns_wait;
+	hy->st.ns_stage_link += ct.ns_link;
 	hy->st.staged_pairs += (uint64_t)cnt;
 	return rc ? moet_err_prefix(rc, "prefill staging") : 0;
+}
+
+int moet_hybrid_stage_take_link(moet_hybrid *hy)
+{
+	if (!hy || !hy->ring)
+		return 0;
+	moet_stage_counts ct = { 0 };
+	int rc = moet_stage_take_link(hy->ring, &ct);
+	hy->st.ns_stage_link += ct.ns_link;
+	return rc ? moet_err_prefix(rc, "staging: the copies' times") : 0;
 }

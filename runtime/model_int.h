@@ -154,6 +154,9 @@ double moet_hybrid_stage_gpu_ms(const moet_hybrid *hy, int64_t rows);
 int moet_hybrid_stage_run(moet_hybrid *hy, moet_backend *be, const moet_ffn_w *table,
 			  const moet_expert_pair *pairs, int64_t cnt, int64_t top_k,
 			  const float *h, int64_t n, float *y);
+/* The staged copies' device times not read yet into the stats (ns_stage_link): after each
+ * pass (forward.c), when they are done. Accepts NULL. */
+int moet_hybrid_stage_take_link(moet_hybrid *hy);
 void moet_hybrid_set_overlap(moet_hybrid *hy, int on);
 /* A copy of hidden rows to the host made for the tier by its caller (moet_moe_dispatch_queue),
  * counted in the stats as the tier's own (bytes_d2h, d2h_copies); nothing without an engine. */
@@ -173,6 +176,10 @@ typedef struct moet_stage_counts {
 	uint64_t ns_copy;    /* the calling thread in the copies: pinned, the uploader's runs
 				(fill and link); driver, queueing them */
 	uint64_t ns_wait;    /* its waits for a slot's last kernel or its queued copies */
+	uint64_t ns_link;    /* the copies' own time: driver copies on a GPU, the device's
+				between marks around each expert's copies on the copy stream
+				(read later: moet_stage_take_link); else the calling thread's in
+				them (the uploader's runs, host copies) */
 } moet_stage_counts;
 /* n_slots: 1 (one expert at a time), or a ring; pinned: the copies through an uploader (the
  * ring's halves then take waves of n_slots / 2 experts), else the driver's (stage.c). */
@@ -194,6 +201,9 @@ void moet_stage_set_dev_wait(moet_stage *s, int on);
 int moet_stage_run(moet_stage *s, moet_backend *be, const moet_ffn_w *host,
 		   const moet_expert_pair *pairs, int64_t cnt, int64_t top_k, const float *h,
 		   int64_t n, float *y, int64_t H, moet_stage_counts *ct);
+/* The device's time in the driver copies whose marks have not been read yet, added to
+ * ct->ns_link (waits for those copies: after a pass they are done). Accepts NULL. */
+int moet_stage_take_link(moet_stage *s, moet_stage_counts *ct);
 
 
 /* resident.c: at a placement's bind, its CPU-tier experts populated (and locked) per

@@ -213,6 +213,9 @@ typedef struct moet_hybrid_stats {
 	uint64_t ns_stage_copy;  /* of which in the copies (MOET_STAGE_COPY=pinned: the
 				    uploader's runs; driver: queueing them) */
 	uint64_t ns_stage_wait;  /* of which waiting for a slot's last kernel (or its copies) */
+	uint64_t ns_stage_link;  /* the staged copies' own time (bytes_staged over it: their
+				    rate): driver copies on a GPU, the device's between marks on
+				    the copy stream; else the copying thread's (stage.c) */
 	uint64_t devgroup_calls; /* MoE layer calls grouped on the device (MOET_GPU_DEVGROUP=1:
 				    no id download, no host grouping; with or without placement) */
 	uint64_t merged_calls;   /* MoE layer calls of the home device that computed both

@@ -32,7 +32,10 @@
  *           (one run per expert kept the uploader's pipeline short: filled, then drained, every
  *           44 MB). On the CPU backend the uploader copies host to host (the simulated
  *           devices' test double of the same waves: tests/runtime/test_hybrid_stage.c).
- * Same bytes either way. With moet_stage_set_dev_wait (the decode balance, hybrid.c) a
+ * Same bytes either way. The copies' own time goes to ns_link: a driver copy on a GPU is
+ * bracketed by two marks on the copy stream (read when the slot is next filled, or by
+ * moet_stage_take_link), so that it is the link's time whatever the host did meanwhile.
+ * With moet_stage_set_dev_wait (the decode balance, hybrid.c) a
  * driver copy's kernel waits for its copied mark on the device (the stream waits for the
  * event) instead of on the host, so the driving thread queues on while the bytes cross
  * (NOTE: the CUDA backend's next grouped call still waits on the host for this call's token
@@ -53,7 +56,9 @@ typedef struct stage_slot {
 	void *mem[STAGE_PARTS];         /* backend memory */
 	size_t cap[STAGE_PARTS];        /* bytes */
 	void *ev_copied, *ev_used;      /* CUDA events (GPU backends), else NULL */
+	void *ev_start;                 /* driver copies: the mark before the slot's last copy */
 	int copied, used;               /* a mark is pending on the event */
+	int timed;                      /* ev_start .. ev_copied not read into ns_link yet */
 } stage_slot;
 
 struct moet_stage {
@@ -83,6 +88,7 @@ void moet_stage_destroy(moet_stage *s, moet_backend *be)
 				be->ops->free(be, sl->mem[j]);
 		moet_gpu_event_destroy(sl->ev_copied);
 		moet_gpu_event_destroy(sl->ev_used);
+		moet_gpu_event_destroy(sl->ev_start);
 	}
 	moet_gpu_stream_destroy(s->stream);
 	moet_uploader_destroy(s->up);
@@ -118,7 +124,8 @@ int moet_stage_create(moet_backend *be, int n_slots, int pinned, int64_t n_exper
 		goto fail;
 	for (int i = 0; s->cuda && i < n_slots; i++)
 		if ((rc = moet_gpu_event_create(&s->slot[i].ev_copied)) ||
-		    (rc = moet_gpu_event_create(&s->slot[i].ev_used)))
+		    (rc = moet_gpu_event_create(&s->slot[i].ev_used)) ||
+		    (rc = moet_gpu_event_create(&s->slot[i].ev_start)))
 			goto fail;
 	*out = s;
 	return 0;
@@ -144,6 +151,29 @@ static int wait_mark(void *ev, int *pending, moet_stage_counts *ct)
 	return rc;
 }
 
+/* The device's time in slot sl's last driver copy into ct->ns_link, once (waits for it). */
+static int take_link(stage_slot *sl, moet_stage_counts *ct)
+{
+	if (!sl->timed)
+		return 0;
+	sl->timed = 0;
+	float ms = 0;
+	int rc = moet_gpu_event_sync(sl->ev_copied);
+	if (!rc && !(rc = moet_gpu_event_elapsed_ms(sl->ev_start, sl->ev_copied, &ms)) && ms > 0)
+		ct->ns_link += (uint64_t)((double)ms * 1e6);
+	return rc;
+}
+
+int moet_stage_take_link(moet_stage *s, moet_stage_counts *ct)
+{
+	int rc = 0;
+	for (int i = 0; s && i < s->n_slots; i++) {
+		int r = take_link(&s->slot[i], ct);
+		rc = rc ? rc : r;
+	}
+	return rc;
+}
+
 /*
  * Expert src's parts into slot i (after the slot's last kernel is done; its memory grown to
  * them); view: the slot's copies. driver: the copies queued on the copy stream, then the
@@ -157,6 +187,9 @@ static int put(moet_stage *s, moet_backend *be, int i, const moet_ffn_w *src, mo
 	const moet_mat *in[3] = { &src->gate, &src->up, &src->down };
 	moet_mat *o[3] = { &view->gate, &view->up, &view->down };
 	int rc = wait_mark(sl->ev_used, &sl->used, ct);
+	const int dev = s->cuda && !s->pinned; /* timed on the copy stream */
+	if (!rc && dev && !(rc = take_link(sl, ct)))
+		rc = moet_gpu_event_record(sl->ev_start, s->stream);
 	const uint64_t t0 = moet_now_ns();
 	for (int m = 0; m < 3 && !rc; m++) {
 		size_t bytes[2] = { moet_mat_data_bytes(in[m]), moet_mat_scale_bytes(in[m]) };
@@ -186,9 +219,12 @@ static int put(moet_stage *s, moet_backend *be, int i, const moet_ffn_w *src, mo
 		o[m]->data = sl->mem[2 * m];
 		o[m]->scale_inv = in[m]->scale_inv ? sl->mem[2 * m + 1] : NULL;
 	}
-	if (!rc && !s->pinned && s->cuda && !(rc = moet_gpu_event_record(sl->ev_copied, s->stream)))
-		sl->copied = 1;
-	ct->ns_copy += moet_now_ns() - t0;
+	if (!rc && dev && !(rc = moet_gpu_event_record(sl->ev_copied, s->stream)))
+		sl->copied = sl->timed = 1;
+	const uint64_t t1 = moet_now_ns();
+	ct->ns_copy += t1 - t0;
+	if (!s->cuda && !s->pinned) /* host copies: done on return */
+		ct->ns_link += t1 - t0;
 	return rc;
 }
 
@@ -204,7 +240,9 @@ static int up_run(moet_stage *s, const moet_upload_item *items, int n, moet_stag
 	}
 	if (!rc && n > 0)
 		rc = moet_uploader_run(s->up, items, n, NULL, NULL);
-	ct->ns_copy += moet_now_ns() - t0;
+	const uint64_t dt = moet_now_ns() - t0;
+	ct->ns_copy += dt;
+	ct->ns_link += dt; /* done on return */
 	return rc;
 }
 

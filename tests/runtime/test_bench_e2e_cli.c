@@ -243,8 +243,14 @@ int main(void)
 	CHECK(sau && mixed >= 2 && num(sau, "staged_pairs") > 0 && num(sau, "cpu_pairs") > 0,
 	      "auto: the row at %d prices, %g pairs staged, %g on the CPU tier a step", mixed,
 	      num(sau, "staged_pairs"), num(sau, "cpu_pairs"));
+	/* the staged copies: their bytes and own time a step, in the row and the serial run */
+	CHECK(num(sau, "stage_bytes") > 0 && num(sau, "stage_link_s") > 0 &&
+		      num(sau, "tc_stage_link_s") > 0,
+	      "auto: %g bytes staged a step in %g s of copies, the serial run's copies %g s",
+	      num(sau, "stage_bytes"), num(sau, "stage_link_s"), num(sau, "tc_stage_link_s"));
 	CHECK(same && num(sau, "tc_staged_pairs") == num(sau, "staged_pairs") &&
-		      num(sau, "tc_cpu_pairs") == num(sau, "cpu_pairs"),
+		      num(sau, "tc_cpu_pairs") == num(sau, "cpu_pairs") &&
+		      num(sau, "tc_stage_bytes") == num(sau, "stage_bytes"),
 	      "auto: the serial run at prices [%g %g %g] with %g staged and %g CPU-tier pairs a "
 	      "step, the row at [%g %g %g] with %g and %g",
 	      json_number_value(json_array_get(tps, 0)), json_number_value(json_array_get(tps, 1)),

@@ -360,10 +360,28 @@ static void model_checks(const char *device, int reg)
 				      "%s: staged %llu, CPU %llu pairs", hw_name[h],
 				      (unsigned long long)hs.staged_pairs,
 				      (unsigned long long)hs.cpu_pairs);
+			/* the staged copies' own time (ns_stage_link): wherever something was
+			 * staged, at a rate a link can have on a GPU (its copy stream's marks: a
+			 * mark misplaced gives ~0 and a rate past any PCIe link), within the
+			 * driving thread's staging on the CPU backend (host copies) */
+			const double gbps = hs.ns_stage_link ? (double)hs.bytes_staged /
+								       (double)hs.ns_stage_link
+							     : 0;
+			CHECK(hs.staged_experts
+				      ? hs.ns_stage_link > 0 &&
+						(cuda ? gbps < 200 : hs.ns_stage_link <= hs.ns_stage)
+				      : hs.ns_stage_link == 0,
+			      "%s placement %d, %s: %llu experts staged, %llu bytes, link time %llu "
+			      "ns (%.1f GB/s), staging %llu ns", device, pl, hw_name[h],
+			      (unsigned long long)hs.staged_experts,
+			      (unsigned long long)hs.bytes_staged,
+			      (unsigned long long)hs.ns_stage_link, gbps,
+			      (unsigned long long)hs.ns_stage);
 			printf("%-4s placement %d, %-8s: logits equal; %llu cold pairs: %llu staged "
-			       "(%llu experts), %llu on the CPU tier\n", device, pl, hw_name[h],
-			       (unsigned long long)cd.pairs, (unsigned long long)hs.staged_pairs,
-			       (unsigned long long)hs.staged_experts,
+			       "(%llu experts, %.2f GB/s over the link), %llu on the CPU tier\n",
+			       device, pl, hw_name[h], (unsigned long long)cd.pairs,
+			       (unsigned long long)hs.staged_pairs,
+			       (unsigned long long)hs.staged_experts, gbps,
 			       (unsigned long long)hs.cpu_pairs);
 		}
 	}
