@@ -12,6 +12,8 @@
  *   - the medians over rounds are the medians of the records' steps;
  *   - the archive holds the records and the table;
  *   - MOET_AB_MODE=gpu (every expert resident): its table's steps are the records' gpu ones;
+ *   - with staging by balance the table's last columns (the staged copies' GB/s in the row
+ *     and its serial run) are the records' stage_bytes over stage_link_s, "-" without;
  *   - usage errors: too few arguments, a bad variant name, a bad round count, a bad mode.
  */
 #include <jansson.h>
@@ -51,7 +53,7 @@ static double num(const json_t *o, const char *k)
 
 static int run(const char *args, char **text)
 {
-	char cmd[4096];
+	char cmd[8192];
 	snprintf(cmd, sizeof(cmd), "cd %s && MOET_AB_DEVICE=cpu MOET_AB_BATCHES=%d "
 		 "MOET_AB_STEPS=3 %s", moet_test_source_dir(), BATCH, args);
 	return moet_test_run(cmd, text);
@@ -64,7 +66,7 @@ int main(void)
 		return 77;
 	}
 	char *dir = moet_test_mkdtemp("e2e-ab-sh");
-	char ckpt[512], place[600], out[512], build[1024], path[800], args[3000];
+	char ckpt[512], place[600], out[512], build[1024], path[800], args[4000];
 	snprintf(ckpt, sizeof(ckpt), "%s/ckpt", dir);
 	snprintf(place, sizeof(place), "%s/place.yaml", dir);
 	snprintf(out, sizeof(out), "%s/out", dir);
@@ -224,6 +226,64 @@ int main(void)
 		fclose(stale);
 	if (kept)
 		fclose(kept);
+
+	/* staging by balance (the "even" hardware figures stage some cold experts): the table's
+	 * last two columns, the staged copies' GB/s in the row and its serial run, are the
+	 * record's stage_bytes over stage_link_s (and tc_); "-" where nothing was staged */
+	char hwp[600];
+	snprintf(hwp, sizeof(hwp), "%s/hw-even.yaml", dir);
+	static const char even[] = "name: even\ncpu_read_gbps: 1\npcie_gbps: 1.2\n"
+				   "pcie_latency_us: 0\n";
+	CHECK(moet_test_write_file(hwp, even, strlen(even)) == 0, "hw file");
+	snprintf(args, sizeof(args), "MOET_AB_ROUNDS=1 bash tests/gpu/e2e_ab.sh %s %s-bal %s %s "
+		 "'off:MOET_STAGE_BALANCE=0' 'bal:MOET_STAGE_BALANCE=1,MOET_HARDWARE=%s'", build,
+		 out, ckpt, place, hwp);
+	free(text);
+	text = NULL;
+	rc = run(args, &text);
+	CHECK(rc == 0 && text, "e2e_ab.sh, staging: exit %d\n%s", rc, text ? text : "");
+	snprintf(path, sizeof(path), "%s-bal/table.txt", out);
+	f = fopen(path, "r");
+	int bal_rows = 0;
+	while (f && fgets(line, sizeof(line), f)) {
+		char name[32], lnk[2][16];
+		int r, b;
+		double st;
+		if (!run_row(line, name, &r, &b, &st) || b != BATCH)
+			continue;
+		snprintf(path, sizeof(path), "%s-bal/e2e-%s-%d.json", out, name, r);
+		json_t *rec = json_load_file(path, 0, NULL);
+		const json_t *s = mode_step(rec, "hybrid");
+		const char *tail = line + strlen(line); /* the last two fields */
+		for (int k = 0; k < 2 && tail > line; k++) { /* back over spaces, then a field */
+			while (tail > line && (tail[-1] == ' ' || tail[-1] == '\n'))
+				tail--;
+			while (tail > line && tail[-1] != ' ')
+				tail--;
+		}
+		const int got = sscanf(tail, "%15s %15s", lnk[0], lnk[1]) == 2 ? 2 : 0;
+		CHECK(got == 2 && s, "staging row: %s", line);
+		const int staged = !strcmp(name, "bal");
+		for (int k = 0; s && k < 2 && got == 2; k++) {
+			const char *pre = k ? "tc_" : "";
+			char kb[32], kt[32];
+			snprintf(kb, sizeof(kb), "%sstage_bytes", pre);
+			snprintf(kt, sizeof(kt), "%sstage_link_s", pre);
+			const double bytes = num(s, kb), t = num(s, kt);
+			if (!staged) {
+				CHECK(bytes == 0 && !strcmp(lnk[k], "-"), "off: %s %g, column %s", kb,
+				      bytes, lnk[k]);
+				continue;
+			}
+			CHECK(bytes > 0 && t > 0 && fabs(atof(lnk[k]) - bytes / t / 1e9) <= 0.051,
+			      "bal: column %s against %s %g / %s %g", lnk[k], kb, bytes, kt, t);
+		}
+		json_decref(rec);
+		bal_rows++;
+	}
+	if (f)
+		fclose(f);
+	CHECK(bal_rows == 2, "staging table: %d rows", bal_rows);
 
 	/* usage errors */
 	static const char *const bad[4] = {
