@@ -112,6 +112,14 @@ int moet_test_write_file(const char *path, const void *data, size_t n)
 	return (fclose(f) == 0 && w == n) ? 0 : -1;
 }
 
+void moet_test_hw_even(const char *dir, char *path, size_t n)
+{
+	static const char even[] = "name: even\ncpu_read_gbps: 1\npcie_gbps: 1.2\n"
+				   "pcie_latency_us: 0\n";
+	snprintf(path, n, "%s/hw-even.yaml", dir);
+	CHECK(moet_test_write_file(path, even, strlen(even)) == 0, "write %s", path);
+}
+
 void *moet_test_read_file(const char *path, size_t *out_n)
 {
 	size_t dummy;

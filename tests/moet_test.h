@@ -67,6 +67,11 @@ void moet_test_cli_expect(const char *args, int want_rc, const char *want_text);
 /* Writes n bytes to path. 0 or -1. */
 int moet_test_write_file(const char *path, const void *data, size_t n);
 
+/* dir/hw-even.yaml, its path into path[n]: hardware figures (MOET_HARDWARE) with a CPU about
+ * as fast as the link, so that decode staging by balance stages some of a call's cold experts
+ * and leaves the others. CHECKs the write. */
+void moet_test_hw_even(const char *dir, char *path, size_t n);
+
 /* The whole file at path, malloc'd with one NUL byte after its *out_n bytes (so text files
  * read as strings); NULL when it cannot be opened, is not a regular file, or cannot be fully
  * read (*out_n then 0). out_n may be NULL. */

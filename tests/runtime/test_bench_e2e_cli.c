@@ -215,11 +215,8 @@ int main(void)
 	 * another two without the replay. It must have the row's shares, staged and CPU-tier
 	 * pairs ("even" hardware figures: prices 1 and 2 stage some of a call's experts) */
 	char hwp[600], js4[600];
-	snprintf(hwp, sizeof(hwp), "%s/hw-even.yaml", dir);
+	moet_test_hw_even(dir, hwp, sizeof(hwp));
 	snprintf(js4, sizeof(js4), "%s/e2e-auto.json", dir);
-	static const char even[] = "name: even\ncpu_read_gbps: 1\npcie_gbps: 1.2\n"
-				   "pcie_latency_us: 0\n";
-	CHECK(moet_test_write_file(hwp, even, strlen(even)) == 0, "hw file");
 	setenv("MOET_HARDWARE", hwp, 1);
 	setenv("MOET_STAGE_BALANCE", "auto", 1);
 	setenv("MOET_STAGE_TEST_CYCLE", "1", 1);

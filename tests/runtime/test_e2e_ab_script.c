@@ -59,6 +59,21 @@ static int run(const char *args, char **text)
 	return moet_test_run(cmd, text);
 }
 
+/* Runs e2e_ab.sh with args (*text: its output, the last one freed first), CHECKs its exit
+ * status, and opens the table it wrote into dir (NULL, CHECKed, when missing). */
+static FILE *run_table(const char *args, const char *what, const char *dir, char **text)
+{
+	free(*text);
+	*text = NULL;
+	int rc = run(args, text);
+	CHECK(rc == 0 && *text, "e2e_ab.sh, %s: exit %d\n%s", what, rc, *text ? *text : "");
+	char path[800];
+	snprintf(path, sizeof(path), "%s/table.txt", dir);
+	FILE *f = fopen(path, "r");
+	CHECK(f != NULL, "table %s", path);
+	return f;
+}
+
 int main(void)
 {
 	if (system("command -v bash python3 tar >/dev/null 2>&1")) {
@@ -165,13 +180,8 @@ int main(void)
 	/* MOET_AB_MODE=gpu: every expert resident, the table's steps from the gpu entries */
 	snprintf(args, sizeof(args), "MOET_AB_MODE=gpu MOET_AB_ROUNDS=1 bash tests/gpu/e2e_ab.sh "
 		 "%s %s-gpu %s %s def 'off:MOET_MB_QUEUE=0'", build, out, ckpt, place);
-	free(text);
-	text = NULL;
-	rc = run(args, &text);
-	CHECK(rc == 0 && text, "e2e_ab.sh, gpu mode: exit %d\n%s", rc, text ? text : "");
-	snprintf(path, sizeof(path), "%s-gpu/table.txt", out);
-	f = fopen(path, "r");
-	CHECK(f != NULL, "table %s", path);
+	snprintf(path, sizeof(path), "%s-gpu", out);
+	f = run_table(args, "gpu mode", path, &text);
 	int gpu_rows = 0;
 	while (f && fgets(line, sizeof(line), f)) {
 		char name[32];
@@ -195,12 +205,7 @@ int main(void)
 	 * alone (the earlier invocation's round 2 of def removed, split's kept but not read) */
 	snprintf(args, sizeof(args), "MOET_AB_ROUNDS=1 bash tests/gpu/e2e_ab.sh %s %s %s %s def",
 		 build, out, ckpt, place);
-	free(text);
-	text = NULL;
-	rc = run(args, &text);
-	CHECK(rc == 0 && text, "e2e_ab.sh again: exit %d\n%s", rc, text ? text : "");
-	snprintf(path, sizeof(path), "%s/table.txt", out);
-	f = fopen(path, "r");
+	f = run_table(args, "again", out, &text);
 	int again_rows = 0, again_other = 0;
 	while (f && fgets(line, sizeof(line), f)) {
 		char name[32];
@@ -231,19 +236,12 @@ int main(void)
 	 * last two columns, the staged copies' GB/s in the row and its serial run, are the
 	 * record's stage_bytes over stage_link_s (and tc_); "-" where nothing was staged */
 	char hwp[600];
-	snprintf(hwp, sizeof(hwp), "%s/hw-even.yaml", dir);
-	static const char even[] = "name: even\ncpu_read_gbps: 1\npcie_gbps: 1.2\n"
-				   "pcie_latency_us: 0\n";
-	CHECK(moet_test_write_file(hwp, even, strlen(even)) == 0, "hw file");
+	moet_test_hw_even(dir, hwp, sizeof(hwp));
 	snprintf(args, sizeof(args), "MOET_AB_ROUNDS=1 bash tests/gpu/e2e_ab.sh %s %s-bal %s %s "
 		 "'off:MOET_STAGE_BALANCE=0' 'bal:MOET_STAGE_BALANCE=1,MOET_HARDWARE=%s'", build,
 		 out, ckpt, place, hwp);
-	free(text);
-	text = NULL;
-	rc = run(args, &text);
-	CHECK(rc == 0 && text, "e2e_ab.sh, staging: exit %d\n%s", rc, text ? text : "");
-	snprintf(path, sizeof(path), "%s-bal/table.txt", out);
-	f = fopen(path, "r");
+	snprintf(path, sizeof(path), "%s-bal", out);
+	f = run_table(args, "staging", path, &text);
 	int bal_rows = 0;
 	while (f && fgets(line, sizeof(line), f)) {
 		char name[32], lnk[2][16];

@@ -193,9 +193,7 @@ int main(void)
 	/* decode staging by balance (MOET_STAGE_BALANCE=1): a CPU about as fast as the link, so
 	 * that each call stages some of its cold experts and leaves others */
 	char hw[512];
-	snprintf(hw, sizeof(hw), "%s/hw-even.yaml", dir);
-	const char *hw_text = "name: even\ncpu_read_gbps: 1\npcie_gbps: 1.2\npcie_latency_us: 0\n";
-	CHECK(moet_test_write_file(hw, hw_text, strlen(hw_text)) == 0, "hw file");
+	moet_test_hw_even(dir, hw, sizeof(hw));
 	setenv("MOET_STAGE_BALANCE", "1", 1);
 	setenv("MOET_HARDWARE", hw, 1);
 	CHECK(moet_model_set_placement(m, own, 2) == 0, "placement: %s", moet_errmsg());

@@ -85,10 +85,7 @@ static void checks(const char *device)
 	float *ref = malloc(n_out * sizeof(float)), *got = malloc(n_out * sizeof(float));
 	int16_t *own = malloc((size_t)(L * E) * sizeof(*own));
 	char hw[512];
-	static const char even[] = "name: even\ncpu_read_gbps: 1\npcie_gbps: 1.2\n"
-				   "pcie_latency_us: 0\n";
-	snprintf(hw, sizeof(hw), "%s/hw-even.yaml", dir);
-	CHECK(moet_test_write_file(hw, even, strlen(even)) == 0, "hw file");
+	moet_test_hw_even(dir, hw, sizeof(hw));
 	run(m, ref, -1);
 	for (int64_t i = 0; i < L * E; i++) /* every third expert on the CPU side */
 		own[i] = (int16_t)(i % 3 == 0 ? -1 : 0);
