@@ -286,7 +286,7 @@ int moet_cost_predict_owners(const moet_config *cf, const moet_placement_sizes *
 			     int phase, const moet_cost_hw *hw, int64_t batch, moet_cost_pred *out);
 
 /*
- * Prefill staging (runtime/hybrid.c, docs/hybrid.md): a cold (CPU-owned) expert with `rows`
+ * Prefill staging (runtime/hybrid.c, docs/staging.md): a cold (CPU-owned) expert with `rows`
  * tokens in one MoE layer call may instead be copied to a staging slot of GPU 0 and computed
  * there by the same contract kernel. What that costs, and the CPU tier's call it replaces:
  *

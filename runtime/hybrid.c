@@ -25,7 +25,7 @@
  * MOET_HYBRID_SLOTS calls may be in flight at once, one per slot (forward.c's micro-batches);
  * the executor runs their batches in submission order.
  *
- * Prefill staging (MOET_PREFILL_STAGE, docs/hybrid.md): a cold expert with many tokens in a
+ * Prefill staging (MOET_PREFILL_STAGE, docs/staging.md): a cold expert with many tokens in a
  * call can be cheaper on the GPU even counting the copy of its bytes (the cost model's
  * crossover, moet_cost_stage_min_rows). dispatch.c takes such experts out of the tier's
  * pairs and hands them to moet_hybrid_stage_run, which computes them from a ring of
@@ -35,7 +35,7 @@
  * Decode staging by balance (MOET_STAGE_BALANCE=1 or auto; unset: off, dispatch.c says
  * when that changes): the link is idle while a decode layer's CPU tier reads its cold
  * experts, and a batch-16 layer with three or four of them outlasts the GPU's own experts
- * (docs/hybrid.md, "Why batch 16 resists"). With the balance, each call's cold experts are
+ * (docs/staging.md, "Decode staging by balance"). With the balance, each call's cold experts are
  * split between the CPU tier and the staging slots by
  * moet_hybrid_stage_pick (the split whose longer side, CPU or link, the cost model prices
  * shortest, and none where the GPU's own experts of the layer take longer anyway), and

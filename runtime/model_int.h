@@ -113,7 +113,7 @@ void moet_hybrid_dev_begin(void *dc);
 void moet_hybrid_dev_finish(void *dc);
 void moet_hybrid_dev_collect(moet_hybrid_dev *dc);
 void moet_hybrid_get_stats(const moet_hybrid *hy, moet_hybrid_stats *out);
-/* Prefill staging of cold experts (MOET_PREFILL_STAGE, docs/hybrid.md): reads the switches
+/* Prefill staging of cold experts (MOET_PREFILL_STAGE, docs/staging.md): reads the switches
  * and, for auto, the crossover of the cost model (placement/moet_cost.h) for experts of
  * expert_bytes on the hardware of MOET_HARDWARE (a configs/hardware-*.yaml file) or the
  * defaults; unset, auto when on_gpu (the home backend is a GPU), else never. Decode staging

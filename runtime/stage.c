@@ -21,7 +21,7 @@
  * copy (MOET_STAGE_COPY):
  *   driver  (the reference path) a cudaMemcpyAsync per part on the copy stream: the driver
  *           stages pageable memory through its own pinned buffer (6.6 GB/s measured on the
- *           H200, docs/hybrid.md); the ring above, one expert at a time;
+ *           H200, docs/staging.md); the ring above, one expert at a time;
  *   pinned  (the default on a GPU) an uploader (runtime/upload.c: pinned buffers filled by
  *           several threads, made at the first staged expert and kept), which returns once
  *           the bytes are on the device. With a ring of 2W slots the experts go in waves of

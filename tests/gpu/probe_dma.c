@@ -1,7 +1,7 @@
 /*
  * probe_dma.c: does a DMA from the checkpoint's page-locked mapped pages run beside the CPU
  * tier's reads without slowing them? A measurement for issue 5's batch-16 overlap (decode
- * staging of cold experts over the otherwise idle link, docs/hybrid.md), not a test.
+ * staging of cold experts over the otherwise idle link, docs/staging.md), not a test.
  *
  * Usage: probe_dma FILE [SECONDS]   (tests/gpu/probe_dma.sh makes FILE and runs it)
  *   FILE     a file of at least 1 GiB (its pages are mapped read-only and page-locked)
