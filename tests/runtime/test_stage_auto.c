@@ -217,12 +217,15 @@ static void checks(const char *device)
 	moet_test_env("MOET_MB_TEST_SKEW", NULL);
 
 	/* moet_model_force_price (bench e2e's serial run replays a row's arms with it): every
-	 * decode pass at the forced arm and counted there, the choice (arm 1) untouched;
-	 * MOET_STAGE_TEST_CYCLE=1: after the trials the prices in turn */
+	 * decode pass at the forced arm and counted there, the choice untouched: arm 1 after
+	 * trials at skews 1, 0.5, 1, and the forced passes skewed 0, 0.5, 1, so that arm 0's,
+	 * were they recorded, would make it the choice; MOET_STAGE_TEST_CYCLE=1: after the
+	 * trials the prices in turn */
 	moet_test_env("MOET_MICROBATCH", "0");
-	moet_test_env("MOET_STAGE_TEST_SKEW", "1,0,1");
+	moet_test_env("MOET_STAGE_TEST_SKEW", "1,0.5,1");
 	CHECK(moet_model_set_placement(m, own, 1) == 0, "%s", moet_errmsg());
 	run(m, got, 3 * TRIALS);
+	moet_test_env("MOET_STAGE_TEST_SKEW", "0,0.5,1");
 	for (int f = 0; f < 4; f++) {
 		const int arm = f < 3 ? f : -1, at = f < 3 ? f : 1; /* -1: the choice again */
 		CHECK(moet_model_force_price(m, arm) == 0, "force %d: %s", arm, moet_errmsg());
