@@ -7,7 +7,8 @@ shares of passes in two micro-batches, of those on two streams (strm) and polled
 step), Tc / Tg, the cold experts staged per step (stg: MOET_STAGE_BALANCE) and the link price
 most of the timed passes ran at (prc, MOET_STAGE_BALANCE=auto: 0 none, 1, 2; - without),
 the staged copies' rate in GB/s in the row (lnk) and in its serial run (tlnk: stage_bytes over
-stage_link_s; - where nothing was staged or the record predates them); then per variant and batch the median over rounds of the step and of step / bound.
+stage_link_s; - where nothing was staged or the record predates them); then per variant and
+batch the median over rounds of the step and of step / bound.
 The records' steps of mode MOET_AB_MODE (default hybrid; gpu has no overlap check: nan there).
 Rounds 1 .. MOET_AB_ROUNDS (e2e_ab.sh sets it), else those the named variants' records have.
 A missing or unreadable record is named on its row, never skipped silently."""

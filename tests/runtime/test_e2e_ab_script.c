@@ -269,8 +269,8 @@ int main(void)
 			snprintf(kt, sizeof(kt), "%sstage_link_s", pre);
 			const double bytes = num(s, kb), t = num(s, kt);
 			if (!staged) {
-				CHECK(bytes == 0 && !strcmp(lnk[k], "-"), "off: %s %g, column %s", kb,
-				      bytes, lnk[k]);
+				CHECK(bytes == 0 && !strcmp(lnk[k], "-"), "off: %s %g, column %s",
+				      kb, bytes, lnk[k]);
 				continue;
 			}
 			CHECK(bytes > 0 && t > 0 && fabs(atof(lnk[k]) - bytes / t / 1e9) <= 0.051,
