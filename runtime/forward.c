@@ -715,6 +715,12 @@ int moet_model_trial_passes(const moet_model *m)
 	return na > 1 ? na * MB_TRIALS : 0;
 }
 
+/* An arm's form at link price p (arms are form * MOET_MB_PRICES + price). */
+static int at_price(int arm, int p)
+{
+	return arm / MOET_MB_PRICES * MOET_MB_PRICES + p;
+}
+
 /* *out_arm: the arm to record the pass under (mb_record), -1: none. */
 static int mb_choose(moet_model *m, const moet_seq_step *steps, int n_steps, int64_t n,
 		     int *out_k, int *out_form, int *out_price, int *out_arm)
@@ -747,13 +753,12 @@ static int mb_choose(moet_model *m, const moet_seq_step *steps, int n_steps, int
 			arm = arms[best];
 		if (m->price_cycle && prices_tried(m) && n == n_steps &&
 		    t->cnt[arms[least]] >= MB_TRIALS) /* MOET_STAGE_TEST_CYCLE (tests) */
-			arm = arm / MOET_MB_PRICES * MOET_MB_PRICES +
-			      (int)(t->passes % MOET_MB_PRICES);
+			arm = at_price(arm, (int)(t->passes % MOET_MB_PRICES));
 	}
 	/* moet_model_force_price: the arm's form, at the forced price, recorded for none */
 	const int forced = m->price_forced && prices_tried(m) && n == n_steps;
 	if (forced)
-		arm = arm / MOET_MB_PRICES * MOET_MB_PRICES + m->price_forced - 1;
+		arm = at_price(arm, m->price_forced - 1);
 	*out_form = arm / MOET_MB_PRICES;
 	*out_price = prices_tried(m) ? arm % MOET_MB_PRICES : -1;
 	/* NOTE: a forced form's passes count for it too, as before the prices (can_split) */

@@ -32,15 +32,15 @@
  * staging slots (stage.c, the shadow check's mechanism) with the backend's kernel: the same
  * bits. The ring is made at the first staged expert and kept.
  *
- * Decode staging by balance (MOET_STAGE_BALANCE=1 or auto; unset: off, dispatch.c says
- * when that changes): the link is idle while a decode layer's CPU tier reads its cold
- * experts, and a batch-16 layer with three or four of them outlasts the GPU's own experts
- * (docs/staging.md, "Decode staging by balance"). With the balance, each call's cold experts are
- * split between the CPU tier and the staging slots by
- * moet_hybrid_stage_pick (the split whose longer side, CPU or link, the cost model prices
- * shortest, and none where the GPU's own experts of the layer take longer anyway), and
- * dispatch.c page-locks the checkpoint's mappings at the placement so that a staged expert's
- * copy is one DMA from them (driver copies, no pinned uploader).
+ * Decode staging by balance (MOET_STAGE_BALANCE=1 or auto; unset: auto on one GPU, else off,
+ * dispatch.c): the link is idle while a decode layer's CPU tier reads its cold experts, and a
+ * batch-16 layer with three or four of them outlasts the GPU's own experts (docs/staging.md,
+ * "Decode staging by balance"). With the balance, each call's cold experts are split between
+ * the CPU tier and the staging slots by moet_hybrid_stage_pick (the split whose longer side,
+ * CPU or link, the cost model prices shortest, and none where the GPU's own experts of the
+ * layer take longer anyway), and dispatch.c page-locks the checkpoint's mappings at the
+ * placement so that a staged expert's copy is one DMA from them (driver copies, no pinned
+ * uploader).
  *
  * NOTE: the team is the executor of cpu/exec.c made for this model (MOET_CPU_THREADS, else
  * every core but one on a GPU backend: the thread that drives the GPU needs a core too). On
@@ -628,14 +628,12 @@ int moet_hybrid_stage_setup(moet_hybrid *hy, const moet_config *c, uint64_t expe
 	if ((rc = moet_stage_copy_pinned(on_gpu, &hy->stage_pinned)))
 		return rc;
 	hy->stage_mode = v && *v ? mode_of[mode] : on_gpu ? HY_STAGE_AUTO : HY_STAGE_NEVER;
-	static const char *const bal[] = { "0", "1", "auto" };
-	const char *bv = getenv("MOET_STAGE_BALANCE");
+	static const char *const bal[] = { NULL, "0", "1", "auto" }; /* NULL: unset or empty */
 	int bi = 0;
-	if ((rc = moet_env_choice("MOET_STAGE_BALANCE", bal, 3, &bi)))
+	if ((rc = moet_env_choice("MOET_STAGE_BALANCE", bal, 4, &bi)))
 		return rc;
-	hy->balance_by_default = !(bv && *bv) && balance_unset > 0;
-	if (hy->balance_by_default)
-		bi = balance_unset;
+	hy->balance_by_default = bi == 0 && balance_unset > 0;
+	bi = bi ? bi - 1 : balance_unset; /* 0 off, 1, 2 auto */
 	hy->stage_balance = bi > 0;
 	hy->price_auto = bi == 2;
 	if (hy->stage_balance)
