@@ -123,13 +123,15 @@ double moet_cost_call_ms(const moet_cost_in *in, bool gpu, double rows)
 
 /* ---- the expected call over a step -------------------------------------------------------- */
 
-/* E[t(R)] for R ~ Binomial(B, p), 0 < p < 1, on both tiers (see the design note). */
+/* E[t(R)] for R ~ Binomial(B, p), 0 < p < 1, on both tiers (see the design note), and the
+ * CPU call's second moment E[t(R)^2] into *x2c. */
 static void expect_calls(const tier *tc, const tier *tg, int64_t batch, double p, double P,
-			 double *xc, double *xg)
+			 double *xc, double *xg, double *x2c)
 {
 	const double B = (double)batch, mu = B * p, sd = sqrt(mu * (1 - p));
 	*xc = P * tc->bw_ms;
 	*xg = P * tg->bw_ms;
+	*x2c = P * tc->bw_ms * tc->bw_ms;
 	if (!tc->flop_ms && !tg->flop_ms)
 		return;
 	double lo = floor(mu - 12 * sd), hi = ceil(mu + 12 * sd) + 16;
@@ -138,8 +140,11 @@ static void expect_calls(const tier *tc, const tier *tg, int64_t batch, double p
 	if (hi - lo > MAX_WINDOW) {
 		/* A wide, and so relatively narrow, distribution: the mean rows given a touch. */
 		const double m = mu / P;
-		if (tc->flop_ms)
-			*xc = P * tier_call(tc, m);
+		if (tc->flop_ms) {
+			const double t = tier_call(tc, m);
+			*xc = P * t;
+			*x2c = P * t * t;
+		}
 		if (tg->flop_ms)
 			*xg = P * tier_call(tg, m);
 		return;
@@ -147,14 +152,18 @@ static void expect_calls(const tier *tc, const tier *tg, int64_t batch, double p
 	double pm = exp(lgamma(B + 1) - lgamma(lo + 1) - lgamma(B - lo + 1) + lo * log(p) +
 			(B - lo) * log1p(-p));
 	const double odds = p / (1 - p);
-	double sc = 0, sg = 0;
+	double sc = 0, sg = 0, sc2 = 0;
 	for (double r = lo; r <= hi; r++) {
-		sc += pm * tier_call(tc, r);
+		const double t = tier_call(tc, r);
+		sc += pm * t;
+		sc2 += pm * t * t;
 		sg += pm * tier_call(tg, r);
 		pm *= (B - r) / (r + 1) * odds;
 	}
-	if (tc->flop_ms)
+	if (tc->flop_ms) {
 		*xc = sc;
+		*x2c = sc2;
+	}
 	if (tg->flop_ms)
 		*xg = sg;
 }
@@ -162,24 +171,33 @@ static void expect_calls(const tier *tc, const tier *tg, int64_t batch, double p
 void moet_cost_expert_ms(const moet_cost_in *in, const double *s, int64_t n, double *P,
 			 double *t_cpu, double *t_gpu)
 {
+	moet_cost_expert_var_ms(in, s, n, P, t_cpu, t_gpu, NULL);
+}
+
+void moet_cost_expert_var_ms(const moet_cost_in *in, const double *s, int64_t n, double *P,
+			     double *t_cpu, double *t_gpu, double *v_cpu)
+{
 	const tier tc = tier_of(in, false), tg = tier_of(in, true);
 	double tot = 0;
 	for (int64_t i = 0; i < n; i++)
 		tot += s[i];
 	moet_cost_touch(s, n, in->top_k, in->batch, P);
 	for (int64_t i = 0; i < n; i++) {
-		double xc = 0, xg = 0;
+		double xc = 0, xg = 0, x2c = 0;
 		const double p = tot > 0 && s[i] > 0 ? s[i] * (double)in->top_k / tot : 0;
 		if (p >= 1) {
 			xc = tier_call(&tc, (double)in->batch);
 			xg = tier_call(&tg, (double)in->batch);
+			x2c = xc * xc; /* every token: no spread */
 		} else if (p > 0) {
-			expect_calls(&tc, &tg, in->batch, p, P[i], &xc, &xg);
+			expect_calls(&tc, &tg, in->batch, p, P[i], &xc, &xg, &x2c);
 		}
 		if (t_cpu)
 			t_cpu[i] = xc;
 		if (t_gpu)
 			t_gpu[i] = xg;
+		if (v_cpu) /* NOTE: rounding can leave E[t^2] - E[t]^2 a hair below 0 */
+			v_cpu[i] = x2c - xc * xc > 0 ? x2c - xc * xc : 0;
 	}
 }
 
@@ -226,13 +244,58 @@ static double gpus_ms(const moet_cost_in *in, const double *x_gpu, const double 
 	return t_gpu;
 }
 
-double moet_cost_layer_time_ms(const moet_cost_in *in, double x_cpu, double a_cpu,
-			       const double *x_gpu, const double *a_gpu)
+/* E[max(C, g)] for C ~ Normal(mu, sd^2) (moet_cost.h, MOET_COST_MAX_SPREAD). */
+static double expected_max(double mu, double sd, double g)
+{
+	if (!(sd > 0))
+		return mu > g ? mu : g;
+	const double d = (mu - g) / sd;
+	const double pdf = exp(-0.5 * d * d) / sqrt(2 * M_PI), cdf = 0.5 * erfc(-d / sqrt(2));
+	const double e = g + sd * (pdf + d * cdf), m = mu > g ? mu : g;
+	/* NOTE: never below the max of the means (Jensen), which rounding could break far in
+	 * a tail (pdf 0, cdf 1: g + (mu - g) in floating point) */
+	return e > m ? e : m;
+}
+
+/* The layer's wait for its tiers: the max of the means, or with the spread the expected max
+ * where both a CPU tier and a GPU tier have work. */
+static double tiers_ms(const moet_cost_in *in, double t_cpu, double v_cpu, double t_gpu)
+{
+	if (in->hw.layer_max == MOET_COST_MAX_SPREAD && v_cpu > 0 && t_cpu > 0 && t_gpu > 0)
+		return expected_max(t_cpu, sqrt(v_cpu), t_gpu);
+	return t_cpu > t_gpu ? t_cpu : t_gpu;
+}
+
+double moet_cost_layer_spread_ms(const moet_cost_in *in, double x_cpu, double v_cpu,
+				 double a_cpu, const double *x_gpu, const double *a_gpu)
 {
 	int g;
 	const double t_cpu = a_cpu * in->hw.cpu_overhead_us * 1e-3 + x_cpu;
 	const double t_gpu = gpus_ms(in, x_gpu, a_gpu, &g);
-	return (t_cpu > t_gpu ? t_cpu : t_gpu) + transfer_ms(in, a_cpu);
+	return tiers_ms(in, t_cpu, v_cpu, t_gpu) + transfer_ms(in, a_cpu);
+}
+
+double moet_cost_layer_time_ms(const moet_cost_in *in, double x_cpu, double a_cpu,
+			       const double *x_gpu, const double *a_gpu)
+{
+	return moet_cost_layer_spread_ms(in, x_cpu, 0, a_cpu, x_gpu, a_gpu);
+}
+
+int moet_cost_layer_max_parse(const char *s, int *out)
+{
+	if (s && !strcmp(s, "means"))
+		*out = MOET_COST_MAX_MEANS;
+	else if (s && !strcmp(s, "spread"))
+		*out = MOET_COST_MAX_SPREAD;
+	else
+		return moet_err(MOET_EINVAL, "--layer-max '%s': want means or spread",
+				s ? s : "(null)");
+	return 0;
+}
+
+const char *moet_cost_layer_max_name(int layer_max)
+{
+	return layer_max == MOET_COST_MAX_SPREAD ? "spread" : "means";
 }
 
 double moet_cost_layer_ms(const moet_cost_in *in, double d_cpu, double a_cpu,
@@ -249,7 +312,7 @@ double moet_cost_layer_ms(const moet_cost_in *in, double d_cpu, double a_cpu,
 /* ---- a placement ------------------------------------------------------------------------- */
 
 typedef struct layer_acc {
-	double x_cpu, lq_cpu, d_cpu, rows_cpu;
+	double x_cpu, v_cpu, lq_cpu, d_cpu, rows_cpu;
 	double x_gpu[64], lq_gpu[64], d_gpu[64], rows_gpu[64];
 } layer_acc;
 
@@ -271,10 +334,12 @@ static void predict_layer(const moet_cost_in *in, const layer_acc *a, moet_cost_
 	int g;
 	const double t_gpu = gpus_ms(in, a->x_gpu, a_gpu, &g);
 	const double xfer = transfer_ms(in, a_cpu);
+	const double wait = tiers_ms(in, t_cpu, a->v_cpu, t_gpu);
 	out->cpu_ms += t_cpu;
 	out->gpu_ms += t_gpu;
 	out->transfer_ms += xfer;
-	out->experts_ms += (t_cpu > t_gpu ? t_cpu : t_gpu) + xfer;
+	out->experts_ms += wait + xfer;
+	out->spread_ms += wait - (t_cpu > t_gpu ? t_cpu : t_gpu);
 	if (t_cpu >= t_gpu) {
 		out->cpu_expert_ms += a->x_cpu;
 		out->overhead_ms += ovh_cpu;
@@ -298,10 +363,10 @@ int moet_cost_predict(const moet_cost_in *in, const double *scores, int64_t n_la
 					i / n_experts, i % n_experts, owner[i], n);
 	const size_t ne = (size_t)(n_experts ? n_experts : 1);
 	double *P = malloc(ne * sizeof(*P)), *xc = malloc(ne * sizeof(*xc));
-	double *xg = malloc(ne * sizeof(*xg));
+	double *xg = malloc(ne * sizeof(*xg)), *vc = malloc(ne * sizeof(*vc));
 	layer_acc *a = malloc(sizeof(*a));
 	int rc = 0;
-	if (!P || !xc || !xg || !a) {
+	if (!P || !xc || !xg || !vc || !a) {
 		rc = moet_err(MOET_ENOMEM, "cost model");
 		goto done;
 	}
@@ -311,7 +376,7 @@ int moet_cost_predict(const moet_cost_in *in, const double *scores, int64_t n_la
 		const double *s = scores + l * n_experts;
 		double tot = 0;
 		memset(a, 0, sizeof(*a));
-		moet_cost_expert_ms(in, s, n_experts, P, xc, xg);
+		moet_cost_expert_var_ms(in, s, n_experts, P, xc, xg, vc);
 		for (int64_t e = 0; e < n_experts; e++)
 			tot += s[e];
 		for (int64_t e = 0; e < n_experts; e++) {
@@ -323,6 +388,7 @@ int moet_cost_predict(const moet_cost_in *in, const double *scores, int64_t n_la
 				a->d_cpu += P[e];
 				a->lq_cpu += q;
 				a->x_cpu += xc[e];
+				a->v_cpu += vc[e];
 				a->rows_cpu += rows;
 			} else {
 				a->d_gpu[g] += P[e];
@@ -350,6 +416,7 @@ done:
 	free(P);
 	free(xc);
 	free(xg);
+	free(vc);
 	free(a);
 	return rc;
 }

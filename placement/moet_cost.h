@@ -114,7 +114,31 @@ typedef struct moet_cost_hw {
 	 * mode's step minus its routed experts); empty: dense bytes / gpu_read_gbps. Linear
 	 * between points, the first point's below it, the last two points' line above. */
 	moet_cost_curve gpu_dense_ms;
+	/* Not a figure of the file (the reader leaves it at the default, the writer never
+	 * writes it): how a layer's max of its tiers is taken, MOET_COST_MAX_MEANS (0, the
+	 * default) or MOET_COST_MAX_SPREAD; set by the caller (plan --layer-max). */
+	int layer_max;
 } moet_cost_hw;
+
+/*
+ * A layer waits for the slower of its tiers. MOET_COST_MAX_MEANS: the max of the tiers'
+ * expected times, max(E[C], E[G]) (optimistic when they are close: the CPU tier's time C
+ * varies from step to step with its experts' rows). MOET_COST_MAX_SPREAD: the expected max
+ * E[max(C, G)] with C normal, of the mean E[C] and the variance sum_e Var t(R_e) of its
+ * calls (R_e ~ Binomial(B, p_e), independent), and G at its mean (a GPU call is ~30x
+ * shorter, so its spread is small beside the CPU's):
+ *
+ *   E[max(C, G)] = G + sd x (phi(d) + d x Phi(d)),   d = (E[C] - G) / sd
+ *
+ * used where the layer has both a CPU tier and a GPU tier with work (else the means). The
+ * one-pass form only; the two-micro-batch form (cost_mb.c) keeps the means.
+ */
+#define MOET_COST_MAX_MEANS 0
+#define MOET_COST_MAX_SPREAD 1
+
+/* "means" / "spread" -> MOET_COST_MAX_*; MOET_EINVAL naming the value otherwise. */
+int moet_cost_layer_max_parse(const char *s, int *out);
+const char *moet_cost_layer_max_name(int layer_max);
 
 /* The built-in defaults: the H200 machine of docs/benchmarks (as in
  * configs/hardware-h200-host.yaml). */
@@ -198,10 +222,21 @@ double moet_cost_call_ms(const moet_cost_in *in, bool gpu, double rows);
 void moet_cost_expert_ms(const moet_cost_in *in, const double *s, int64_t n, double *P,
 			 double *t_cpu, double *t_gpu);
 
+/* The same, and v_cpu[i] = Var[CPU t(R_i)] (ms^2; the same window, or for a wide
+ * distribution P x (1 - P) x t(mean rows given a touch)^2, the touch's own spread alone).
+ * Any of t_cpu, t_gpu, v_cpu may be NULL. */
+void moet_cost_expert_var_ms(const moet_cost_in *in, const double *s, int64_t n, double *P,
+			     double *t_cpu, double *t_gpu, double *v_cpu);
+
 /* The layer time (ms) for tiers described by their expected expert times x and busy
  * chances A: the CPU's, and each GPU's (x_gpu[g], a_gpu[g], g < n_gpus). */
 double moet_cost_layer_time_ms(const moet_cost_in *in, double x_cpu, double a_cpu,
 			       const double *x_gpu, const double *a_gpu);
+
+/* The same with v_cpu, the variance of the CPU tier's expert time (ms^2): with
+ * hw.layer_max MOET_COST_MAX_SPREAD the expected max above; else (or v_cpu 0) the means. */
+double moet_cost_layer_spread_ms(const moet_cost_in *in, double x_cpu, double v_cpu,
+				 double a_cpu, const double *x_gpu, const double *a_gpu);
 
 /* The bandwidth-only layer time: moet_cost_layer_time_ms with x = D x bytes / read (D: the
  * tier's expected distinct experts). */
@@ -240,6 +275,8 @@ typedef struct moet_cost_pred {
 	double cpu_expert_ms;        /* expert calls of the CPU in the layers where it is slower */
 	double gpu_expert_ms;        /* expert calls of the slowest GPU in the other layers */
 	double overhead_ms;          /* the fixed per-layer costs of those tiers */
+	double spread_ms;            /* with MOET_COST_MAX_SPREAD: sum over layers of the
+				      * expected max over the max of the means; else 0 */
 	/* (transfer_ms: the PCIe part; dense_ms: the dense part) */
 	double cpu_rows, gpu_rows;   /* expected rows (token-expert pairs) per step, all layers */
 	int64_t batch;               /* B of the prediction */
@@ -272,8 +309,9 @@ int moet_cost_predict(const moet_cost_in *in, const double *scores, int64_t n_la
  * (its GPUs are the GPU tiers), the counts of `prof` in `phase` (MOET_PROFILE_DECODE,
  * MOET_PROFILE_PREFILL or MOET_COST_PHASE_BOTH) and the hardware `hw`, at `batch` sequences.
  * The parts of *out add up: step_ms = gpu_expert_ms + cpu_expert_ms + transfer_ms (PCIe) +
- * overhead_ms + dense_ms. Errors: MOET_EINVAL (geometries that disagree, naming which; a
- * profile without routings in the phase; batch < 1), MOET_ENOMEM. All inputs are only read.
+ * overhead_ms + spread_ms + dense_ms. Errors: MOET_EINVAL (geometries that disagree, naming
+ * which; a profile without routings in the phase; batch < 1), MOET_ENOMEM. All inputs are
+ * only read.
  */
 int moet_cost_predict_step(const moet_config *cf, const moet_placement_sizes *sz,
 			   const moet_placement *pl, const moet_profile *prof, int phase,

@@ -244,6 +244,9 @@ static int plan_counts(moet_plan *pl, const moet_config *cf, const double *score
  *            at).
  *   F_l(n) = sum_b W_b f_lb(n): the layer's share of the objective sum_b W_b step_b (the
  *            weighted predicted decode steps of the mix; one batch: W = 1, F_l = f_l).
+ *   With hw.layer_max MOET_COST_MAX_SPREAD, f_lb also takes V^cpu_lb(E) - V^cpu_lb(n), the
+ *            CPU tier's variance (prefix sums of its calls' variances), for the expected max
+ *            of the tiers (moet_cost_layer_spread_ms).
  *
  * One ranking (by score) serves every batch: a layer's GPU experts are its top n whatever the
  * batch, so the mix only changes how many.
@@ -264,9 +267,9 @@ static int plan_counts(moet_plan *pl, const moet_config *cf, const double *score
  * keeps the argument. The CPU's expert term is convex: with the experts sorted by score its
  * time falls by X^cpu_(n), a non-increasing step. The max of the tiers and the A_tier
  * (overhead, copy) terms can break convexity (e.g. emptying a layer's CPU tier removes its
- * fixed costs at once); greedy is then a heuristic, so the plan keeps whichever of greedy
- * and the even split has the smaller weighted objective sum_l F_l (auto_kept_even says
- * which).
+ * fixed costs at once), and so can the spread's expected max; greedy is then a
+ * heuristic, so the plan keeps whichever of greedy and the even split has the smaller
+ * weighted objective sum_l F_l (auto_kept_even says which).
  */
 typedef struct auto_ctx {
 	const moet_cost_in *in; /* [nb]: the cost input at each batch of the mix */
@@ -275,6 +278,7 @@ typedef struct auto_ctx {
 	int64_t L, E;
 	double *Xc, *Xg, *Q; /* [nb x L x (E + 1)] prefix sums of the CPU and GPU expected call
 			      * times and of log(1 - P), in rank order */
+	double *Vc;          /* the same of the CPU calls' variances (MOET_COST_MAX_SPREAD) */
 } auto_ctx;
 
 /* F_l(n) = sum_b W_b f_lb(n). NOTE: with one batch of weight 1 this is f_l(n) bit for bit
@@ -285,13 +289,14 @@ static double auto_f(const auto_ctx *c, int64_t l, int64_t n)
 	const int ng = c->in[0].n_gpus;
 	for (int b = 0; b < c->nb; b++) {
 		const int64_t o = ((int64_t)b * c->L + l) * (c->E + 1);
-		const double *Xc = c->Xc + o, *Xg = c->Xg + o, *Q = c->Q + o;
+		const double *Xc = c->Xc + o, *Xg = c->Xg + o, *Q = c->Q + o, *Vc = c->Vc + o;
 		for (int g = 0; g < ng; g++) {
 			xg[g] = Xg[n] / ng;
 			ag[g] = -expm1(Q[n] / ng);
 		}
-		t += c->w[b] * moet_cost_layer_time_ms(&c->in[b], Xc[c->E] - Xc[n],
-						       -expm1(Q[c->E] - Q[n]), xg, ag);
+		t += c->w[b] * moet_cost_layer_spread_ms(&c->in[b], Xc[c->E] - Xc[n],
+							 Vc[c->E] - Vc[n],
+							 -expm1(Q[c->E] - Q[n]), xg, ag);
 	}
 	return t;
 }
@@ -320,17 +325,19 @@ static int auto_counts(moet_plan *pl, const moet_config *cf, const double *score
 	auto_ctx c = { .in = in, .w = pl->weight, .nb = nb, .L = L, .E = E };
 	int64_t *n = calloc((size_t)L, sizeof(*n));
 	double *gain = malloc((size_t)L * sizeof(*gain));
-	double *P = malloc((size_t)E * 3 * sizeof(*P)), *tc = NULL, *tg = NULL;
+	double *P = malloc((size_t)E * 4 * sizeof(*P)), *tc = NULL, *tg = NULL, *vc = NULL;
 	c.Xc = calloc(per, sizeof(double));
 	c.Xg = calloc(per, sizeof(double));
 	c.Q = calloc(per, sizeof(double));
+	c.Vc = calloc(per, sizeof(double));
 	int rc = 0;
-	if (!in || !n || !gain || !P || !c.Xc || !c.Xg || !c.Q) {
+	if (!in || !n || !gain || !P || !c.Xc || !c.Xg || !c.Q || !c.Vc) {
 		rc = moet_err(MOET_ENOMEM, "plan --auto");
 		goto done;
 	}
 	tc = P + E;
 	tg = P + 2 * E;
+	vc = P + 3 * E;
 	int64_t S = 0;
 	for (int g = 0; g < pl->n_gpus; g++)
 		S += pl->slots[g];
@@ -338,9 +345,9 @@ static int auto_counts(moet_plan *pl, const moet_config *cf, const double *score
 		in[b] = pl->cost;
 		in[b].batch = pl->batch[b];
 		for (int64_t l = 0; l < L; l++) {
-			moet_cost_expert_ms(&in[b], scores + l * E, E, P, tc, tg);
+			moet_cost_expert_var_ms(&in[b], scores + l * E, E, P, tc, tg, vc);
 			const int64_t o = ((int64_t)b * L + l) * (E + 1);
-			double *Xc = c.Xc + o, *Xg = c.Xg + o, *Q = c.Q + o;
+			double *Xc = c.Xc + o, *Xg = c.Xg + o, *Q = c.Q + o, *Vc = c.Vc + o;
 			for (int64_t i = 0; i < E; i++) {
 				const int32_t e = rank[l * E + i];
 				const double p = P[e];
@@ -348,6 +355,7 @@ static int auto_counts(moet_plan *pl, const moet_config *cf, const double *score
 				 * finite. */
 				Xc[i + 1] = Xc[i] + tc[e];
 				Xg[i + 1] = Xg[i] + tg[e];
+				Vc[i + 1] = Vc[i] + vc[e];
 				Q[i + 1] = Q[i] + (p < 1 ? log1p(-p) : -800.0);
 			}
 		}
@@ -385,6 +393,7 @@ done:
 	free(c.Xc);
 	free(c.Xg);
 	free(c.Q);
+	free(c.Vc);
 	return rc;
 }
 

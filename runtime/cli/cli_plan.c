@@ -41,6 +41,7 @@ static void usage(FILE *f)
 		"[--hot-per-layer K | --auto]\n"
 		"                        [--hardware FILE.yaml] [--batch B[:W][,B[:W]...]] "
 		"[--reserve-gb R]\n"
+		"                        [--layer-max means|spread]\n"
 		"                        [--phase decode|prefill|both] --out PLACEMENT.yaml\n"
 		"       moet-hybrid plan --evaluate --model DIR --profile TRAIN --holdout TEST "
 		"--gpus N --vram-gb G\n"
@@ -48,7 +49,8 @@ static void usage(FILE *f)
 		"[--seed S] [--json] [--out F]\n"
 		"       moet-hybrid plan --predict --model DIR --placement FILE --profile P\n"
 		"                        [--hardware FILE.yaml] [--batch B[,B...]] [--phase P] "
-		"[--json]\n\n"
+		"[--json]\n"
+		"                        [--layer-max means|spread]\n\n"
 		"Per MoE layer, the experts the profile routes to most go to the GPUs, each GPU\n"
 		"within its budget: budget - reserve - its share of the split dense part\n"
 		"holds whole experts at the checkpoint's real sizes. Experts of a layer are dealt\n"
@@ -83,6 +85,10 @@ static void usage(FILE *f)
 		"                     each; with --auto or --hardware a mix B:W,... (weights\n"
 		"                     W > 0, default 1): --auto minimizes sum W x step, and\n"
 		"                     each batch's step is printed for both plans\n"
+		"  --layer-max M      how the cost model takes a MoE layer's wait for its\n"
+		"                     tiers: means (default), the max of their expected times;\n"
+		"                     spread, the expected max, the CPU tier's time varying\n"
+		"                     with its experts' rows (docs/profile-and-plan.md)\n"
 		"  --predict          the predicted decode step of --placement FILE: step time\n"
 		"                     and its parts (GPU experts, CPU experts, PCIe, fixed\n"
 		"                     overheads, dense part), expected experts and rows per tier;\n"
@@ -142,10 +148,12 @@ static void print_hw(const plopts *o, const moet_cost_hw *h)
 	curve_text(&h->cpu_fma_frac, h->cpu_fma_gflops, "FMA", cc, sizeof(cc));
 	curve_text(&h->gpu_sgemm_frac, h->gpu_sgemm_gflops, "SGEMM", gc, sizeof(gc));
 	printf("cost model: %s%s: cpu read %g GB/s, %s; gpu read %g GB/s, %s; pcie %g GB/s + "
-	       "%g us; overheads cpu %g us, gpu %g us per layer\n",
+	       "%g us; overheads cpu %g us, gpu %g us per layer%s\n",
 	       h->from_file ? "hardware file " : "", h->from_file ? o->hardware : h->name,
 	       h->cpu_read_gbps, cc, h->gpu_read_gbps, gc, h->pcie_gbps, h->pcie_latency_us,
-	       h->cpu_overhead_us, h->gpu_overhead_us);
+	       h->cpu_overhead_us, h->gpu_overhead_us,
+	       h->layer_max == MOET_COST_MAX_SPREAD ? "; layer max: spread (the expected max "
+						       "of the tiers)" : "");
 }
 
 static double pct(double a, double b)
@@ -317,10 +325,10 @@ static void mix_comment(const plopts *o, const moet_plan *pl, char *buf, size_t 
 		at += k_ > 0 && (size_t)k_ < n - at ? (size_t)k_ : 0;                      \
 	} while (0)
 	ADD("\ncost model: %s (cpu %g GB/s, %g GFLOP/s FMA x %d points; gpu %g GB/s, %g GFLOP/s "
-	    "SGEMM x %d points; pcie %g GB/s), decode batch mix (batch:weight)",
+	    "SGEMM x %d points; pcie %g GB/s%s), decode batch mix (batch:weight)",
 	    h->from_file ? o->hardware : h->name, h->cpu_read_gbps, h->cpu_fma_gflops,
 	    h->cpu_fma_frac.n, h->gpu_read_gbps, h->gpu_sgemm_gflops, h->gpu_sgemm_frac.n,
-	    h->pcie_gbps);
+	    h->pcie_gbps, h->layer_max == MOET_COST_MAX_SPREAD ? "; layer max spread" : "");
 	for (int i = 0; i < pl->n_batch; i++)
 		ADD("%s %" PRId64 ":%g", i ? "," : "", pl->batch[i], pl->weight[i]);
 	for (int i = 0; i < pl->n_batch; i++) {
@@ -358,11 +366,13 @@ static int write_plan(const plopts *o, const moet_plan *pl, const moet_placement
 		mix_comment(o, pl, pred, sizeof(pred));
 	else if (pl->has_cost)
 		snprintf(pred, sizeof(pred), "\ncost model: %s (cpu %g GB/s, %g GFLOP/s FMA "
-			 "x %d points; gpu %g GB/s, %g GFLOP/s SGEMM x %d points; pcie %g GB/s), "
+			 "x %d points; gpu %g GB/s, %g GFLOP/s SGEMM x %d points; pcie %g GB/s%s), "
 			 "decode batch %" PRId64 "\npredicted decode step: %.3f ms (MoE layers "
 			 "%.3f + dense %.3f)", h->from_file ? o->hardware : h->name,
 			 h->cpu_read_gbps, h->cpu_fma_gflops, h->cpu_fma_frac.n, h->gpu_read_gbps,
-			 h->gpu_sgemm_gflops, h->gpu_sgemm_frac.n, h->pcie_gbps, pl->cost.batch,
+			 h->gpu_sgemm_gflops, h->gpu_sgemm_frac.n, h->pcie_gbps,
+			 h->layer_max == MOET_COST_MAX_SPREAD ? "; layer max spread" : "",
+			 pl->cost.batch,
 			 pl->pred.step_ms, pl->pred.experts_ms, pl->pred.dense_ms);
 	char split[160];
 	if (pl->auto_slots && !pl->auto_kept_even)
@@ -551,21 +561,23 @@ static void print_predict_json(const plopts *o, const moet_placement *p, double 
 		printf("null");
 	printf(", \"cpu_read_gbps\": %g, \"gpu_read_gbps\": %g, \"pcie_gbps\": %g, "
 	       "\"cpu_fma_gflops\": %g, \"gpu_sgemm_gflops\": %g, \"cpu_fma_points\": %d, "
-	       "\"gpu_sgemm_points\": %d}, \"predictions\": [", h->cpu_read_gbps,
-	       h->gpu_read_gbps, h->pcie_gbps, h->cpu_fma_gflops, h->gpu_sgemm_gflops,
-	       h->cpu_fma_frac.n, h->gpu_sgemm_frac.n);
+	       "\"gpu_sgemm_points\": %d, \"layer_max\": \"%s\"}, \"predictions\": [",
+	       h->cpu_read_gbps, h->gpu_read_gbps, h->pcie_gbps, h->cpu_fma_gflops,
+	       h->gpu_sgemm_gflops, h->cpu_fma_frac.n, h->gpu_sgemm_frac.n,
+	       moet_cost_layer_max_name(h->layer_max));
 	for (int i = 0; i < o->n_batch; i++) {
 		const moet_cost_pred *q = &pr[i];
 		printf("%s\n {\"batch\": %" PRId64 ", \"step_ms\": %.9g, \"gpu_expert_ms\": %.9g, "
 		       "\"cpu_expert_ms\": %.9g, \"pcie_ms\": %.9g, \"overhead_ms\": %.9g, "
-		       "\"dense_ms\": %.9g, \"cpu_busy_ms\": %.9g, \"gpu_busy_ms\": %.9g, "
+		       "\"spread_ms\": %.9g, \"dense_ms\": %.9g, \"cpu_busy_ms\": %.9g, "
+		       "\"gpu_busy_ms\": %.9g, "
 		       "\"cpu_distinct\": %.9g, \"gpu_distinct\": %.9g, \"cpu_rows\": %.9g, "
 		       "\"gpu_rows\": %.9g, \"tokens_per_s\": %.9g, \"one_pass_ms\": %.9g, "
 		       "\"chosen\": \"%s\", \"chosen_ms\": %.9g, \"two_halves_ms\": ",
 		       i ? "," : "", q->batch,
 		       q->step_ms, q->gpu_expert_ms, q->cpu_expert_ms, q->transfer_ms,
-		       q->overhead_ms, q->dense_ms, q->cpu_ms, q->gpu_ms, q->cpu_distinct,
-		       q->gpu_distinct, q->cpu_rows, q->gpu_rows,
+		       q->overhead_ms, q->spread_ms, q->dense_ms, q->cpu_ms, q->gpu_ms,
+		       q->cpu_distinct, q->gpu_distinct, q->cpu_rows, q->gpu_rows,
 		       q->step_ms > 0 ? 1e3 * (double)q->batch / q->step_ms : 0.0, q->step_ms,
 		       moet_cost_form_name(q->form), q->chosen_ms);
 		const moet_cost_mb *t = &q->two;
@@ -625,21 +637,22 @@ static void print_predict(const plopts *o, const moet_placement *p, double hit,
 	       moet_placement_n_gpus(p), moet_placement_n_gpus(p) == 1 ? "" : "s", on_gpu,
 	       o->profile, moet_plan_phase_name(o->phase), hit);
 	print_hw(o, &o->hw);
-	printf("  %6s %9s %10s %10s %8s %11s %9s %9s %11s %11s %8s %8s\n", "batch", "step_ms",
-	       "gpu_exp_ms", "cpu_exp_ms", "pcie_ms", "overhead_ms", "dense_ms", "tok/s",
-	       "cpu_busy_ms", "gpu_busy_ms", "cpu_r/e", "gpu_r/e");
+	printf("  %6s %9s %10s %10s %8s %11s %9s %9s %9s %11s %11s %8s %8s\n", "batch",
+	       "step_ms", "gpu_exp_ms", "cpu_exp_ms", "pcie_ms", "overhead_ms", "spread_ms",
+	       "dense_ms", "tok/s", "cpu_busy_ms", "gpu_busy_ms", "cpu_r/e", "gpu_r/e");
 	for (int i = 0; i < o->n_batch; i++) {
 		const moet_cost_pred *q = &pr[i];
-		printf("  %6" PRId64 " %9.3f %10.3f %10.3f %8.3f %11.3f %9.3f %9.1f %11.3f %11.3f "
-		       "%8.2f %8.2f\n", q->batch, q->step_ms, q->gpu_expert_ms, q->cpu_expert_ms,
-		       q->transfer_ms, q->overhead_ms, q->dense_ms,
+		printf("  %6" PRId64 " %9.3f %10.3f %10.3f %8.3f %11.3f %9.3f %9.3f %9.1f %11.3f "
+		       "%11.3f %8.2f %8.2f\n", q->batch, q->step_ms, q->gpu_expert_ms,
+		       q->cpu_expert_ms, q->transfer_ms, q->overhead_ms, q->spread_ms, q->dense_ms,
 		       q->step_ms > 0 ? 1e3 * (double)q->batch / q->step_ms : 0.0, q->cpu_ms,
 		       q->gpu_ms, q->cpu_distinct > 0 ? q->cpu_rows / q->cpu_distinct : 0.0,
 		       q->gpu_distinct > 0 ? q->gpu_rows / q->gpu_distinct : 0.0);
 	}
-	printf("step = gpu_exp + cpu_exp + pcie + overhead + dense (each MoE layer counted on its "
-	       "slower tier); *_busy: each tier's own sum over layers; r/e: expected rows per "
-	       "touched expert\n");
+	printf("step = gpu_exp + cpu_exp + pcie + overhead + spread + dense (each MoE layer "
+	       "counted on its slower tier; spread: --layer-max spread's expected max over the "
+	       "max of the means); *_busy: each tier's own sum over layers; r/e: expected rows "
+	       "per touched expert\n");
 	print_forms(pr, o->n_batch);
 }
 
@@ -759,13 +772,14 @@ int moet_cli_plan(int argc, char **argv)
 		{ "batch", required_argument, NULL, 'B' },
 		{ "predict", no_argument, NULL, 'D' },
 		{ "placement", required_argument, NULL, 'L' },
+		{ "layer-max", required_argument, NULL, 'X' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	plopts o = { .phase = MOET_PLAN_DECODE, .seed = 1, .b.batch = 1, .n_batch = 1,
 		     .batch = { 1 }, .weight = { 1 } };
-	const char *vram = NULL, *reserve = NULL;
-	int c, bad = 0, rc = 0;
+	const char *vram = NULL, *reserve = NULL, *layer_max = NULL;
+	int c, bad = 0, rc = 0, lmax = MOET_COST_MAX_MEANS;
 	char *end;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -789,6 +803,9 @@ int moet_cli_plan(int argc, char **argv)
 			o.b.batch = o.batch[0]; break;
 		case 'D': o.predict = 1; break;
 		case 'L': o.placement = optarg; break;
+		case 'X': layer_max = optarg;
+			if (!rc) rc = moet_cost_layer_max_parse(optarg, &lmax);
+			break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -810,6 +827,7 @@ int moet_cli_plan(int argc, char **argv)
 			rc = moet_cost_hw_load(o.hardware, &o.hw);
 		else if (!rc)
 			moet_cost_hw_defaults(&o.hw);
+		o.hw.layer_max = lmax;
 		if (!rc)
 			rc = run_predict(&o);
 		return rc ? moet_cli_fail("plan", rc) : 0;
@@ -834,11 +852,15 @@ int moet_cli_plan(int argc, char **argv)
 	if (!rc && o.b.auto_slots && o.b.hot_per_layer)
 		rc = moet_err(MOET_EINVAL, "--auto chooses the experts per layer: it does not "
 			      "go with --hot-per-layer");
+	if (!rc && layer_max && !o.b.auto_slots && !o.hardware)
+		rc = moet_err(MOET_EINVAL, "--layer-max %s: only with --predict, --auto or "
+			      "--hardware (the cost model)", layer_max);
 	if (!rc && (o.b.auto_slots || o.hardware)) {
 		if (o.hardware)
 			rc = moet_cost_hw_load(o.hardware, &o.hw);
 		else
 			moet_cost_hw_defaults(&o.hw);
+		o.hw.layer_max = lmax;
 		o.b.hw = &o.hw;
 		o.b.n_mix = o.n_batch;
 		memcpy(o.b.mix_batch, o.batch, sizeof(o.b.mix_batch));

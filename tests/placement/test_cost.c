@@ -17,7 +17,8 @@
  *   overheads, B = 1: the GPU set is the global top by touch probability (the optimum);
  *   no overheads, B = 4, 3 layers: the greedy counts reach the brute-force minimum.
  * - The binary: plan --auto --hardware on a tiny checkpoint and a profile made here prints
- *   both predictions and writes them into the file's header; refusals are one line.
+ *   both predictions and writes them into the file's header; --layer-max spread says so in
+ *   both; refusals are one line (--layer-max without the cost model, or not means/spread).
  */
 #include <inttypes.h>
 #include <math.h>
@@ -599,6 +600,37 @@ static void test_cli(void)
 	st = moet_test_cli(&out, "plan --model %s --profile %s --gpus 1 --vram-gb %s --auto --batch 0 "
 		 "--out %s", dir, prof, budget, place);
 	CHECK(st == 1 && out && strstr(out, "--batch"), "--batch 0: %s", out ? out : "");
+	free(out);
+	out = NULL;
+	/* --layer-max spread: said in the printout and the file's header; the file loads. */
+	st = moet_test_cli(&out, "plan --model %s --profile %s --gpus 1 --vram-gb %s --reserve-gb 0 "
+		 "--auto --batch 16 --layer-max spread --out %s.spread.yaml", dir, prof, budget,
+		 place);
+	CHECK(st == 0 && out && strstr(out, "layer max: spread"), "--layer-max spread: exit %d\n%s",
+	      st, out ? out : "");
+	free(out);
+	out = NULL;
+	char sp_path[1100];
+	snprintf(sp_path, sizeof(sp_path), "%s.spread.yaml", place);
+	CHECK(moet_placement_load(sp_path, &cf, sz, &pp) == 0, "%s", moet_errmsg());
+	moet_placement_free(pp);
+	pp = NULL;
+	if ((f = fopen(sp_path, "r"))) {
+		memset(text, 0, sizeof(text));
+		CHECK(fread(text, 1, sizeof(text) - 1, f) > 0, "read %s", sp_path);
+		fclose(f);
+	}
+	CHECK(strstr(text, "layer max spread)"), "spread header:\n%s", text);
+	st = moet_test_cli(&out, "plan --model %s --profile %s --gpus 1 --vram-gb %s --layer-max "
+		 "spread --out %s", dir, prof, budget, place);
+	CHECK(st == 1 && out && strstr(out, "--layer-max spread: only with --predict, --auto or "
+	      "--hardware"), "--layer-max without the cost model: %s", out ? out : "");
+	free(out);
+	out = NULL;
+	st = moet_test_cli(&out, "plan --model %s --profile %s --gpus 1 --vram-gb %s --auto "
+		 "--layer-max max --out %s", dir, prof, budget, place);
+	CHECK(st == 1 && out && strstr(out, "--layer-max 'max': want means or spread"),
+	      "--layer-max max: %s", out ? out : "");
 done:
 	free(out);
 	moet_profile_free(p);

@@ -20,7 +20,8 @@
  * - moet_cost_predict_step: its parts add up, it equals this file's own evaluation of the
  *   formula on the placement's owner table, an all-CPU placement has no GPU part, its faults.
  * - The binary: plan --predict (table and --json, parsed with jansson) on a tiny checkpoint:
- *   the JSON's numbers against the in-file evaluation; refusals one line or usage (exit 2).
+ *   the JSON's numbers against the in-file evaluation; with --layer-max spread the means'
+ *   step plus spread_ms, the parts adding up; refusals one line or usage (exit 2).
  */
 #include <inttypes.h>
 #include <jansson.h>
@@ -545,6 +546,7 @@ static double jnum(json_t *o, const char *k)
 static void test_cli(tiny *t)
 {
 	char *out = NULL, hwf[1024], bad[1100];
+	double means16 = NAN;
 	snprintf(hwf, sizeof(hwf), "%s/configs/hardware-h200-host.yaml", moet_test_source_dir());
 	int st = moet_test_cli(&out, "plan --predict --model %s --placement %s --profile %s "
 			       "--hardware %s --batch 1,4,16 --json", t->dir, t->place, t->prof,
@@ -564,7 +566,9 @@ static void test_cli(tiny *t)
 		const double step = jnum(r, "step_ms");
 		const double sum = jnum(r, "gpu_expert_ms") + jnum(r, "cpu_expert_ms") +
 				   jnum(r, "pcie_ms") + jnum(r, "overhead_ms") +
-				   jnum(r, "dense_ms");
+				   jnum(r, "spread_ms") + jnum(r, "dense_ms");
+		if (i == 2)
+			means16 = step;
 		CHECK(B == (i == 0 ? 1 : i == 1 ? 4 : 16) && fabs(step - want) <= 1e-7 * want &&
 		      fabs(sum - step) <= 1e-7 * step && jnum(r, "cpu_busy_ms") > 0 &&
 		      fabs(jnum(r, "tokens_per_s") - 1e3 * (double)B / step) <= 1e-6 *
@@ -573,8 +577,29 @@ static void test_cli(tiny *t)
 	}
 	json_t *h = j ? json_object_get(j, "hardware") : NULL;
 	CHECK(h && jnum(h, "cpu_fma_gflops") == 1329 && jnum(h, "gpu_sgemm_points") == 9 &&
-	      jnum(j, "gpus") == 2 && jnum(j, "hit_rate") > 0 && jnum(j, "hit_rate") < 1,
+	      jnum(j, "gpus") == 2 && jnum(j, "hit_rate") > 0 && jnum(j, "hit_rate") < 1 &&
+	      !strcmp(json_string_value(json_object_get(h, "layer_max")), "means"),
 	      "hardware / gpus / hit rate");
+	json_decref(j);
+	free(out);
+	out = NULL;
+	/* --layer-max spread: the means step plus spread_ms, the parts adding up. */
+	st = moet_test_cli(&out, "plan --predict --model %s --placement %s --profile %s "
+			   "--hardware %s --batch 16 --json --layer-max spread", t->dir, t->place,
+			   t->prof, hwf);
+	j = st == 0 && out ? json_loads(out, 0, &je) : NULL;
+	a = j ? json_object_get(j, "predictions") : NULL;
+	json_t *r16 = json_is_array(a) ? json_array_get(a, 0) : NULL;
+	h = j ? json_object_get(j, "hardware") : NULL;
+	const double st16 = r16 ? jnum(r16, "step_ms") : NAN, spr = r16 ? jnum(r16, "spread_ms") :
+									  NAN;
+	const double parts16 = r16 ? jnum(r16, "gpu_expert_ms") + jnum(r16, "cpu_expert_ms") +
+					     jnum(r16, "pcie_ms") + jnum(r16, "overhead_ms") +
+					     spr + jnum(r16, "dense_ms") : NAN;
+	CHECK(h && !strcmp(json_string_value(json_object_get(h, "layer_max")), "spread") &&
+	      spr >= 0 && fabs(st16 - spr - means16) <= 1e-7 * st16 &&
+	      fabs(parts16 - st16) <= 1e-7 * st16, "spread: step %.9g, spread %.9g, means %.9g, "
+	      "parts %.9g\n%s", st16, spr, means16, parts16, out ? out : "");
 	json_decref(j);
 	free(out);
 	out = NULL;
@@ -593,6 +618,9 @@ static void test_cli(tiny *t)
 	snprintf(args, sizeof(args), "plan --predict --model %s --placement %s --profile %s "
 		 "--batch 1,,4", t->dir, t->place, t->prof);
 	moet_test_cli_expect(args, 1, "--batch '1,,4'");
+	snprintf(args, sizeof(args), "plan --predict --model %s --placement %s --profile %s "
+		 "--layer-max 1", t->dir, t->place, t->prof);
+	moet_test_cli_expect(args, 1, "--layer-max '1': want means or spread");
 	snprintf(args, sizeof(args), "plan --model %s --profile %s --gpus 1 --vram-gb 1 --batch "
 		 "1,4 --out %s/x.yaml", t->dir, t->prof, tmp);
 	moet_test_cli_expect(args, 1, "a list only with --predict");
