@@ -162,10 +162,12 @@ static int predict(const moet_bench_e2e_opts *o, const char *prof_path, const ch
 	if (!rc && !(own = malloc((size_t)(LE ? LE : 1) * sizeof(*own))))
 		rc = moet_err(MOET_ENOMEM, "owner table");
 	if (!rc)
-		fprintf(out, "%-7s %6s %11s %-10s %11s %11s %11s %-10s %8s %8s   (cost model: "
-			"%s)\n", "mode", "batch", "measured_ms", "ran", "1pass_meas", "pred_1pass",
-			"pred_2halves", "pred_form", "error", "err_1p",
-			hw_path ? hw_path : "built-in");
+		fprintf(out, "%-7s %6s %11s %-10s %11s %11s %11s %-10s %8s %8s %11s %9s   (cost "
+			"model: %s)\n", "mode", "batch", "measured_ms", "ran", "1pass_meas",
+			"pred_1pass", "pred_2halves", "pred_form", "error", "err_1p", "pred_1p_spr",
+			"err_1p_sp", hw_path ? hw_path : "built-in");
+	moet_cost_hw hw_spread = hw; /* the one-pass form again with --layer-max spread */
+	hw_spread.layer_max = MOET_COST_MAX_SPREAD;
 	size_t i;
 	json_t *st;
 	json_array_foreach(rc ? NULL : json_object_get(rec, "steps"), i, st) {
@@ -180,13 +182,16 @@ static int predict(const moet_bench_e2e_opts *o, const char *prof_path, const ch
 			own[k] = !strcmp(mode, "gpu") ? 0 : !strcmp(mode, "cpu") ? -1 : o->owner[k];
 		if (!strcmp(mode, "hybrid") && o->n_devices > 1)
 			n_gpus = o->n_devices;
-		moet_cost_pred pr;
+		moet_cost_pred pr, ps;
 		if ((rc = moet_cost_predict_owners(c, sz, own, n_gpus, prof, MOET_PROFILE_DECODE,
-						   &hw, B, &pr)))
+						   &hw, B, &pr)) ||
+		    (rc = moet_cost_predict_owners(c, sz, own, n_gpus, prof, MOET_PROFILE_DECODE,
+						   &hw_spread, B, &ps)))
 			break;
 		const double err = (pr.chosen_ms / 1e3 - meas) / meas;
 		const double err1 = one > 0 ? (pr.step_ms / 1e3 - one) / one : 0;
-		char ran[16], one_s[16] = "-", two_s[16] = "-", err1_s[16] = "-";
+		const double err1s = one > 0 ? (ps.step_ms / 1e3 - one) / one : 0;
+		char ran[16], one_s[16] = "-", two_s[16] = "-", err1_s[16] = "-", err1s_s[16] = "-";
 		if (split <= 0)
 			snprintf(ran, sizeof(ran), "one pass");
 		else if (split >= 1)
@@ -196,12 +201,13 @@ static int predict(const moet_bench_e2e_opts *o, const char *prof_path, const ch
 		if (one > 0) {
 			snprintf(one_s, sizeof(one_s), "%.3f", 1e3 * one);
 			snprintf(err1_s, sizeof(err1_s), "%+.1f%%", 100 * err1);
+			snprintf(err1s_s, sizeof(err1s_s), "%+.1f%%", 100 * err1s);
 		}
 		if (pr.two.possible)
 			snprintf(two_s, sizeof(two_s), "%.3f", pr.two.step_ms);
-		fprintf(out, "%-7s %6lld %11.3f %-10s %11s %11.3f %11s %-10s %+7.1f%% %8s\n", mode,
-			(long long)B, 1e3 * meas, ran, one_s, pr.step_ms, two_s,
-			moet_cost_form_name(pr.form), 100 * err, err1_s);
+		fprintf(out, "%-7s %6lld %11.3f %-10s %11s %11.3f %11s %-10s %+7.1f%% %8s %11.3f "
+			"%9s\n", mode, (long long)B, 1e3 * meas, ran, one_s, pr.step_ms, two_s,
+			moet_cost_form_name(pr.form), 100 * err, err1_s, ps.step_ms, err1s_s);
 		json_t *pj = json_pack("{s:s, s:I, s:f, s:f, s:f, s:f, s:s, s:f, s:f}", "mode",
 				       mode, "batch", (json_int_t)B, "measured_step_s", meas,
 				       "predicted_step_s", pr.chosen_ms / 1e3, "error", err,
@@ -214,16 +220,21 @@ static int predict(const moet_bench_e2e_opts *o, const char *prof_path, const ch
 			json_object_set_new(pj, "cpu_distinct_two_halves",
 					    json_real(pr.two.cpu_distinct));
 		}
+		if (pj)
+			json_object_set_new(pj, "predicted_one_pass_spread_s",
+					    json_real(ps.step_ms / 1e3));
 		if (pj && one > 0) {
 			json_object_set_new(pj, "measured_one_pass_s", json_real(one));
 			json_object_set_new(pj, "error_one_pass", json_real(err1));
+			json_object_set_new(pj, "error_one_pass_spread", json_real(err1s));
 		}
 		json_array_append_new(preds, pj);
 	}
 	if (!rc) {
 		fprintf(out, "error: the faster form's prediction against the default step (the "
 			"engine's measured choice, 'ran'); err_1p: the one-pass prediction against "
-			"the one-pass run\n");
+			"the one-pass run; pred_1p_spr, err_1p_sp: the same with --layer-max "
+			"spread\n");
 		json_object_set_new(rec, "predictions", preds);
 		json_object_set_new(rec, "predict_profile", json_string(prof_path));
 		preds = NULL;

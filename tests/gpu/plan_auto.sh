@@ -189,7 +189,7 @@ done
 
 # The table: the prediction rows of each bench (after the header "mode batch measured_ms"):
 # mode batch measured ran(2 words) 1pass_meas pred_1pass pred_2halves form(2 words) error
-# err_1p; and the chosen form's prediction on the bench's routing from plan --predict's
+# err_1p pred_1p_spr err_1p_sp; and the chosen form's prediction on the bench's routing from plan --predict's
 # forms table (batch one_pass two_halves chosen(2 words) ...).
 rows() { awk '/^mode +batch +measured_ms/ {on = 1; next} on && $1 == "hybrid" {
 	pred = ($9 " " $10 == "two halves") ? $8 : $7

@@ -319,6 +319,10 @@ int main(void)
 								     "predicted_two_halves_s");
 		const char *form = json_string_value(json_object_get(qw, "predicted_form"));
 		const double split = num(qw, "measured_split_share");
+		/* the one-pass form with --layer-max spread: never below the means' */
+		const double p1s = num(qw, "predicted_one_pass_spread_s");
+		CHECK(p1s >= p1, "row %s %lld: spread %g below the means %g", md ? md : "-",
+		      (long long)B, p1s, p1);
 		CHECK(p1 > 0 && p2 > 0 && pred == fmin(p1, p2) && form &&
 		      !strcmp(form, p2 < p1 ? "two halves" : "one pass") && split >= 0 &&
 		      split <= 1,
@@ -332,6 +336,8 @@ int main(void)
 				/* printed digits */
 				matched += fabs(num(pr, "chosen_ms") / 1e3 - pred) <= 1e-6 * pred;
 				matched1 += fabs(num(pr, "one_pass_ms") / 1e3 - p1) <= 1e-6 * p1;
+				/* plan --predict's is means; its spread_ms is 0 */
+				matched1 -= num(pr, "spread_ms") != 0;
 			}
 	}
 	CHECK(matched == 2 && matched1 == 2, "hybrid predictions (chosen, one pass) equal plan "
