@@ -1,0 +1,148 @@
+/*
+ * test_layer_max_script.c: tests/gpu/layer_max.sh (the cost model's --layer-max means and
+ * spread beside measured steps) on the CPU backend with the tiny preset, so that a change of
+ * bench e2e's predictions or of the script breaks here rather than on the GPU machine. Two
+ * placements (a quarter and half of the experts on the simulated GPU), batch 4. Checked
+ * against the bench's own JSON records, not the script's arithmetic:
+ *   - the probe run wrote the profile and the hardware file the predictions read;
+ *   - one table row per placement, its measured one-pass step and both predictions those of
+ *     its record (within the table's rounding), each error their ratio, the spread's
+ *     prediction never below the means';
+ *   - usage errors: too few arguments, a device other than cuda or cpu, a missing placement
+ *     file (exit 2, naming the fault).
+ */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moet_gen.h"
+#include "moet_test.h"
+
+static int run(const char *args, char **text)
+{
+	char cmd[8192];
+	snprintf(cmd, sizeof(cmd), "cd %s && MOET_LM_DEVICE=cpu MOET_LM_BATCHES=4 "
+		 "MOET_LM_STEPS=3 %s", moet_test_source_dir(), args);
+	return moet_test_run(cmd, text);
+}
+
+static int write_place(const char *path, const char *experts)
+{
+	FILE *f = fopen(path, "w");
+	if (!f)
+		return -1;
+	fprintf(f, "version: 1\ngpus:\n  - {name: gpu0, budget: 1GiB, reserve: 0B}\n"
+		"default: {gpu0: \"%s\"}\n", experts);
+	return fclose(f);
+}
+
+static double num(const json_t *o, const char *k)
+{
+	const json_t *v = json_object_get(o, k);
+	return json_is_number(v) ? json_number_value(v) : NAN;
+}
+
+/* Record i's hybrid prediction at batch 4, or NULL. */
+static json_t *prediction(const char *out, int i, json_t **rec)
+{
+	char path[800];
+	snprintf(path, sizeof(path), "%s/e2e-%d.json", out, i);
+	*rec = json_load_file(path, 0, NULL);
+	size_t k;
+	json_t *p;
+	json_array_foreach(json_object_get(*rec, "predictions"), k, p) {
+		const char *m = json_string_value(json_object_get(p, "mode"));
+		if (m && !strcmp(m, "hybrid") && json_integer_value(json_object_get(p, "batch")) == 4)
+			return p;
+	}
+	return NULL;
+}
+
+int main(void)
+{
+	if (system("command -v bash python3 timeout >/dev/null 2>&1")) {
+		fprintf(stderr, "SKIP: needs bash, python3 and timeout\n");
+		return 77;
+	}
+	moet_gen_params gp;
+	moet_gen_params_init(&gp);
+	gp.seed = 3;
+	/* the checkpoint is the folder itself; the placements and the output go beside it */
+	char *ckpt = moet_test_gen("layer-max-sh", &gp);
+	if (!ckpt)
+		return moet_test_done("test_layer_max_script");
+	char pa[600], pb[600], out[600], build[1024], path[800], args[4000];
+	snprintf(pa, sizeof(pa), "%s/a.yaml", ckpt);
+	snprintf(pb, sizeof(pb), "%s/b.yaml", ckpt);
+	snprintf(out, sizeof(out), "%s/out", ckpt);
+	moet_test_build_dir(build, sizeof(build));
+	CHECK(write_place(pa, "0-3") == 0 && write_place(pb, "0-7") == 0, "placements");
+	char *text = NULL;
+	snprintf(args, sizeof(args), "bash tests/gpu/layer_max.sh %s %s %s %s %s", build, out,
+		 ckpt, pa, pb);
+	int rc = run(args, &text);
+	CHECK(rc == 0 && text, "layer_max.sh: exit %d\n%s", rc, text ? text : "");
+	free(text);
+	text = NULL;
+	for (int k = 0; k < 2; k++) {
+		snprintf(path, sizeof(path), "%s/%s", out, k ? "hw.yaml" : "profile.json");
+		FILE *f = fopen(path, "r");
+		CHECK(f != NULL, "%s written", path);
+		if (f)
+			fclose(f);
+	}
+	snprintf(path, sizeof(path), "%s/table.txt", out);
+	FILE *f = fopen(path, "r");
+	CHECK(f != NULL, "table %s", path);
+	char line[512];
+	int rows = 0;
+	while (f && fgets(line, sizeof(line), f)) {
+		char name[256];
+		int b;
+		double m, a, ea, s, es;
+		if (sscanf(line, "%255s %d %lf %lf %lf%% %lf %lf%%", name, &b, &m, &a, &ea, &s,
+			   &es) != 7)
+			continue;
+		const int i = strstr(name, "a.yaml") ? 1 : strstr(name, "b.yaml") ? 2 : 0;
+		json_t *rec = NULL, *p = i ? prediction(out, i, &rec) : NULL;
+		CHECK(p != NULL && b == 4, "row %s: its record's prediction", line);
+		if (p) {
+			const double rm = 1e3 * num(p, "measured_one_pass_s"),
+				     ra = 1e3 * num(p, "predicted_one_pass_s"),
+				     rs = 1e3 * num(p, "predicted_one_pass_spread_s");
+			CHECK(fabs(m - rm) <= 6e-4 && fabs(a - ra) <= 6e-4 && fabs(s - rs) <= 6e-4 &&
+			      fabs(ea - 100 * (ra / rm - 1)) <= 0.06 &&
+			      fabs(es - 100 * (rs / rm - 1)) <= 0.06 && rs >= ra,
+			      "row %s: record %.4f %.4f %.4f", line, rm, ra, rs);
+		}
+		json_decref(rec);
+		rows++;
+	}
+	if (f)
+		fclose(f);
+	CHECK(rows == 2, "%d table rows, want 2", rows);
+
+	snprintf(args, sizeof(args), "bash tests/gpu/layer_max.sh %s %s %s", build, out, ckpt);
+	rc = run(args, &text);
+	CHECK(rc == 2 && text && strstr(text, "usage"), "too few arguments: %d\n%s", rc,
+	      text ? text : "");
+	free(text);
+	text = NULL;
+	snprintf(args, sizeof(args), "MOET_LM_DEVICE=tpu bash tests/gpu/layer_max.sh %s %s %s %s",
+		 build, out, ckpt, pa);
+	rc = run(args, &text); /* the later assignment of the variable wins */
+	CHECK(rc == 2 && text && strstr(text, "MOET_LM_DEVICE 'tpu'"), "bad device: %d\n%s", rc,
+	      text ? text : "");
+	free(text);
+	text = NULL;
+	snprintf(args, sizeof(args), "bash tests/gpu/layer_max.sh %s %s %s %s/none.yaml", build,
+		 out, ckpt, ckpt);
+	rc = run(args, &text);
+	CHECK(rc == 2 && text && strstr(text, "none.yaml: no such file"), "missing placement: "
+	      "%d\n%s", rc, text ? text : "");
+	free(text);
+	free(ckpt);
+	return moet_test_done("test_layer_max_script");
+}
