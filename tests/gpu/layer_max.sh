@@ -34,7 +34,10 @@ batches=${MOET_LM_BATCHES:-16}
 steps=${MOET_LM_STEPS:-16}
 limit=${MOET_LM_TIMEOUT:-300}
 export MOET_STAGE_BALANCE=${MOET_STAGE_BALANCE:-0}
-case $device in cuda | cpu) ;; *) echo "MOET_LM_DEVICE '$device': want cuda or cpu" >&2; exit 2 ;; esac
+case $device in
+cuda | cpu) ;;
+*) echo "MOET_LM_DEVICE '$device': want cuda or cpu" >&2; exit 2 ;;
+esac
 for p in "$@"; do
 	[ -f "$p" ] || { echo "placement $p: no such file" >&2; exit 2; }
 done

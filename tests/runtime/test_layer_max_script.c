@@ -54,7 +54,8 @@ static json_t *prediction(const char *out, int i, json_t **rec)
 	json_t *p;
 	json_array_foreach(json_object_get(*rec, "predictions"), k, p) {
 		const char *m = json_string_value(json_object_get(p, "mode"));
-		if (m && !strcmp(m, "hybrid") && json_integer_value(json_object_get(p, "batch")) == 4)
+		const json_int_t b = json_integer_value(json_object_get(p, "batch"));
+		if (m && !strcmp(m, "hybrid") && b == 4)
 			return p;
 	}
 	return NULL;
@@ -112,7 +113,8 @@ int main(void)
 			const double rm = 1e3 * num(p, "measured_one_pass_s"),
 				     ra = 1e3 * num(p, "predicted_one_pass_s"),
 				     rs = 1e3 * num(p, "predicted_one_pass_spread_s");
-			CHECK(fabs(m - rm) <= 6e-4 && fabs(a - ra) <= 6e-4 && fabs(s - rs) <= 6e-4 &&
+			CHECK(fabs(m - rm) <= 6e-4 && fabs(a - ra) <= 6e-4 &&
+			      fabs(s - rs) <= 6e-4 &&
 			      fabs(ea - 100 * (ra / rm - 1)) <= 0.06 &&
 			      fabs(es - 100 * (rs / rm - 1)) <= 0.06 && rs >= ra,
 			      "row %s: record %.4f %.4f %.4f", line, rm, ra, rs);
