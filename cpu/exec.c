@@ -128,6 +128,7 @@ struct moet_cpuexec {
 	atomic_uint prewake;      /* advanced by each moet_cpuexec_prewake */
 	atomic_ullong prewoken;   /* workers that woke for one (moet_cpuexec_prewoken) */
 	atomic_int stopping;      /* stop, readable without mu (ends a prewake's spin) */
+	uint32_t *done_word;      /* moet_cpuexec_set_done_word, or NULL */
 	int stop, go, n_ready, start_rc;
 	char start_msg[256];
 };
@@ -235,6 +236,10 @@ static void run_batch(moet_cpuexec *ex, slot *s, int w)
 	if (atomic_fetch_add(&s->n_finished, 1) == ex->n_thr - 1) {
 		s->t_last = moet_now_ns();
 		atomic_store(&ex->finished, s->ticket);
+		/* NOTE: release: the batch's outputs are visible before the word says so (a
+		 * device stream may wait on it and then copy them: MOET_TIER_FINISH=queued) */
+		if (ex->done_word)
+			__atomic_store_n(ex->done_word, (uint32_t)s->ticket, __ATOMIC_RELEASE);
 		pthread_mutex_lock(&ex->mu);
 		s->state = SLOT_DONE;
 		pthread_cond_broadcast(&ex->done_cv);
@@ -614,6 +619,12 @@ int moet_cpuexec_submit(moet_cpuexec *ex, const moet_cpuexec_job *jobs, int n_jo
 	}
 	pthread_mutex_unlock(&ex->mu);
 	return s ? 0 : MOET_ERANGE;
+}
+
+void moet_cpuexec_set_done_word(moet_cpuexec *ex, uint32_t *word)
+{
+	if (ex)
+		ex->done_word = word;
 }
 
 uint64_t moet_cpuexec_prewoken(moet_cpuexec *ex)

@@ -90,6 +90,15 @@ void moet_cpuexec_prewake(moet_cpuexec *ex);
 uint64_t moet_cpuexec_prewoken(moet_cpuexec *ex);
 
 /*
+ * From now on, when a batch is done (every worker finished it, its outputs written), the low
+ * 32 bits of its ticket are stored into *word with release order, batches in ticket order, so
+ * that another agent (a device stream: MOET_TIER_FINISH=queued, runtime/hybrid.c) can wait for
+ * (int32_t)(*word - (uint32_t)ticket) >= 0 and then read the outputs. NULL stops it. Call it
+ * before the first submit; the word must outlive the executor's batches. NULL ex is fine.
+ */
+void moet_cpuexec_set_done_word(moet_cpuexec *ex, uint32_t *word);
+
+/*
  * Blocks until the batch of `ticket` is done and returns its result: 0, or MOET_EINVAL if a
  * worker's floating-point environment no longer met the contract after computing it (a kernel
  * variant changed MXCSR). Each ticket is waited for once, by one thread; a ticket that is

@@ -483,6 +483,11 @@ int moet_gpu_tier_rows_in(const int32_t *keep, int64_t max_pairs, const float *h
 /* fn(arg) on a host thread of CUDA's once the stream's earlier work is done, before its later
  * work starts (cudaLaunchHostFunc). fn may not call CUDA. */
 int moet_gpu_host_fn(void (*fn)(void *), void *arg, void *stream);
+/* The stream's later work waits until (int32_t)(*word - value) >= 0: one thread of a kernel
+ * polls the pinned host word (moet_gpu_host_alloc) about every microsecond, after the stream's
+ * earlier work (MOET_TIER_FINISH=queued: the CPU tier's executor stores its finished tickets
+ * there, cpu/moet_cpuexec.h). Queued; no host wait. 0, MOET_EINVAL (NULL), MOET_EDEVICE. */
+int moet_gpu_wait_word(const uint32_t *word, uint32_t value, void *stream);
 
 /*
  * ---- Fast mode of the expert FFN (gpu/expert_fast.cu; docs/fast-mode.md) ---------------------

@@ -428,6 +428,12 @@ int moet_gpu_tier_rows_in(const int32_t *keep, int64_t max_pairs, const float *h
 	return no_cuda("moet_gpu_tier_rows_in");
 }
 
+int moet_gpu_wait_word(const uint32_t *word, uint32_t value, void *stream)
+{
+	(void)word, (void)value, (void)stream;
+	return no_cuda("moet_gpu_wait_word");
+}
+
 int moet_gpu_host_fn(void (*fn)(void *), void *arg, void *stream)
 {
 	(void)fn, (void)arg, (void)stream;

@@ -98,6 +98,27 @@ extern "C" int moet_gpu_tier_rows_in(const int32_t *keep, int64_t max_pairs,
 	return 0;
 }
 
+/* One thread polls the host word until the executor has stored a ticket at or past `value`
+ * (in the 32-bit wrapping order of moet_cpuexec_set_done_word), then the stream goes on. */
+static __global__ void wait_word_kernel(const volatile uint32_t *word, uint32_t value)
+{
+	while ((int32_t)(*word - value) < 0)
+		__nanosleep(1000);
+	/* NOTE: the stream's next work (a copy of the rows the executor wrote before the word)
+	 * starts after this kernel ends; the host's stores before its release store are
+	 * visible by then */
+	__threadfence_system();
+}
+
+extern "C" int moet_gpu_wait_word(const uint32_t *word, uint32_t value, void *stream)
+{
+	if (!word)
+		return moet_err(MOET_EINVAL, "moet_gpu_wait_word: NULL word");
+	wait_word_kernel<<<1, 1, 0, moet_stream(stream)>>>(word, value);
+	MOET_CUDA_TRY(cudaGetLastError());
+	return 0;
+}
+
 extern "C" int moet_gpu_host_fn(void (*fn)(void *), void *arg, void *stream)
 {
 	if (!fn)

@@ -13,6 +13,7 @@
  * ops run on the calling thread, row after row. Scratch is grow-only and owned by the
  * backend: a backend serves one forward pass at a time.
  */
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -120,6 +121,18 @@ static int cpu_fence(moet_backend *be, int i)
 	(void)be;
 	return i < 0 || i >= MOET_BACKEND_FENCES ? moet_err(MOET_EINVAL, "CPU backend: fence %d", i)
 						   : 0;
+}
+
+/* The ops run at once: the wait is here, on the calling thread (MOET_TIER_FINISH=queued's test
+ * double: the same order, the driver blocking as without it). */
+static int cpu_wait_word(moet_backend *be, const uint32_t *word, uint32_t value)
+{
+	(void)be;
+	if (!word)
+		return moet_err(MOET_EINVAL, "CPU backend: wait_word on NULL");
+	while ((int32_t)(__atomic_load_n(word, __ATOMIC_ACQUIRE) - value) < 0)
+		sched_yield();
+	return 0;
 }
 
 static int cpu_fence_done(moet_backend *be, int i, int *out_done)
@@ -644,6 +657,7 @@ static const moet_backend_ops cpu_ops = {
 	.fence = cpu_fence,
 	.fence_wait = cpu_fence,
 	.fence_done = cpu_fence_done,
+	.wait_word = cpu_wait_word,
 	.copy = cpu_copy,
 	.host_alloc = cpu_alloc,
 	.host_free = cpu_free,

@@ -141,6 +141,11 @@ static int cu_upload_async(moet_backend *be, void *dst, const void *src, size_t 
 	return moet_gpu_copy_h2d_async(dst, src, bytes, cur_stream(impl(be)));
 }
 
+static int cu_wait_word(moet_backend *be, const uint32_t *word, uint32_t value)
+{
+	return moet_gpu_wait_word(word, value, cur_stream(impl(be)));
+}
+
 static int cu_download_async(moet_backend *be, void *dst, const void *src, size_t bytes)
 {
 	return moet_gpu_copy_d2h_async(dst, src, bytes, cur_stream(impl(be)));
@@ -644,6 +649,7 @@ static const moet_backend_ops cuda_ops = {
 	.free = cu_free,
 	.upload = cu_upload,
 	.upload_async = cu_upload_async,
+	.wait_word = cu_wait_word,
 	.download_async = cu_download_async,
 	.fence = moet_cu_fence,
 	.fence_wait = moet_cu_fence_wait,

@@ -130,6 +130,11 @@ static int wr_upload_async(moet_backend *be, void *d, const void *s, size_t b)
 	HOOKED("upload_async", upload_async(w_->in, d, s, b));
 }
 
+static int wr_wait_word(moet_backend *be, const uint32_t *word, uint32_t value)
+{
+	HOOKED("wait_word", wait_word(w_->in, word, value));
+}
+
 static int wr_download_async(moet_backend *be, void *d, const void *s, size_t b)
 {
 	HOOKED("download_async", download_async(w_->in, d, s, b));
@@ -300,6 +305,7 @@ int moet_backend_wrap(moet_backend *inner, const moet_wrap_hooks *h, void *ctx, 
 	 * (a hook runs on the driving thread at every op, which a replay would skip) nor the
 	 * inner backend's trace points (no nesting) */
 	o->upload_async = queued && in->upload_async ? wr_upload_async : NULL;
+	o->wait_word = queued && in->wait_word ? wr_wait_word : NULL;
 	o->download_async = queued && in->download_async ? wr_download_async : NULL;
 	o->fence = queued && in->fence ? wr_fence : NULL;
 	o->fence_wait = queued && in->fence_wait ? wr_fence_wait : NULL;

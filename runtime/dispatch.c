@@ -163,7 +163,7 @@ int moet_model_set_placement(moet_model *m, const int16_t *owner, int n_devices)
 	moet_devgroup_reset(m); /* the device expert tables follow the placement */
 	if (m->hy) {
 		for (int i = 0; i < MOET_HYBRID_SLOTS; i++)
-			moet_hybrid_cpu_finish(m->hy, i, m->be, 0, 0);
+			moet_hybrid_cpu_finish(m->hy, i, m->be, 0, 0, 0);
 		moet_hybrid_destroy(m->hy, m->be);
 		m->hy = NULL;
 	}
@@ -485,8 +485,9 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 	static const char *const ros[] = { "0", "1" };
 	static const char *const sts[] = { NULL, "1", "2" };
 	static const char *const polls[] = { "0", "1" };
+	static const char *const fins[] = { "wait", "queued" };
 	const moet_backend_ops *op = m->be->ops;
-	int gpu = 0, sync = 0, q = 0, ro = 0, st = 0, dg = 0, poll = 0;
+	int gpu = 0, sync = 0, q = 0, ro = 0, st = 0, dg = 0, poll = 0, fin = 0;
 	int rc = moet_env_choice("MOET_TIER_ORDER", orders, 2, &gpu);
 	if (!rc)
 		rc = moet_env_choice("MOET_STEP_UPLOAD", ups, 2, &sync);
@@ -498,6 +499,8 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 		rc = moet_env_choice("MOET_MB_STREAMS", sts, 3, &st);
 	if (!rc)
 		rc = moet_env_choice("MOET_MB_POLL", polls, 2, &poll);
+	if (!rc)
+		rc = moet_env_choice("MOET_TIER_FINISH", fins, 2, &fin);
 	/* Both unset: on for a decode pass on one GPU without MOET_TP ranks, where they were
 	 * measured faster (docs/hybrid.md): the copies queued in one pass (with or without
 	 * CPU-tier experts), and a split pass's halves on two streams with their copies queued (a
@@ -522,6 +525,11 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 	m->q[0].layer = m->q[1].layer = -1;
 	m->gpu_first = !rc && gpu && moet_hybrid_overlapped(m->hy);
 	m->up_async = !rc && !sync && m->be->ops->upload_async;
+	/* NOTE: one device without MOET_TP ranks, no NVMe tier (its own finishes), no shadow
+	 * check (it reads the tier's rows at the finish), no polled halves (they finish the
+	 * half whose tier is done) */
+	m->tier_queued = !rc && fin && op->wait_word && m->n_devices <= 1 && !m->tp &&
+			 !m->xtier && !m->shadow && !m->q_poll;
 	return rc;
 }
 
@@ -717,7 +725,7 @@ static int cpu_tier_xtier(moet_model *m, int64_t l, int64_t cnt, int64_t top_k, 
 		if (!rc)
 			rc = moet_hybrid_cpu_begin(m->hy, m->mb_slot, m->be, xt, m->tier_list + q,
 						   got, top_k, h, n, y + q * H);
-		int rf = moet_hybrid_cpu_finish(m->hy, m->mb_slot, m->be, 0, 0);
+		int rf = moet_hybrid_cpu_finish(m->hy, m->mb_slot, m->be, 0, 0, 0);
 		if (!rc)
 			rc = rf;
 		moet_xtier_release(m->xtier, l);
@@ -903,7 +911,8 @@ int moet_moe_dispatch_finish(moet_model *m)
 	 * in the hybrid engine's finish on this thread */
 	int r = moet_devgroup_finish(m, &grouped);
 	if (!r && !grouped && m->hy)
-		r = moet_hybrid_cpu_finish(m->hy, m->mb_slot, m->be, m->idle_on, m->up_async);
+		r = moet_hybrid_cpu_finish(m->hy, m->mb_slot, m->be, m->idle_on, m->up_async,
+					   m->tier_queued);
 	if (!rc && !r && m->shadow)
 		r = moet_shadow_check(m, m->mb_slot);
 	return rc ? rc : r;

@@ -870,6 +870,9 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 	}
 	if (!rc)
 		rc = pass_run(m, p, n_mb, steps, n_steps);
+	/* MOET_TIER_FINISH=queued: the CPU tier's last calls' ends, also on a failure */
+	const int rq = moet_hybrid_cpu_collect_all(m->hy);
+	rc = rc ? rc : rq;
 	if (merged)
 		moet_mb_merge_end(m);
 	if (m->mb_streams) { /* the pass's stream after both halves' work, also on a failure */

@@ -94,6 +94,8 @@ typedef struct hy_call {
 	uint64_t t_done;          /* ns, the tier's end when begin saw it (serial), else 0 */
 	uint64_t t_first, t_last; /* ns, the team's span of the call's batches (first worker
 				     start, last worker end), 0 before the first is waited for */
+	int deferred;             /* its finish queued on the device (MOET_TIER_FINISH=queued):
+				     its end still to collect (moet_hybrid_cpu_collect) */
 } hy_call;
 
 struct moet_hybrid {
@@ -119,6 +121,9 @@ struct moet_hybrid {
 	int balance_by_default;   /* the balance on with MOET_STAGE_BALANCE unset */
 	moet_cost_in cost;        /* the hardware figures the pick prices with */
 	struct moet_trace *trace; /* MOET_TRACE, or NULL */
+	uint32_t *done_word;      /* host_alloc: the executor's finished tickets, which a queued
+				     finish's device wait reads (moet_cpuexec_set_done_word); NULL
+				     without an executor or a backend's wait_word */
 };
 
 void moet_hybrid_set_trace(moet_hybrid *hy, struct moet_trace *t)
@@ -158,6 +163,14 @@ int moet_hybrid_create(moet_backend *be, const moet_config *c, moet_hybrid **out
 			rc = moet_err_prefix(rc, "hybrid engine: CPU expert executor");
 			goto fail;
 		}
+		if (be->ops->wait_word) {
+			if ((rc = be->ops->host_alloc(be, 64, (void **)&hy->done_word))) {
+				rc = moet_err_prefix(rc, "hybrid engine: the tier's done word");
+				goto fail;
+			}
+			*hy->done_word = 0; /* tickets start at 1 */
+			moet_cpuexec_set_done_word(hy->ex, hy->done_word);
+		}
 	}
 	if (!hy->ex && !(hy->scratch = malloc((size_t)HY_MAX_TOK * (size_t)hy->max_inter *
 					       sizeof(float)))) {
@@ -187,6 +200,7 @@ void moet_hybrid_destroy(moet_hybrid *hy, moet_backend *be)
 		free(hy->call[i].mark);
 	}
 	free(hy->scratch);
+	be->ops->host_free(be, hy->done_word); /* last: the team and the device are done with it */
 	free(hy);
 }
 
@@ -358,12 +372,20 @@ static int start(moet_hybrid *hy, hy_call *cl, moet_hybrid_stats *st, const moet
 	return rc;
 }
 
-/* Waits for the call's team work; the stats of its end (the caller moves the rows). */
+/* Waits for the call's team work; the stats of its end (the caller moves the rows). A
+ * deferred call's end was the device's (MOET_TIER_FINISH=queued): its time ends at its last
+ * worker's end, and the driver neither waited nor woke for it. */
 static int end(moet_hybrid *hy, hy_call *cl, moet_hybrid_stats *st)
 {
 	uint64_t t0 = moet_now_ns();
 	int rc = hy->ex ? wait_all(hy, cl) : 0;
 	uint64_t t1 = moet_now_ns();
+	const int deferred = cl->deferred;
+	cl->deferred = 0;
+	if (deferred && cl->t_last) {
+		cl->t_done = cl->t_last;
+		t0 = t1;
+	}
 	/* NOTE: overlapped, the tier's end is only seen here (an upper bound of its time) */
 	st->ns_cpu += (cl->t_done ? cl->t_done : t1) - cl->t_submit;
 	cl->t_done = 0;
@@ -380,7 +402,7 @@ static int end(moet_hybrid *hy, hy_call *cl, moet_hybrid_stats *st)
 		st->ns_cpu_run += cl->t_last - cl->t_first;
 		st->ns_cpu_start += cl->t_first - cl->t_submit;
 		const uint64_t seen = t0 > cl->t_last ? t0 : cl->t_last;
-		st->ns_cpu_wake += t1 > seen ? t1 - seen : 0;
+		st->ns_cpu_wake += t1 > seen && !deferred ? t1 - seen : 0;
 	}
 	cl->t_first = cl->t_last = 0;
 	st->bytes_h2d += (uint64_t)cl->pending * (uint64_t)hy->H * sizeof(float);
@@ -396,6 +418,8 @@ int moet_hybrid_cpu_fetch(moet_hybrid *hy, int slot, moet_backend *be, const moe
 		return moet_err(MOET_EINVAL, "hybrid engine: slot %d", slot);
 	hy_call *cl = &hy->call[slot];
 	int rc;
+	if (cl->deferred && (rc = moet_hybrid_cpu_collect(hy, slot)))
+		return rc;
 	if (cl->pending)
 		return moet_err(MOET_EINVAL, "hybrid engine: begin with a call still in flight");
 	cl->fetched = 0;
@@ -459,15 +483,61 @@ int moet_hybrid_cpu_ready(moet_hybrid *hy, int slot)
 	return 1;
 }
 
+int moet_hybrid_cpu_collect(moet_hybrid *hy, int slot)
+{
+	if (!hy || slot < 0 || slot >= MOET_HYBRID_SLOTS || !hy->call[slot].deferred)
+		return 0;
+	hy_call *cl = &hy->call[slot];
+	const int rc = end(hy, cl, &hy->st);
+	cl->pending = 0;
+	return rc;
+}
+
+int moet_hybrid_cpu_collect_all(moet_hybrid *hy)
+{
+	int rc = 0;
+	for (int i = 0; hy && i < MOET_HYBRID_SLOTS; i++) {
+		const int r = moet_hybrid_cpu_collect(hy, i);
+		rc = rc ? rc : r;
+	}
+	return rc;
+}
+
+/* MOET_TIER_FINISH=queued: the device's stream waits for the call's last batch (the
+ * executor's done word) and then copies the rows, all queued; the driver goes on, and
+ * collects the call's end later (moet_hybrid_cpu_collect). */
+static int finish_queued(moet_hybrid *hy, hy_call *cl, moet_backend *be, size_t bytes)
+{
+	const uint32_t last = (uint32_t)cl->tickets[cl->n_tickets - 1];
+	uint64_t t1 = moet_now_ns();
+	int rc = be->ops->wait_word(be, hy->done_word, last);
+	if (!rc)
+		rc = be->ops->upload_async ? be->ops->upload_async(be, cl->y_dst, cl->y_stage, bytes)
+					   : be->ops->upload(be, cl->y_dst, cl->y_stage, bytes);
+	hy->st.ns_h2d += moet_now_ns() - t1;
+	hy->st.queued_finishes++;
+	cl->deferred = 1;
+	if (rc) { /* the call's end collected now: nothing left in flight on a failure */
+		const int r = moet_hybrid_cpu_collect(hy, (int)(cl - hy->call));
+		(void)r;
+	}
+	return rc;
+}
+
 int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be, int idle_marks,
-			   int async)
+			   int async, int queued)
 {
 	if (!hy || slot < 0 || slot >= MOET_HYBRID_SLOTS)
 		return 0;
 	hy_call *cl = &hy->call[slot];
 	cl->fetched = 0; /* fetched and never started: a failed dispatch */
+	if (cl->deferred) /* finished on the device already: its end collected */
+		return moet_hybrid_cpu_collect(hy, slot);
 	if (!cl->pending)
 		return 0;
+	if (queued && hy->done_word && hy->overlap && cl->n_tickets && be->ops->wait_word)
+		return finish_queued(hy, cl, be, (size_t)cl->pending * (size_t)hy->H *
+							 sizeof(float));
 	/* the device may run out of work while the driver waits here; it resumes before the
 	 * rows' copy (PCIe time of its own) */
 	const int marks = idle_marks && be->ops->idle_mark;

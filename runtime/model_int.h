@@ -83,9 +83,17 @@ void moet_hybrid_prewake(moet_hybrid *hy);
 int moet_model_gpu_idle_take(moet_model *m);
 /* Waits for the call in flight (if any) and copies its rows to the backend, queued with
  * async (moet_backend_ops.upload_async) where the backend can; with idle_marks, the backend's
- * idle marks around the wait (moet_backend_ops.idle_mark). */
+ * idle marks around the wait (moet_backend_ops.idle_mark). With queued (MOET_TIER_FINISH=
+ * queued), where the backend has wait_word and the tier overlaps on an executor: no wait
+ * here; the backend's queue waits for the executor's done word, then copies the rows, and the
+ * call's end is collected later (moet_hybrid_cpu_collect: at the slot's next fetch, at a
+ * finish, at the pass's end). A finish of a call so deferred collects it. */
 int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be, int idle_marks,
-			   int async);
+			   int async, int queued);
+/* The end of a call whose finish was queued (its tickets waited for, its stats), if any;
+ * collect_all: of every slot. Returns the team's result. */
+int moet_hybrid_cpu_collect(moet_hybrid *hy, int slot);
+int moet_hybrid_cpu_collect_all(moet_hybrid *hy);
 /* Whether moet_hybrid_cpu_finish(slot) would not wait for the CPU tier: no call in flight,
  * or its team work done (MOET_MB_POLL). */
 int moet_hybrid_cpu_ready(moet_hybrid *hy, int slot);
@@ -430,6 +438,7 @@ struct moet_model {
 	int64_t cap_pairs;
 	int gpu_first;            /* this pass starts the CPU tier after the device tiers */
 	int up_async;             /* this pass queues its slot tables and CPU-tier rows */
+	int tier_queued;          /* and the CPU tier's finish (MOET_TIER_FINISH=queued) */
 	int32_t *slot_pin[3];     /* host_alloc: the queued slot tables (dispatch.c) */
 	int64_t cap_slot_pin[3];
 	int q_on;                 /* this pass queues its routing downloads (MOET_MB_QUEUE) */

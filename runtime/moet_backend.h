@@ -240,6 +240,12 @@ typedef struct moet_backend_ops {
 	 * the clock's readings at the calls. */
 	int (*trace_point)(moet_backend *be, int64_t *out_id);
 	int (*trace_times)(moet_backend *be, int64_t n, uint64_t *out_ns);
+	/* Optional (NULL: not offered): the current stream's later work waits until
+	 * (int32_t)(*word - value) >= 0, word a host_alloc word another thread stores to
+	 * (MOET_TIER_FINISH=queued: the CPU tier's executor, cpu/moet_cpuexec.h
+	 * moet_cpuexec_set_done_word). Queued (CUDA: a one-thread kernel polling it); the CPU
+	 * backend, which runs each op at once, waits here. */
+	int (*wait_word)(moet_backend *be, const uint32_t *word, uint32_t value);
 } moet_backend_ops;
 
 /*

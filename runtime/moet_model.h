@@ -226,6 +226,8 @@ typedef struct moet_hybrid_stats {
 				    CPU tier's end): its idle marks, taken after each pass */
 	uint64_t ns_gpu_idle_route; /* of which at the routing's waits (the rest at the CPU
 				       tier's end) */
+	uint64_t queued_finishes; /* CPU-tier calls whose end the device's queue waited for
+				     (MOET_TIER_FINISH=queued), the driver going on */
 } moet_hybrid_stats;
 
 /* What binding a placement made resident of its CPU tier (MOET_CPU_RESIDENT: populate, the

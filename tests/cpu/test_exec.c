@@ -5,8 +5,9 @@
  * outputs memcmp-equal. Also: batches in flight at once, two submitting threads, workers bound
  * where the topology says, rounds of batches in flight with randomly delayed items (no
  * barriers between phases or batches: cpu/exec.c), error paths (shapes, limits, tickets,
- * FTZ/DAZ at create and a kernel that changes MXCSR), and create/destroy in a loop (leaks
- * show under MOET_SANITIZE).
+ * FTZ/DAZ at create and a kernel that changes MXCSR), create/destroy in a loop (leaks
+ * show under MOET_SANITIZE), and the done word (moet_cpuexec_set_done_word: reached in ticket
+ * order, each batch's outputs there once it says so).
  */
 #include <pthread.h>
 #include <sched.h>
@@ -450,12 +451,19 @@ static void rows_slow(const moet_mat *w, int64_t r0, int64_t r1, const float *x,
  * jobs' phase 1 does), 4 workers, items delayed at random: every output equals the
  * reference's.
  */
-static void pipelined(void)
+/* The reference kernels with each item delayed at random. */
+static moet_cpu_kernels slow_kernels(void)
 {
 	moet_cpu_kernels k = moet_cpu_kernels_ref;
 	k.isa = "ref-slow";
 	k.gate_up = gate_up_slow;
 	k.rows = rows_slow;
+	return k;
+}
+
+static void pipelined(void)
+{
+	const moet_cpu_kernels k = slow_kernels();
 	batch b[4];
 	for (int i = 0; i < 4; i++)
 		make_batch(&b[i], 3 + i, i % 2 ? MOET_DT_BF16 : MOET_DT_F8_E4M3, 144, 200, 3);
@@ -484,6 +492,59 @@ static void pipelined(void)
 
 #if defined(__x86_64__)
 /* Creation with FTZ or DAZ on in the creating thread (inherited by the workers) fails. */
+/* moet_cpuexec_set_done_word: with items delayed at random and four batches in flight, the
+ * word reaches each batch's ticket in order, and once it has, the batch's outputs are all
+ * there (read before any wait for it); with NULL set again the word stays as it was. */
+static void done_word(void)
+{
+	const moet_cpu_kernels k = slow_kernels();
+	batch b[4];
+	for (int i = 0; i < 4; i++)
+		make_batch(&b[i], 2 + i, MOET_DT_F8_E4M3, 144, 200, 3);
+	moet_cpuexec *ex = make_exec(3, MOET_CPUEXEC_SPLIT_ROWS, &k);
+	static uint32_t word;
+	word = 0;
+	moet_cpuexec_set_done_word(ex, &word);
+	for (int round = 0; ex && round < 3; round++) {
+		uint64_t tk[4];
+		for (int i = 0; i < 4; i++) {
+			clear_outputs(&b[i]);
+			CHECK(moet_cpuexec_submit(ex, b[i].jobs, b[i].n, &tk[i]) == 0, "submit: %s",
+			      moet_errmsg());
+		}
+		uint32_t seen = 0;
+		for (int i = 0; i < 4; i++) {
+			const uint64_t t0 = moet_now_ns();
+			uint32_t w;
+			while ((int32_t)((w = __atomic_load_n(&word, __ATOMIC_ACQUIRE)) -
+					 (uint32_t)tk[i]) < 0 &&
+			       moet_now_ns() - t0 < 10000000000ull) {
+				CHECK((int32_t)(w - seen) >= 0, "the word went back: %u after %u", w,
+				      seen);
+				seen = w;
+			}
+			CHECK((int32_t)(w - (uint32_t)tk[i]) >= 0, "round %d: the word %u never "
+			      "reached ticket %llu", round, w, (unsigned long long)tk[i]);
+			char what[64];
+			snprintf(what, sizeof(what), "done word round %d batch %d", round, i);
+			check_outputs(&b[i], what);
+		}
+		for (int i = 0; i < 4; i++)
+			CHECK(moet_cpuexec_wait(ex, tk[i]) == 0, "wait: %s", moet_errmsg());
+		CHECK(word == (uint32_t)tk[3], "round %d: word %u, last ticket %llu", round, word,
+		      (unsigned long long)tk[3]);
+	}
+	moet_cpuexec_set_done_word(ex, NULL);
+	const uint32_t before = word;
+	uint64_t tk = 0;
+	CHECK(ex && moet_cpuexec_submit(ex, b[0].jobs, b[0].n, &tk) == 0 &&
+	      moet_cpuexec_wait(ex, tk) == 0 && word == before, "unset: the word %u -> %u",
+	      before, word);
+	moet_cpuexec_destroy(ex);
+	for (int i = 0; i < 4; i++)
+		free_batch(&b[i]);
+}
+
 static void fp_environment(void)
 {
 	const unsigned csr = _mm_getcsr();
@@ -693,6 +754,7 @@ int main(void)
 	identity();
 	in_flight();
 	pipelined();
+	done_word();
 	two_submitters();
 	binding();
 	errors();

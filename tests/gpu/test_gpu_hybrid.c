@@ -24,6 +24,9 @@
  *     traced (MOET_TRACE: the CUDA backend's trace points; the timeline has op spans on both
  *     micro-batch streams, each inside its pass), and with the driver polling both halves'
  *     waits (MOET_MB_POLL=1): the same bits;
+ *   - the CPU tier's finish queued on the stream (MOET_TIER_FINISH=queued: a kernel polls the
+ *     executor's done word, then the rows' copy; the driver goes on) in two micro-batches and
+ *     in one pass: the same bits, every CPU-tier call so finished, none without;
  *   - the tier counts add up, the random placement sends >= 25% of routings to the CPU;
  *   - the CPU tier's counters agree with the tier counts (pairs, bytes copied back);
  *   - the GPU's idle marks (moet_model_set_gpu_idle, CUDA events) on for the all-CPU and the
@@ -221,11 +224,12 @@ int main(void)
 				"random merged queued reordered", "random one pass queued",
 				"random queued reordered", "random merged queued",
 				"random two streams", "random two streams unqueued",
-				"random two streams polled", "random merged two streams" };
+				"random two streams polled", "random merged two streams",
+				"random queued finish", "random one pass queued finish" };
 	int64_t moe_layers = 0;
 	for (int64_t l = 0; l < L; l++)
 		moe_layers += moet_config_is_moe_layer(c, l);
-	for (int pl = 0; pl < 21; pl++) {
+	for (int pl = 0; pl < 23; pl++) {
 		/* merged: on two streams in the decode passes (unset), in every split pass (pl 20:
 		 * the halves' streams wait for each other), on one (pl 6) */
 		const int merged = pl == 6 || pl == 7 || pl == 13 || pl == 16 || pl == 20;
@@ -250,7 +254,8 @@ int main(void)
 		CHECK(moet_model_set_gpu_idle(gpu, idle) == 0, "%s: idle marks: %s", names[pl],
 		      moet_errmsg());
 		/* two micro-batches forced; pl 5, 9, 11, 14: batched calls in one pass (forward.c) */
-		setenv("MOET_MICROBATCH", pl == 5 || pl == 9 || pl == 11 || pl == 14 ? "0" : "1", 1);
+		setenv("MOET_MICROBATCH",
+		       pl == 5 || pl == 9 || pl == 11 || pl == 14 || pl == 22 ? "0" : "1", 1);
 		if (merged)
 			setenv("MOET_MB_MERGE", "1", 1);
 		/* the CPU tier's jobs started after the GPU's launches, in two micro-batches and in
@@ -286,6 +291,8 @@ int main(void)
 		/* the driver polling both halves' waits (MOET_MB_POLL: the copies' fences queried) */
 		if (pl == 19)
 			setenv("MOET_MB_POLL", "1", 1);
+		if (pl >= 21) /* the CPU tier's finish queued on the stream */
+			setenv("MOET_TIER_FINISH", "queued", 1);
 		for (int batched = 0; batched < 2; batched++) {
 			memset(got, 0xCD, n_log * sizeof(float));
 			CHECK(run(gpu, batched, got) == 0, "%s: %s", names[pl], moet_errmsg());
@@ -301,6 +308,7 @@ int main(void)
 		unsetenv("MOET_MB_REORDER");
 		unsetenv("MOET_MB_STREAMS");
 		unsetenv("MOET_MB_POLL");
+		unsetenv("MOET_TIER_FINISH");
 		uint64_t cnt[2];
 		moet_model_tier_counts(gpu, cnt, 2);
 		moet_hybrid_stats hs;
@@ -331,6 +339,10 @@ int main(void)
 		      (unsigned long long)hs.staged_pairs, (unsigned long long)cnt[0]);
 		CHECK((hs.staged_pairs > 0) == (pl == 7), "%s: %llu staged pairs", names[pl],
 		      (unsigned long long)hs.staged_pairs);
+		CHECK(pl >= 21 ? hs.queued_finishes == hs.calls && hs.calls > 0
+			       : hs.queued_finishes == 0, "%s: %llu queued finishes of %llu calls",
+		      names[pl], (unsigned long long)hs.queued_finishes,
+		      (unsigned long long)hs.calls);
 		CHECK(hs.bytes_h2d == hs.cpu_pairs * (uint64_t)c->hidden_size * sizeof(float),
 		      "%s: bytes copied back", names[pl]);
 		CHECK(hs.merged_calls == (merged ? hs.split_passes * (uint64_t)moe_layers : 0) &&

@@ -16,8 +16,11 @@
  * the plain order and with the halves' steps reordered, MOET_MB_REORDER=1, also merged): the
  * same bits; the halves on two streams (MOET_MB_STREAMS=2, the CPU backend's test double
  * records the selections): the same bits, both halves selected and one join per split pass,
- * none when merged, nothing left selected; a bad value of these or of MOET_STEP_UPLOAD refused
- * by name.
+ * none when merged, nothing left selected; the CPU tier's finish queued on the backend
+ * (MOET_TIER_FINISH=queued: the CPU backend's test double waits for the executor's done word
+ * at once; the calls' ends collected at the next fetch and the pass's end), in two
+ * micro-batches and in one pass: the same bits, every CPU-tier call so finished, none without;
+ * a bad value of these or of MOET_STEP_UPLOAD refused by name.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -104,14 +107,16 @@ int main(void)
 				"random-1 merged queued reordered", "random-3 one pass queued",
 				"random-3 queued reordered", "random-1 merged queued",
 				"random-1 two streams", "random-1 merged two streams",
-				"random-1 two streams polled" };
+				"random-1 two streams polled", "random-1 queued finish",
+				"random-1 one pass queued finish" };
 	int64_t moe_layers = 0;
 	for (int64_t l = 0; l < L; l++)
 		moe_layers += moet_config_is_moe_layer(c, l);
-	for (int pl = 0; pl < 21; pl++) {
+	for (int pl = 0; pl < 23; pl++) {
 		const int merged = (pl >= 8 && pl <= 10) || pl == 14 || pl == 17 || pl == 19;
 		const int streams = pl == 18 || pl == 19; /* MOET_MB_STREAMS=2 */
-		int n_dev = pl == 0 ? 0 : pl == 1 || merged || streams || pl == 20 ? 1 : 3;
+		const int fin_q = pl >= 21; /* MOET_TIER_FINISH=queued */
+		int n_dev = pl == 0 ? 0 : pl == 1 || merged || streams || pl >= 20 ? 1 : 3;
 		for (int64_t l = 0; l < L; l++)
 			for (int64_t e = 0; e < E; e++) {
 				int16_t o;
@@ -153,7 +158,8 @@ int main(void)
 		/* two micro-batches forced, except: pl 3 the automatic choice (forward.c tries
 		 * both forms), pl 7 batched calls in one pass */
 		if (pl != 3)
-			setenv("MOET_MICROBATCH", pl == 7 || pl == 12 || pl == 15 ? "0" : "1", 1);
+			setenv("MOET_MICROBATCH",
+			       pl == 7 || pl == 12 || pl == 15 || pl == 22 ? "0" : "1", 1);
 		if (merged)
 			setenv("MOET_MB_MERGE", "1", 1);
 		/* the CPU tier's jobs started after the device tiers' launches, in two
@@ -176,6 +182,8 @@ int main(void)
 		/* the driver polling both halves' waits (the decode passes: their copies queued) */
 		if (pl == 20)
 			setenv("MOET_MB_POLL", "1", 1);
+		if (fin_q)
+			setenv("MOET_TIER_FINISH", "queued", 1);
 		int sel0;
 		uint64_t sels0, joins0, waits0;
 		moet_backend_cpu_streams(m->be, &sel0, &sels0, &joins0, &waits0);
@@ -185,6 +193,7 @@ int main(void)
 		moet_backend_cpu_streams(m->be, &sel1, &sels1, &joins1, &waits1);
 		unsetenv("MOET_MB_STREAMS");
 		unsetenv("MOET_MB_POLL");
+		unsetenv("MOET_TIER_FINISH");
 		unsetenv("MOET_MICROBATCH");
 		unsetenv("MOET_MB_MERGE");
 		unsetenv("MOET_TIER_ORDER");
@@ -225,7 +234,7 @@ int main(void)
 		      (unsigned long long)cnt[0]);
 		CHECK(hs.bytes_h2d == hs.cpu_pairs * (uint64_t)c->hidden_size * sizeof(float),
 		      "%s: output bytes copied back", names[pl]);
-		if (pl == 4 || pl == 7 || pl == 12 || pl == 15)
+		if (pl == 4 || pl == 7 || pl == 12 || pl == 15 || pl == 22)
 			CHECK(hs.split_passes == 0, "%s: no pass in two micro-batches", names[pl]);
 		else if (pl == 3)
 			CHECK(hs.split_passes >= 1 && hs.split_passes <= STEPS, "%s: auto: %llu of %d "
@@ -252,7 +261,8 @@ int main(void)
 		 * was left selected; without the switch (pl 1, merged pl 8) or over several devices
 		 * nothing was. Merged on two streams, each MoE layer's call waited for the first
 		 * half's stream and the first half's combine for the second's: two waits a layer */
-		const int st_dflt = pl == 0 || pl == 20 || (merged && pl != 8 && pl != 19);
+		const int st_dflt =
+			pl == 0 || pl == 20 || pl == 21 || (merged && pl != 8 && pl != 19);
 		const int st_all = pl == 18 || pl == 19;
 		CHECK(hs.stream_passes == joins1 - joins0, "%s: %llu passes on two streams, %llu "
 		      "joins", names[pl], (unsigned long long)hs.stream_passes,
@@ -275,6 +285,12 @@ int main(void)
 		      (pl != 20 || hs.split_passes > 0),
 		      "%s: %llu polled passes", names[pl],
 		      (unsigned long long)hs.polled_passes);
+		/* queued finishes: every CPU-tier call of those runs (each MoE layer call with CPU
+		 * work is one), none elsewhere */
+		CHECK(fin_q ? hs.queued_finishes == hs.calls && hs.calls > 0
+			    : hs.queued_finishes == 0,
+		      "%s: %llu queued finishes of %llu calls", names[pl],
+		      (unsigned long long)hs.queued_finishes, (unsigned long long)hs.calls);
 		if (pl == 9 || pl == 10)
 			CHECK(hs.staged_pairs > 0 && (hs.cpu_pairs > 0) == (pl == 9), "%s: %llu "
 			      "staged pairs, %llu on the CPU tier", names[pl],
@@ -283,7 +299,7 @@ int main(void)
 			CHECK(cnt[0] == total, "all-cpu: every pair on the CPU tier");
 		if (pl == 1)
 			CHECK(cnt[1] == total, "all-device: every pair on device 0");
-		if (merged || streams || pl == 20)
+		if (merged || streams || pl >= 20)
 			CHECK(cnt[0] * 4 >= total && cnt[1], "%s: CPU share %llu of %llu (>= 25%%), "
 			      "the device used", names[pl], (unsigned long long)cnt[0],
 			      (unsigned long long)total);
@@ -302,9 +318,10 @@ int main(void)
 		const int64_t t1[1] = { 1 };
 		CHECK(moet_kv_create(m, 4, &kv) == 0, "kv");
 		moet_seq_step st = { .kv = kv, .tokens = t1, .n_tok = 1, .out_logits = got };
-		const char *var[6] = { "MOET_TIER_ORDER", "MOET_STEP_UPLOAD", "MOET_MB_QUEUE",
-				       "MOET_MB_REORDER", "MOET_MB_STREAMS", "MOET_MB_POLL" };
-		for (int i = 0; i < 6; i++) {
+		const char *var[7] = { "MOET_TIER_ORDER", "MOET_STEP_UPLOAD", "MOET_MB_QUEUE",
+				       "MOET_MB_REORDER", "MOET_MB_STREAMS", "MOET_MB_POLL",
+				       "MOET_TIER_FINISH" };
+		for (int i = 0; i < 7; i++) {
 			setenv(var[i], "sideways", 1);
 			int r = moet_model_forward_batch(m, &st, 1);
 			unsetenv(var[i]);
