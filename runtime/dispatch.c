@@ -527,9 +527,13 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 	m->up_async = !rc && !sync && m->be->ops->upload_async;
 	/* NOTE: one device without MOET_TP ranks, no NVMe tier (its own finishes), no shadow
 	 * check (it reads the tier's rows at the finish), no polled halves (they finish the
-	 * half whose tier is done) */
+	 * half whose tier is done), no device grouping (its layers regrow the slots' pinned
+	 * buffers with no routing wait between: a queued copy from them could still be due) */
+	int dg_fin = 0;
+	if (!rc && fin)
+		rc = moet_devgroup_switch(&dg_fin);
 	m->tier_queued = !rc && fin && op->wait_word && m->n_devices <= 1 && !m->tp &&
-			 !m->xtier && !m->shadow && !m->q_poll;
+			 !m->xtier && !m->shadow && !m->q_poll && !dg_fin;
 	return rc;
 }
 

@@ -570,7 +570,11 @@ int moet_hybrid_dev_prepare(moet_hybrid *hy, int slot, moet_backend *be, int64_t
 		return moet_err(MOET_EINVAL, "hybrid engine: slot %d, %lld pairs", slot,
 				(long long)max_pairs);
 	hy_call *cl = &hy->call[slot];
-	int rc = grow(hy, cl, be, 0, max_pairs);
+	/* a call of today's path finished on the queue (MOET_TIER_FINISH=queued): its end before
+	 * its buffers may be regrown */
+	int rc = moet_hybrid_cpu_collect(hy, slot);
+	if (!rc)
+		rc = grow(hy, cl, be, 0, max_pairs);
 	/* NOTE: its own capacity: begin on today's path grows the rest, not this */
 	if (!rc && cl->cap_pstage < max_pairs) {
 		be->ops->host_free(be, cl->pairs_stage);
