@@ -91,6 +91,8 @@ typedef struct step_split {
 	double polled_share;          /* of all: split with the driver polling (MOET_MB_POLL) */
 	double merged_calls;          /* per step: GPU expert calls of both halves (MOET_MB_MERGE) */
 	double price_share[3];        /* of all: at each link price (MOET_STAGE_BALANCE=auto) */
+	double queued_share;          /* of the CPU tier's calls: finished on the backend's queue
+				       * (MOET_TIER_FINISH=queued) */
 	int warmup;                   /* untimed steps before them */
 } step_split;
 
@@ -183,6 +185,7 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int warmup, int steps, 
 		split->merged_calls = (double)hs.merged_calls / steps;
 		for (int a = 0; a < 3; a++)
 			split->price_share[a] = (double)hs.price_passes[a] / steps;
+		split->queued_share = hs.calls ? (double)hs.queued_finishes / (double)hs.calls : 0;
 	}
 	for (int64_t b = 0; kv && b < B; b++)
 		moet_kv_destroy(kv[b]);
@@ -511,6 +514,7 @@ static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 	if (j) { /* the staged copies: their bytes and own time a step (their rate) */
 		json_object_set_new(j, "stage_bytes", json_real(sp->stage_bytes));
 		json_object_set_new(j, "stage_link_s", json_real(sp->stage_link_s));
+		json_object_set_new(j, "queued_share", json_real(sp->queued_share));
 	}
 	return j;
 }

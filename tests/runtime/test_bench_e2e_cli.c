@@ -96,6 +96,8 @@ int main(void)
 				      json_number_value(json_array_get(ps, 1)) == 0 &&
 				      json_number_value(json_array_get(ps, 2)) == 0,
 			      "%s batch %lld: price_share not three zeros", mode, (long long)B);
+			CHECK(num(row, "queued_share") == 0, "%s batch %lld: queued finishes "
+			      "without MOET_TIER_FINISH", mode, (long long)B);
 			if (!strcmp(mode, "gpu")) {
 				CHECK(pairs == 0 && bytes == 0, "gpu mode: no CPU tier work");
 				CHECK(json_integer_value(json_object_get(row, "warmup_steps")) == 1,
@@ -345,6 +347,17 @@ int main(void)
 	json_decref(r3);
 	json_decref(p3);
 	free(pj);
+	/* MOET_TIER_FINISH=queued: every CPU-tier call of the hybrid row finished on the queue */
+	setenv("MOET_TIER_FINISH", "queued", 1);
+	rc = moet_test_cli(NULL, "bench e2e --model %s --device cpu --placement %s --modes "
+			   "hybrid --batches 2 --prefill none --ctx 4 --steps 2 --no-overlap-check "
+			   "--json %s", model, place, js3);
+	unsetenv("MOET_TIER_FINISH");
+	json_t *rq = json_load_file(js3, 0, NULL);
+	const json_t *sq = json_array_get(json_object_get(rq, "steps"), 0);
+	CHECK(rc == 0 && sq && num(sq, "queued_share") == 1, "MOET_TIER_FINISH=queued: rc %d, "
+	      "queued share %g", rc, sq ? num(sq, "queued_share") : -1.0);
+	json_decref(rq);
 	/* MOET_MB_MERGE=1 with two micro-batches: every split step's MoE layers each make one
 	 * merged GPU expert call (the record's merged_calls per step), on two streams (the default
 	 * of split decode passes, the CPU backend's test double); the forced form holds for every
