@@ -512,7 +512,7 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 	const int st_want = (st == 2 || (st == 0 && one_dev)) && n_mb == 2 && op->stream_select &&
 			    m->n_devices <= 1 && !m->tp && !m->xtier;
 	const int q_want = q == 2 || (q == 0 && one_dev && (n_mb == 1 || st_want));
-	if (!rc && (q_want || st_want))
+	if (!rc && (q_want || st_want || fin))
 		rc = moet_devgroup_switch(&dg);
 	m->mb_streams = !rc && st_want && !dg;
 	m->q_on = !rc && q_want && !m->xtier && !dg && op->download_async && op->fence &&
@@ -529,11 +529,8 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 	 * check (it reads the tier's rows at the finish), no polled halves (they finish the
 	 * half whose tier is done), no device grouping (its layers regrow the slots' pinned
 	 * buffers with no routing wait between: a queued copy from them could still be due) */
-	int dg_fin = 0;
-	if (!rc && fin)
-		rc = moet_devgroup_switch(&dg_fin);
 	m->tier_queued = !rc && fin && op->wait_word && m->n_devices <= 1 && !m->tp &&
-			 !m->xtier && !m->shadow && !m->q_poll && !dg_fin;
+			 !m->xtier && !m->shadow && !m->q_poll && !dg;
 	return rc;
 }
 

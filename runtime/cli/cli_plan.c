@@ -156,6 +156,12 @@ static void print_hw(const plopts *o, const moet_cost_hw *h)
 						       "of the tiers)" : "");
 }
 
+/* The placement header's mention of --layer-max spread ("" with the means). */
+static const char *spread_note(const moet_cost_hw *h)
+{
+	return h->layer_max == MOET_COST_MAX_SPREAD ? "; layer max spread" : "";
+}
+
 static double pct(double a, double b)
 {
 	return b > 0 ? 100.0 * (a - b) / b : 0.0;
@@ -328,7 +334,7 @@ static void mix_comment(const plopts *o, const moet_plan *pl, char *buf, size_t 
 	    "SGEMM x %d points; pcie %g GB/s%s), decode batch mix (batch:weight)",
 	    h->from_file ? o->hardware : h->name, h->cpu_read_gbps, h->cpu_fma_gflops,
 	    h->cpu_fma_frac.n, h->gpu_read_gbps, h->gpu_sgemm_gflops, h->gpu_sgemm_frac.n,
-	    h->pcie_gbps, h->layer_max == MOET_COST_MAX_SPREAD ? "; layer max spread" : "");
+	    h->pcie_gbps, spread_note(h));
 	for (int i = 0; i < pl->n_batch; i++)
 		ADD("%s %" PRId64 ":%g", i ? "," : "", pl->batch[i], pl->weight[i]);
 	for (int i = 0; i < pl->n_batch; i++) {
@@ -370,8 +376,7 @@ static int write_plan(const plopts *o, const moet_plan *pl, const moet_placement
 			 "decode batch %" PRId64 "\npredicted decode step: %.3f ms (MoE layers "
 			 "%.3f + dense %.3f)", h->from_file ? o->hardware : h->name,
 			 h->cpu_read_gbps, h->cpu_fma_gflops, h->cpu_fma_frac.n, h->gpu_read_gbps,
-			 h->gpu_sgemm_gflops, h->gpu_sgemm_frac.n, h->pcie_gbps,
-			 h->layer_max == MOET_COST_MAX_SPREAD ? "; layer max spread" : "",
+			 h->gpu_sgemm_gflops, h->gpu_sgemm_frac.n, h->pcie_gbps, spread_note(h),
 			 pl->cost.batch,
 			 pl->pred.step_ms, pl->pred.experts_ms, pl->pred.dense_ms);
 	char split[160];
