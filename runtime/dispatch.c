@@ -485,7 +485,7 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 	static const char *const ros[] = { "0", "1" };
 	static const char *const sts[] = { NULL, "1", "2" };
 	static const char *const polls[] = { "0", "1" };
-	static const char *const fins[] = { "wait", "queued" };
+	static const char *const fins[] = { NULL, "wait", "queued" };
 	const moet_backend_ops *op = m->be->ops;
 	int gpu = 0, sync = 0, q = 0, ro = 0, st = 0, dg = 0, poll = 0, fin = 0;
 	int rc = moet_env_choice("MOET_TIER_ORDER", orders, 2, &gpu);
@@ -500,7 +500,7 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 	if (!rc)
 		rc = moet_env_choice("MOET_MB_POLL", polls, 2, &poll);
 	if (!rc)
-		rc = moet_env_choice("MOET_TIER_FINISH", fins, 2, &fin);
+		rc = moet_env_choice("MOET_TIER_FINISH", fins, 3, &fin);
 	/* Both unset: on for a decode pass on one GPU without MOET_TP ranks, where they were
 	 * measured faster (docs/hybrid.md): the copies queued in one pass (with or without
 	 * CPU-tier experts), and a split pass's halves on two streams with their copies queued (a
@@ -512,7 +512,10 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 	const int st_want = (st == 2 || (st == 0 && one_dev)) && n_mb == 2 && op->stream_select &&
 			    m->n_devices <= 1 && !m->tp && !m->xtier;
 	const int q_want = q == 2 || (q == 0 && one_dev && (n_mb == 1 || st_want));
-	if (!rc && (q_want || st_want || fin))
+	/* the CPU tier's finish queued on the device: unset, a decode pass on one GPU (measured
+	 * 2% shorter at batch 16, docs/hybrid.md); prefill not measured */
+	const int fin_want = fin == 2 || (fin == 0 && one_dev);
+	if (!rc && (q_want || st_want || fin_want))
 		rc = moet_devgroup_switch(&dg);
 	m->mb_streams = !rc && st_want && !dg;
 	m->q_on = !rc && q_want && !m->xtier && !dg && op->download_async && op->fence &&
@@ -529,7 +532,7 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 	 * check (it reads the tier's rows at the finish), no polled halves (they finish the
 	 * half whose tier is done), no device grouping (its layers regrow the slots' pinned
 	 * buffers with no routing wait between: a queued copy from them could still be due) */
-	m->tier_queued = !rc && fin && op->wait_word && m->n_devices <= 1 && !m->tp &&
+	m->tier_queued = !rc && fin_want && op->wait_word && m->n_devices <= 1 && !m->tp &&
 			 !m->xtier && !m->shadow && !m->q_poll && !dg;
 	return rc;
 }
