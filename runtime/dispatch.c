@@ -512,8 +512,8 @@ int moet_pass_switches(moet_model *m, int n_mb, int decode)
 	const int st_want = (st == 2 || (st == 0 && one_dev)) && n_mb == 2 && op->stream_select &&
 			    m->n_devices <= 1 && !m->tp && !m->xtier;
 	const int q_want = q == 2 || (q == 0 && one_dev && (n_mb == 1 || st_want));
-	/* the CPU tier's finish queued on the device: unset, a decode pass on one GPU (measured
-	 * 2% shorter at batch 16, docs/hybrid.md); prefill not measured */
+	/* the CPU tier's finish queued on the device: unset, a decode pass on one GPU (steps
+	 * about 2% shorter at batch 16 and 64, docs/hybrid.md); prefill not measured */
 	const int fin_want = fin == 2 || (fin == 0 && one_dev);
 	if (!rc && (q_want || st_want || fin_want))
 		rc = moet_devgroup_switch(&dg);

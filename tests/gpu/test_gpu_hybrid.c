@@ -293,7 +293,7 @@ int main(void)
 			setenv("MOET_MB_POLL", "1", 1);
 		/* the CPU tier's finish queued on the stream (pl >= 21); the default (pl 3: the
 		 * decode passes' finishes queued, the prompts' not); the driver's wait elsewhere */
-		if (pl >= 21 || pl != 3)
+		if (pl != 3)
 			setenv("MOET_TIER_FINISH", pl >= 21 ? "queued" : "wait", 1);
 		for (int batched = 0; batched < 2; batched++) {
 			memset(got, 0xCD, n_log * sizeof(float));
