@@ -183,8 +183,9 @@ int main(void)
 		if (pl == 20)
 			setenv("MOET_MB_POLL", "1", 1);
 		/* the CPU tier's finish queued (pl >= 21); the default (pl 0: the decode passes'
-		 * finishes queued, the prompts' not); the driver's wait elsewhere */
-		if (fin_q || pl != 0)
+		 * finishes queued, the prompts' not; pl 2: three devices, none queued); the
+		 * driver's wait elsewhere */
+		if (fin_q || (pl != 0 && pl != 2))
 			setenv("MOET_TIER_FINISH", fin_q ? "queued" : "wait", 1);
 		int sel0;
 		uint64_t sels0, joins0, waits0;
@@ -288,7 +289,8 @@ int main(void)
 		      "%s: %llu polled passes", names[pl],
 		      (unsigned long long)hs.polled_passes);
 		/* queued finishes: every CPU-tier call of those runs (each MoE layer call with CPU
-		 * work is one), the decode passes' by default, none with the driver's wait */
+		 * work is one), the decode passes' by default on one device, none with the
+		 * driver's wait or several devices */
 		CHECK(fin_q ? hs.queued_finishes == hs.calls && hs.calls > 0
 		      : pl == 0 ? hs.queued_finishes > 0 && hs.queued_finishes < hs.calls
 				: hs.queued_finishes == 0,
