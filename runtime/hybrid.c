@@ -505,12 +505,21 @@ int moet_hybrid_cpu_collect_all(moet_hybrid *hy)
 
 /* MOET_TIER_FINISH=queued: the device's stream waits for the call's last batch (the
  * executor's done word) and then copies the rows, all queued; the driver goes on, and
- * collects the call's end later (moet_hybrid_cpu_collect). */
-static int finish_queued(moet_hybrid *hy, hy_call *cl, moet_backend *be, size_t bytes)
+ * collects the call's end later (moet_hybrid_cpu_collect). With idle marks the stream's wait
+ * lies between two marks of its own: the device's idle time for the tier (on the other path
+ * the driver's wait). */
+static int finish_queued(moet_hybrid *hy, hy_call *cl, moet_backend *be, size_t bytes,
+			 int marks)
 {
 	const uint32_t last = (uint32_t)cl->tickets[cl->n_tickets - 1];
 	uint64_t t1 = moet_now_ns();
-	int rc = be->ops->wait_word(be, hy->done_word, last);
+	int rc = marks ? be->ops->idle_mark(be, 0, MOET_IDLE_TIER) : 0;
+	if (!rc)
+		rc = be->ops->wait_word(be, hy->done_word, last);
+	if (marks) {
+		const int r1 = be->ops->idle_mark(be, 1, MOET_IDLE_TIER);
+		rc = rc ? rc : r1;
+	}
 	if (!rc)
 		rc = be->ops->upload_async ? be->ops->upload_async(be, cl->y_dst, cl->y_stage, bytes)
 					   : be->ops->upload(be, cl->y_dst, cl->y_stage, bytes);
@@ -535,12 +544,12 @@ int moet_hybrid_cpu_finish(moet_hybrid *hy, int slot, moet_backend *be, int idle
 		return moet_hybrid_cpu_collect(hy, slot);
 	if (!cl->pending)
 		return 0;
+	const int marks = idle_marks && be->ops->idle_mark;
 	if (queued && hy->done_word && hy->overlap && cl->n_tickets && be->ops->wait_word)
 		return finish_queued(hy, cl, be, (size_t)cl->pending * (size_t)hy->H *
-							 sizeof(float));
+							 sizeof(float), marks);
 	/* the device may run out of work while the driver waits here; it resumes before the
 	 * rows' copy (PCIe time of its own) */
-	const int marks = idle_marks && be->ops->idle_mark;
 	int rm = marks ? be->ops->idle_mark(be, 0, MOET_IDLE_TIER) : 0;
 	int rc = end(hy, cl, &hy->st);
 	if (marks) {
