@@ -29,6 +29,15 @@ static int run(const char *args, char **text)
 	return moet_test_run(cmd, text);
 }
 
+/* The script run with args exits 2 naming the fault (want in its output). */
+static void usage_error(const char *args, const char *want, const char *what)
+{
+	char *text = NULL;
+	const int rc = run(args, &text);
+	CHECK(rc == 2 && text && strstr(text, want), "%s: %d\n%s", what, rc, text ? text : "");
+	free(text);
+}
+
 static int write_place(const char *path, const char *experts)
 {
 	FILE *f = fopen(path, "w");
@@ -87,7 +96,6 @@ int main(void)
 	int rc = run(args, &text);
 	CHECK(rc == 0 && text, "layer_max.sh: exit %d\n%s", rc, text ? text : "");
 	free(text);
-	text = NULL;
 	for (int k = 0; k < 2; k++) {
 		snprintf(path, sizeof(path), "%s/%s", out, k ? "hw.yaml" : "profile.json");
 		FILE *f = fopen(path, "r");
@@ -148,31 +156,17 @@ int main(void)
 	CHECK(rows == 2 && maes == 1, "%d table rows, want 2; %d error lines, want 1", rows, maes);
 
 	snprintf(args, sizeof(args), "bash tests/gpu/layer_max.sh %s %s %s", build, out, ckpt);
-	rc = run(args, &text);
-	CHECK(rc == 2 && text && strstr(text, "usage"), "too few arguments: %d\n%s", rc,
-	      text ? text : "");
-	free(text);
-	text = NULL;
+	usage_error(args, "usage", "too few arguments");
+	/* the later assignment of the variable wins */
 	snprintf(args, sizeof(args), "MOET_LM_DEVICE=tpu bash tests/gpu/layer_max.sh %s %s %s %s",
 		 build, out, ckpt, pa);
-	rc = run(args, &text); /* the later assignment of the variable wins */
-	CHECK(rc == 2 && text && strstr(text, "MOET_LM_DEVICE 'tpu'"), "bad device: %d\n%s", rc,
-	      text ? text : "");
-	free(text);
-	text = NULL;
+	usage_error(args, "MOET_LM_DEVICE 'tpu'", "bad device");
 	snprintf(args, sizeof(args), "MOET_LM_ROUNDS=x bash tests/gpu/layer_max.sh %s %s %s %s",
 		 build, out, ckpt, pa);
-	rc = run(args, &text);
-	CHECK(rc == 2 && text && strstr(text, "MOET_LM_ROUNDS 'x'"), "bad rounds: %d\n%s", rc,
-	      text ? text : "");
-	free(text);
-	text = NULL;
+	usage_error(args, "MOET_LM_ROUNDS 'x'", "bad rounds");
 	snprintf(args, sizeof(args), "bash tests/gpu/layer_max.sh %s %s %s %s/none.yaml", build,
 		 out, ckpt, ckpt);
-	rc = run(args, &text);
-	CHECK(rc == 2 && text && strstr(text, "none.yaml: no such file"), "missing placement: "
-	      "%d\n%s", rc, text ? text : "");
-	free(text);
+	usage_error(args, "none.yaml: no such file", "missing placement");
 	free(ckpt);
 	return moet_test_done("test_layer_max_script");
 }
