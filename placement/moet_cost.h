@@ -116,7 +116,8 @@ typedef struct moet_cost_hw {
 	moet_cost_curve gpu_dense_ms;
 	/* Not a figure of the file (the reader leaves it at the default, the writer never
 	 * writes it): how a layer's max of its tiers is taken, MOET_COST_MAX_MEANS (0, the
-	 * default) or MOET_COST_MAX_SPREAD; set by the caller (plan --layer-max). */
+	 * library's default) or MOET_COST_MAX_SPREAD; set by the caller (plan --layer-max,
+	 * whose default is the spread; bench e2e prices both). */
 	int layer_max;
 } moet_cost_hw;
 

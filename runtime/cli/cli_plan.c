@@ -86,9 +86,9 @@ static void usage(FILE *f)
 		"                     W > 0, default 1): --auto minimizes sum W x step, and\n"
 		"                     each batch's step is printed for both plans\n"
 		"  --layer-max M      how the cost model takes a MoE layer's wait for its\n"
-		"                     tiers: means (default), the max of their expected times;\n"
-		"                     spread, the expected max, the CPU tier's time varying\n"
-		"                     with its experts' rows (docs/profile-and-plan.md)\n"
+		"                     tiers: spread (default), the expected max, the CPU\n"
+		"                     tier's time varying with its experts' rows; means, the\n"
+		"                     max of their expected times (docs/profile-and-plan.md)\n"
 		"  --predict          the predicted decode step of --placement FILE: step time\n"
 		"                     and its parts (GPU experts, CPU experts, PCIe, fixed\n"
 		"                     overheads, dense part), expected experts and rows per tier;\n"
@@ -153,13 +153,15 @@ static void print_hw(const plopts *o, const moet_cost_hw *h)
 	       h->cpu_read_gbps, cc, h->gpu_read_gbps, gc, h->pcie_gbps, h->pcie_latency_us,
 	       h->cpu_overhead_us, h->gpu_overhead_us,
 	       h->layer_max == MOET_COST_MAX_SPREAD ? "; layer max: spread (the expected max "
-						       "of the tiers)" : "");
+						       "of the tiers)"
+						     : "; layer max: means (the max of the tiers' "
+						       "expected times)");
 }
 
-/* The placement header's mention of --layer-max spread ("" with the means). */
+/* The placement header's mention of the layer max (--layer-max). */
 static const char *spread_note(const moet_cost_hw *h)
 {
-	return h->layer_max == MOET_COST_MAX_SPREAD ? "; layer max spread" : "";
+	return h->layer_max == MOET_COST_MAX_SPREAD ? "; layer max spread" : "; layer max means";
 }
 
 static double pct(double a, double b)
@@ -784,7 +786,7 @@ int moet_cli_plan(int argc, char **argv)
 	plopts o = { .phase = MOET_PLAN_DECODE, .seed = 1, .b.batch = 1, .n_batch = 1,
 		     .batch = { 1 }, .weight = { 1 } };
 	const char *vram = NULL, *reserve = NULL, *layer_max = NULL;
-	int c, bad = 0, rc = 0, lmax = MOET_COST_MAX_MEANS;
+	int c, bad = 0, rc = 0, lmax = MOET_COST_MAX_SPREAD;
 	char *end;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {

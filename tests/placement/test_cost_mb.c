@@ -21,8 +21,8 @@
  *   CPU tier of rarely shared cold experts: two halves, and chosen_ms is the smaller step.
  * - moet_cost_dense_moe_share against the checkpoint's own tensor bytes.
  * - The binary: plan --predict --json on a one-GPU placement: one_pass_ms, two_halves_ms,
- *   chosen, chosen_ms equal moet_cost_predict_step's; batch 1 has no two-half form; the table
- *   has the forms.
+ *   chosen, chosen_ms equal moet_cost_predict_step's (with the spread, plan's default); batch
+ *   1 has no two-half form; the table has the forms.
  */
 #include <inttypes.h>
 #include <jansson.h>
@@ -476,6 +476,7 @@ static void test_ckpt_and_cli(void)
 	      out ? out : "");
 	moet_cost_hw hw;
 	moet_cost_hw_defaults(&hw);
+	hw.layer_max = MOET_COST_MAX_SPREAD; /* plan's default */
 	for (size_t i = 0; json_is_array(a) && i < json_array_size(a); i++) {
 		json_t *r = json_array_get(a, i);
 		const int64_t B = json_integer_value(json_object_get(r, "batch"));

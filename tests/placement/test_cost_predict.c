@@ -20,8 +20,9 @@
  * - moet_cost_predict_step: its parts add up, it equals this file's own evaluation of the
  *   formula on the placement's owner table, an all-CPU placement has no GPU part, its faults.
  * - The binary: plan --predict (table and --json, parsed with jansson) on a tiny checkpoint:
- *   the JSON's numbers against the in-file evaluation; with --layer-max spread the means'
- *   step plus spread_ms, the parts adding up; refusals one line or usage (exit 2).
+ *   the JSON's numbers with --layer-max means against the in-file evaluation; by default
+ *   (--layer-max spread) the means' step plus spread_ms, the parts adding up; refusals one
+ *   line or usage (exit 2).
  */
 #include <inttypes.h>
 #include <jansson.h>
@@ -549,8 +550,8 @@ static void test_cli(tiny *t)
 	double means16 = NAN;
 	snprintf(hwf, sizeof(hwf), "%s/configs/hardware-h200-host.yaml", moet_test_source_dir());
 	int st = moet_test_cli(&out, "plan --predict --model %s --placement %s --profile %s "
-			       "--hardware %s --batch 1,4,16 --json", t->dir, t->place, t->prof,
-			       hwf);
+			       "--hardware %s --batch 1,4,16 --json --layer-max means", t->dir,
+			       t->place, t->prof, hwf);
 	json_error_t je;
 	json_t *j = st == 0 && out ? json_loads(out, 0, &je) : NULL;
 	CHECK(j && json_is_object(j), "--predict --json: exit %d\n%s", st, out ? out : "");
@@ -583,10 +584,9 @@ static void test_cli(tiny *t)
 	json_decref(j);
 	free(out);
 	out = NULL;
-	/* --layer-max spread: the means step plus spread_ms, the parts adding up. */
+	/* The default, --layer-max spread: the means step plus spread_ms, the parts adding up. */
 	st = moet_test_cli(&out, "plan --predict --model %s --placement %s --profile %s "
-			   "--hardware %s --batch 16 --json --layer-max spread", t->dir, t->place,
-			   t->prof, hwf);
+			   "--hardware %s --batch 16 --json", t->dir, t->place, t->prof, hwf);
 	j = st == 0 && out ? json_loads(out, 0, &je) : NULL;
 	a = j ? json_object_get(j, "predictions") : NULL;
 	json_t *r16 = json_is_array(a) ? json_array_get(a, 0) : NULL;

@@ -312,7 +312,7 @@ int main(void)
 			   "--json %s", model, place, prof, js3);
 	char *pj = NULL;
 	int rc2 = moet_test_cli(&pj, "plan --predict --model %s --placement %s --profile %s "
-				"--batch 2,3 --json", model, place, prof);
+				"--batch 2,3 --json --layer-max means", model, place, prof);
 	json_t *r3 = json_load_file(js3, 0, NULL), *p3 = pj ? json_loads(pj, 0, NULL) : NULL;
 	CHECK(rc == 0 && rc2 == 0 && r3 && p3, "predict runs: %d %d", rc, rc2);
 	int matched = 0, matched1 = 0;
