@@ -93,6 +93,8 @@ typedef struct step_split {
 	double price_share[3];        /* of all: at each link price (MOET_STAGE_BALANCE=auto) */
 	double queued_share;          /* of the CPU tier's calls: finished on the backend's queue
 				       * (MOET_TIER_FINISH=queued) */
+	double early_layers;          /* per step: layers whose next attention went early
+				       * (MOET_EARLY_ROWS) */
 	int warmup;                   /* untimed steps before them */
 } step_split;
 
@@ -186,6 +188,7 @@ static int decode_run(moet_model *m, int64_t B, int ctx, int warmup, int steps, 
 		for (int a = 0; a < 3; a++)
 			split->price_share[a] = (double)hs.price_passes[a] / steps;
 		split->queued_share = hs.calls ? (double)hs.queued_finishes / (double)hs.calls : 0;
+		split->early_layers = (double)hs.early_layers / steps;
 	}
 	for (int64_t b = 0; kv && b < B; b++)
 		moet_kv_destroy(kv[b]);
@@ -515,6 +518,7 @@ static json_t *split_json(const char *mode, int64_t B, const step_split *sp)
 		json_object_set_new(j, "stage_bytes", json_real(sp->stage_bytes));
 		json_object_set_new(j, "stage_link_s", json_real(sp->stage_link_s));
 		json_object_set_new(j, "queued_share", json_real(sp->queued_share));
+		json_object_set_new(j, "early_layers", json_real(sp->early_layers));
 	}
 	return j;
 }

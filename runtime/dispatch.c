@@ -299,6 +299,7 @@ void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset)
 	_Static_assert(sizeof(out->price_passes) == sizeof(m->price_passes), "one count per price");
 	memcpy(out->price_passes, m->price_passes, sizeof(out->price_passes));
 	out->merged_calls = m->merged_calls;
+	out->early_layers = m->early_layers;
 	out->ns_gpu_idle = m->ns_gpu_idle;
 	out->ns_gpu_idle_route = m->ns_gpu_idle_route;
 	out->devgroup_calls = moet_devgroup_calls(m, reset);
@@ -309,6 +310,7 @@ void moet_model_hybrid_stats(moet_model *m, moet_hybrid_stats *out, int reset)
 		m->polled_passes = 0;
 		memset(m->price_passes, 0, sizeof(m->price_passes));
 		m->merged_calls = 0;
+		m->early_layers = 0;
 		m->ns_gpu_idle = 0;
 		m->ns_gpu_idle_route = 0;
 	}
@@ -375,6 +377,7 @@ void moet_model_free_dispatch(moet_model *m)
 		m->q[i].h = NULL;
 		m->q[i].cap_p = m->q[i].cap_rows = 0;
 	}
+	moet_early_free(m);
 	free(m->mg.pairs);
 	free(m->mg.slot_h);
 	for (int i = 0; i < 2; i++)
@@ -787,6 +790,8 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 	int64_t row = 0;
 	int rc, on_device = 0;
 	m->mg.ycur[m->mb_slot & 1] = NULL;
+	m->cpu_pairs_last = 0; /* early rows (early_rows.c): this call's CPU-tier pairs */
+	m->cpu_experts_last = 0;
 	/* MOET_GPU_DEVGROUP=1 and every expert of the layer on GPU 0: no ids to the host */
 	if ((rc = moet_devgroup_dispatch(m, l, ids, n, h, y, slot, &on_device)) || on_device)
 		return rc;
@@ -849,6 +854,7 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 		if (m->owner[l * E + m->pairs[q].expert] >= 0)
 			continue;
 		const int staged = balance ? m->stage_pick[j++] : st_min && r >= st_min;
+		m->cpu_experts_last += !staged;
 		for (int64_t i = q; i < q + r; i++) {
 			const moet_expert_pair *pq = &m->pairs[i];
 			if (staged) {
@@ -863,6 +869,9 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 	/* the CPU tier's rows come down now; its jobs start here or after the device tiers'
 	 * launches (MOET_TIER_ORDER: m->gpu_first) */
 	const int go_late = cpu_cnt && !m->xtier && m->gpu_first;
+	m->cpu_pairs_last = cpu_cnt;
+	if (m->early_min && cpu_cnt && (rc = moet_early_note(m, n, cpu_cnt)))
+		return rc;
 	if (cpu_cnt) {
 		rc = m->xtier ? cpu_tier_xtier(m, l, cpu_cnt, k, h, n, y + cpu_row * c->hidden_size)
 			      : moet_hybrid_cpu_fetch(m->hy, m->mb_slot, m->be, lw->experts_host,

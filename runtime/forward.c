@@ -443,21 +443,39 @@ static int mb_rows(moet_model *m, mb_pass *p)
 	return rc;
 }
 
-/* Layer l of a micro-batch up to its routing (stage 1a) ... */
-static int mb_stage1a(moet_model *m, const mb_pass *p, int64_t l)
+int moet_fwd_attn_block(moet_model *m, int64_t l, int64_t n, const moet_rows *rows)
 {
 	const moet_config *c = &m->cfg;
 	const moet_layer_w *lw = &m->layers[l];
 	const moet_backend_ops *op = m->be->ops;
-	const int64_t H = c->hidden_size, n = p->n;
-	moet_fwd_bufs *b = p->b;
+	const int64_t H = c->hidden_size;
+	moet_fwd_bufs *b = m->cur;
+	int rc;
+	TRY(op->rmsnorm(m->be, b->x, H, lw->in_norm, n, H, c->rms_norm_eps, b->h, H));
+	TRY(attention(m, l, n, rows));
+	TRY(op->add(m->be, b->x, b->out, n * H));
+	return op->rmsnorm(m->be, b->x, H, lw->post_norm, n, H, c->rms_norm_eps, b->h, H);
+}
+
+int moet_fwd_ensure_bufs(moet_model *m, moet_fwd_bufs *b, int64_t n)
+{
+	return ensure_bufs(m, b, n);
+}
+
+int moet_fwd_ensure_host(moet_model *m, int i, int64_t n)
+{
+	return ensure_host(m, i, n, 0);
+}
+
+/* Layer l of a micro-batch up to its routing (stage 1a; attn 0: its attention block ran
+ * early, moet_early_end) ... */
+static int mb_stage1a(moet_model *m, const mb_pass *p, int64_t l, int attn)
+{
 	int rc;
 	TRY(use(m, p));
-	TRY(op->rmsnorm(m->be, b->x, H, lw->in_norm, n, H, c->rms_norm_eps, b->h, H));
-	TRY(attention(m, l, n, p->rows));
-	TRY(op->add(m->be, b->x, b->out, n * H));
-	TRY(op->rmsnorm(m->be, b->x, H, lw->post_norm, n, H, c->rms_norm_eps, b->h, H));
-	return ff_route(m, l, n, p->steps, p->n_steps);
+	if (attn)
+		TRY(moet_fwd_attn_block(m, l, p->n, p->rows));
+	return ff_route(m, l, p->n, p->steps, p->n_steps);
 }
 
 /* ... to the running expert tiers (1b) ... */
@@ -469,7 +487,7 @@ static int mb_stage1b(moet_model *m, const mb_pass *p, int64_t l)
 
 static int mb_stage1(moet_model *m, const mb_pass *p, int64_t l)
 {
-	int rc = mb_stage1a(m, p, l);
+	int rc = mb_stage1a(m, p, l, 1);
 	return rc ? rc : mb_stage1b(m, p, l);
 }
 
@@ -495,8 +513,8 @@ static int pass_polled(moet_model *m, mb_pass *p)
 	const int64_t L = m->cfg.num_hidden_layers;
 	int64_t lay[2] = { 0, 0 };
 	int due[2] = { 1, 1 }; /* the step due at lay[i]: 1 (1b) or 2 */
-	int rc = mb_stage1a(m, &p[0], 0);
-	rc = rc ? rc : mb_stage1a(m, &p[1], 0);
+	int rc = mb_stage1a(m, &p[0], 0, 1);
+	rc = rc ? rc : mb_stage1a(m, &p[1], 0, 1);
 	while (!rc && (lay[0] < L || lay[1] < L)) {
 		int moved = 0;
 		for (int i = 0; i < 2 && !rc; i++) {
@@ -516,7 +534,7 @@ static int pass_polled(moet_model *m, mb_pass *p)
 				lay[i]++;
 				due[i] = 1;
 				if (!rc && l + 1 < L)
-					rc = mb_stage1a(m, &p[i], l + 1);
+					rc = mb_stage1a(m, &p[i], l + 1, 1);
 			}
 			moved = 1;
 		}
@@ -538,25 +556,35 @@ static int pass_body(moet_model *m, mb_pass *p, int n_mb)
 	if (rc)
 		return rc;
 	if (n_mb == 1) {
-		for (int64_t l = 0; l < L && !rc; l++)
-			if (!(rc = mb_stage1(m, &p[0], l)))
-				rc = mb_stage2(m, &p[0], l);
+		/* early rows (MOET_EARLY_ROWS): layer l + 1's attention block queued before layer
+		 * l's finish, then only its routing and tiers */
+		for (int64_t l = 0, early = 0; l < L && !rc; l++) {
+			int did = 0;
+			rc = mb_stage1a(m, &p[0], l, !early);
+			rc = rc ? rc : mb_stage1b(m, &p[0], l);
+			if (!rc && m->early_min && l + 1 < L)
+				rc = moet_early_begin(m, p[0].b, p[0].n, p[0].rows, l, &did);
+			rc = rc ? rc : mb_stage2(m, &p[0], l);
+			if (!rc && did)
+				rc = moet_early_end(m, p[0].b, p[0].n, l);
+			early = did;
+		}
 	} else if (m->q_poll) {
 		rc = pass_polled(m, p);
 	} else if (m->q_reorder) {
 		/* queued routing copies reordered (MOET_MB_REORDER=1): each half's dispatch waits
 		 * for its own copies, so the other half's work is queued behind them before (see the
 		 * NOTE at moet_model_forward_batch) */
-		rc = mb_stage1a(m, &p[0], 0);
-		rc = rc ? rc : mb_stage1a(m, &p[1], 0);
+		rc = mb_stage1a(m, &p[0], 0, 1);
+		rc = rc ? rc : mb_stage1a(m, &p[1], 0, 1);
 		for (int64_t l = 0; l < L && !rc; l++) {
 			if ((rc = mb_stage1b(m, &p[0], l)) || (rc = mb_stage1b(m, &p[1], l)) ||
 			    (rc = mb_stage2(m, &p[0], l)) ||
-			    (l + 1 < L && (rc = mb_stage1a(m, &p[0], l + 1))) ||
+			    (l + 1 < L && (rc = mb_stage1a(m, &p[0], l + 1, 1))) ||
 			    (rc = mb_stage2(m, &p[1], l)))
 				break;
 			if (l + 1 < L)
-				rc = mb_stage1a(m, &p[1], l + 1);
+				rc = mb_stage1a(m, &p[1], l + 1, 1);
 		}
 	} else {
 		rc = mb_stage1(m, &p[0], 0);
@@ -586,6 +614,8 @@ static int pass_run(moet_model *m, mb_pass *p, int n_mb, const moet_seq_step *st
 	int rc = moet_graph_plan(m, steps, n_steps, n_mb, &gm);
 	if (rc)
 		return rc;
+	if (gm != MOET_GRAPH_OFF) /* a graph's pass keeps one shape: no early rows */
+		m->early_min = 0;
 	if (gm == MOET_GRAPH_REPLAY)
 		return moet_graph_replay(m);
 	if (gm == MOET_GRAPH_CAPTURE) {
@@ -861,6 +891,8 @@ int moet_model_forward_batch(moet_model *m, const moet_seq_step *steps, int n_st
 	int merged = 0;
 	if (!rc)
 		rc = moet_pass_switches(m, n_mb, n == n_steps);
+	if (!rc)
+		rc = moet_early_switch(m, n_mb, n == n_steps);
 	if (!rc && n_mb == 2)
 		rc = moet_mb_merge_begin(m, n, &merged);
 	if (merged) { /* a merged call reads both halves' rows: no polled halves; two streams

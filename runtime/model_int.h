@@ -488,6 +488,15 @@ struct moet_model {
 	struct moet_devgroup *dg; /* MOET_GPU_DEVGROUP=1's tables and scratch (devgroup.c) */
 	struct moet_graphs *graphs; /* MOET_CUDA_GRAPH=1's captured passes (graph.c) */
 	moet_tp *tp;              /* MOET_TP >= 2: the split dense matrices (tp.c), or NULL */
+	/* Early rows (MOET_EARLY_ROWS, early_rows.c) */
+	int early_min;            /* this pass: the CPU-tier experts a layer needs; 0: off */
+	int64_t cpu_pairs_last;   /* the last dispatch's CPU-tier pairs (m->tier_list) */
+	int cpu_experts_last;     /* and their experts */
+	int64_t *early_rows;      /* [early_cap]: a layer's rows with CPU-tier pairs, ascending */
+	uint8_t *early_mask;      /* [early_cap] */
+	int64_t early_cap, early_n;
+	const moet_rows *early_tab; /* their row table (slot 1) */
+	uint64_t early_layers;    /* layers whose next attention ran early (moet_hybrid_stats) */
 };
 
 /* kv_pool.c: a pool of KV blocks in one backend allocation (moet_model.h).
@@ -583,6 +592,30 @@ int moet_moe_dispatch_finish(struct moet_model *m);
  * backend (moet_backend_ops.upload_async) where it can, so that the driver does not wait for
  * the work queued before them (m->up_async); "sync" copies them at once. */
 int moet_pass_switches(struct moet_model *m, int n_mb, int decode);
+/* early_rows.c: the next layer's attention of the rows without CPU-tier pairs queued before
+ * the wait for the CPU tier (MOET_EARLY_ROWS, docs/hybrid.md "Early rows").
+ * moet_early_switch: m->early_min for a pass (0 unless asked for and the pass is a decode pass
+ * in one pass on one device without MOET_TP ranks, NVMe tier, shadow check or device grouping;
+ * forward.c's pass_run clears it for a CUDA graph's pass); MOET_EINVAL naming the variable
+ * for a bad value.
+ * moet_early_begin: after layer l's dispatch (b the pass's buffers, rows its row table): when
+ * the layer qualifies, queues layer l + 1's attention block for every row on m->bufs[1], the
+ * rows without CPU-tier pairs from this layer's complete output, and sets *out_did.
+ * moet_early_end: after layer l's finish, with *out_did set: the same block for the other
+ * rows, then b holds layer l + 1's attention output and post-norm for every row. */
+int moet_early_switch(struct moet_model *m, int n_mb, int decode);
+int moet_early_begin(struct moet_model *m, moet_fwd_bufs *b, int64_t n, const moet_rows *rows,
+		     int64_t l, int *out_did);
+int moet_early_end(struct moet_model *m, moet_fwd_bufs *b, int64_t n, int64_t l);
+/* dispatch.c, with m->early_min: the rows of the CPU tier's cnt pairs (m->tier_list, before
+ * the device tiers reuse it) of a call of n rows. */
+int moet_early_note(struct moet_model *m, int64_t n, int64_t cnt);
+void moet_early_free(struct moet_model *m);
+/* forward.c, for early_rows.c: a layer's attention block on m->cur (norm, attention, residual
+ * add, post-attention norm into h), the buffers and host row tables grown. */
+int moet_fwd_attn_block(struct moet_model *m, int64_t l, int64_t n, const moet_rows *rows);
+int moet_fwd_ensure_bufs(struct moet_model *m, moet_fwd_bufs *b, int64_t n);
+int moet_fwd_ensure_host(struct moet_model *m, int i, int64_t n);
 /* Whether a pass of two micro-batches merges their home-device expert calls (MOET_MB_MERGE,
  * dispatch.c): *out 1 if asked for and the placement allows it (one device, no NVMe tier, a
  * backend with copy); then m->mg is ready for n_rows rows (both micro-batches) of top_k pairs

@@ -228,6 +228,8 @@ typedef struct moet_hybrid_stats {
 				       tier's end) */
 	uint64_t queued_finishes; /* CPU-tier calls whose end the device's queue waited for
 				     (MOET_TIER_FINISH=queued), the driver going on */
+	uint64_t early_layers;   /* MoE layers whose next attention block ran early for the
+				    rows without CPU-tier pairs (MOET_EARLY_ROWS) */
 } moet_hybrid_stats;
 
 /* What binding a placement made resident of its CPU tier (MOET_CPU_RESIDENT: populate, the

@@ -6,7 +6,8 @@ driver's wait for it, the GPU's idle time and its part at the routing's waits (i
 shares of passes in two micro-batches, of those on two streams (strm) and polled (poll) (ms per
 step), Tc / Tg, the cold experts staged per step (stg: MOET_STAGE_BALANCE) and the link price
 most of the timed passes ran at (prc, MOET_STAGE_BALANCE=auto: 0 none, 1, 2; - without),
-the staged copies' rate in GB/s in the row (lnk) and in its serial run (tlnk: stage_bytes over
+the MoE layers a step whose next attention went early (erl, MOET_EARLY_ROWS; nan where the
+record predates it), the staged copies' rate in GB/s in the row (lnk) and in its serial run (tlnk: stage_bytes over
 stage_link_s; - where nothing was staged or the record predates them); then per variant and
 batch the median over rounds of the step and of step / bound.
 The records' steps of mode MOET_AB_MODE (default hybrid; gpu has no overlap check: nan there).
@@ -47,7 +48,7 @@ def main():
                        f[4:-5].rsplit("-", 1)[0] in names and
                        f[:-5].rsplit("-", 1)[1].isdigit()})
     print("variant  round batch    step      1p      Tc      Tg   bound st/bd   run"
-          "    wait   idle  i_rt split  strm  poll tc/tg   stg prc   lnk  tlnk")
+          "    wait   idle  i_rt split  strm  poll tc/tg   stg prc   erl   lnk  tlnk")
     agg = {}
     for name in names:
         for r in runs:
@@ -65,13 +66,14 @@ def main():
                 prc = str(ps.index(max(ps))) if max(ps) > 0 else "-"
                 lnk = [rate(s, p) for p in ("", "tc_")]
                 print("%-8s %5d %5d %7.2f %7.2f %7.2f %7.2f %7.2f %5.3f %6.2f %6.2f %6.2f %5.2f "
-                      "%5.2f %5.2f %5.2f %5.2f %5.2f %3s %5s %5s" % (
+                      "%5.2f %5.2f %5.2f %5.2f %5.2f %3s %5.2f %5s %5s" % (
                           name, r, s["batch"], v[0], v[1], v[2], v[3], v[4], ratio, v[5], v[6],
                           v[7], v[8], s.get("split_share", float("nan")),
                           s.get("stream_share", float("nan")),
                           s.get("polled_share", float("nan")),
                           s.get("tc_tg_ratio", float("nan")),
-                          s.get("staged_experts", float("nan")), prc, lnk[0], lnk[1]))
+                          s.get("staged_experts", float("nan")), prc,
+                          s.get("early_layers", float("nan")), lnk[0], lnk[1]))
     print("\nmedians over rounds: variant batch step_ms step/bound (runs)")
     for (name, b), vals in agg.items():
         print("%-8s %5d %8.2f %6.3f (%d)" % (name, b, statistics.median(x for x, _ in vals),

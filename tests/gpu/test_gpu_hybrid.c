@@ -24,6 +24,9 @@
  *     traced (MOET_TRACE: the CUDA backend's trace points; the timeline has op spans on both
  *     micro-batch streams, each inside its pass), and with the driver polling both halves'
  *     waits (MOET_MB_POLL=1): the same bits;
+ *   - early rows (MOET_EARLY_ROWS=1: the next layer's attention block of the rows without
+ *     CPU-tier pairs queued before the CPU tier's finish), waited and queued: the same bits,
+ *     layers early;
  *   - the CPU tier's finish queued on the stream (MOET_TIER_FINISH=queued: a kernel polls the
  *     executor's done word, then the rows' copy; the driver goes on) in two micro-batches and
  *     in one pass: the same bits, every CPU-tier call so finished, none without;
@@ -182,6 +185,47 @@ out:
 	free(big);
 	free(g0);
 	free(g1);
+}
+
+/* Early rows (MOET_EARLY_ROWS, runtime/early_rows.c): eight ragged sequences in one pass
+ * with three experts of each MoE layer on the CPU tier, the next layer's attention block of
+ * the complete rows queued before the CPU tier's finish (the driver's wait and the queued
+ * finish): logits equal to the CPU backend's run without placement, layers early. */
+static void early_case(moet_model *cpu, moet_model *gpu)
+{
+	const moet_config *c = moet_model_config(cpu);
+	const int64_t L = c->num_hidden_layers, E = c->n_routed_experts;
+	const size_t n = (size_t)(6 * 8 * c->vocab_size);
+	float *ref = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+	int16_t *own = malloc((size_t)(L * E) * sizeof(*own));
+	CHECK(ref && got && own, "memory");
+	CHECK(moet_test_ragged_run(cpu, 8, 5, 1, ref) == 0, "early rows' reference: %s",
+	      moet_errmsg());
+	for (int64_t i = 0; i < L * E; i++)
+		own[i] = (int16_t)(i % E % 11 == i / E % 11 ? -1 : 0);
+	CHECK(moet_model_set_placement(gpu, own, 1) == 0, "early rows: %s", moet_errmsg());
+	setenv("MOET_MICROBATCH", "0", 1);
+	for (int fin = 0; fin < 2; fin++) {
+		setenv("MOET_TIER_FINISH", fin ? "queued" : "wait", 1);
+		setenv("MOET_EARLY_ROWS", "1", 1);
+		moet_hybrid_stats hs;
+		moet_model_hybrid_stats(gpu, &hs, 1);
+		memset(got, 0xCD, n * sizeof(float));
+		CHECK(moet_test_ragged_run(gpu, 8, 5, 1, got) == 0, "early rows: %s",
+		      moet_errmsg());
+		moet_model_hybrid_stats(gpu, &hs, 1);
+		CHECK(memcmp(ref, got, n * sizeof(float)) == 0 && hs.early_layers > 0,
+		      "early rows (%s finish): logits equal the CPU reference, %llu layers early",
+		      fin ? "queued" : "the driver's", (unsigned long long)hs.early_layers);
+		printf("early rows (%s finish): %llu layers early, logits equal the CPU "
+		       "reference\n", fin ? "queued" : "waited", (unsigned long long)hs.early_layers);
+	}
+	unsetenv("MOET_EARLY_ROWS");
+	unsetenv("MOET_TIER_FINISH");
+	unsetenv("MOET_MICROBATCH");
+	free(ref);
+	free(got);
+	free(own);
 }
 
 int main(void)
@@ -575,6 +619,7 @@ int main(void)
 	unsetenv("MOET_UPLOAD_CHUNK_MB");
 	unsetenv("MOET_UPLOAD_STORE");
 	setenv("MOET_UPLOAD", "staged", 1);
+	early_case(cpu, gpu);
 	CHECK(moet_model_set_placement(gpu, own, moet_gpu_count(NULL) + 1) == MOET_EDEVICE,
 	      "more devices than the machine has");
 	CHECK(moet_model_set_placement(gpu, NULL, 0) == 0, "placement removed: %s", moet_errmsg());
