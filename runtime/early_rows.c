@@ -53,9 +53,12 @@ int moet_early_switch(moet_model *m, int n_mb, int decode)
 	if (!rc && k)
 		rc = moet_devgroup_switch(&dg);
 	const moet_backend_ops *op = m->be->ops;
+	/* NOTE: not with the CPU tier alone (moet_model_set_hybrid_overlap 0: bench e2e's
+	 * serial run, whose step less Tc is the overlap bound's Tg): there is no wait to fill,
+	 * and the late calls' cost would enter Tg, raising the bound by the very work added */
 	m->early_min = !rc && k && decode && n_mb == 1 && m->owner && m->cpu_tier &&
-				       m->n_devices <= 1 && !m->tp && !m->xtier && !m->shadow && !dg &&
-				       op->copy && op->combine
+				       moet_hybrid_overlapped(m->hy) && m->n_devices <= 1 && !m->tp &&
+				       !m->xtier && !m->shadow && !dg && op->copy && op->combine
 			       ? k
 			       : 0;
 	return rc;
