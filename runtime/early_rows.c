@@ -8,8 +8,9 @@
  * So before the finish the driver queues the next layer's attention block (norm, attention,
  * residual add, post-attention norm) on a second buffer set for all rows, from this layer's
  * output combined for the complete rows; after the finish it runs the same block again for the
- * rows with CPU-tier pairs alone (a call of a few rows: the weights' read, not their fmas) and
- * copies those rows over the early ones.
+ * rows with CPU-tier pairs alone and copies those rows over the early ones. Measured on the H200
+ * (docs/hybrid.md "Early rows"): that late call of 1-4 rows costs about what the early one
+ * fills, so the switch stays opt-in.
  *
  * NOTE (why the bits are the reference's). Every op of the block is per row (the contract's
  * batch invariance, docs/numerics.md): a row's result is the same in a call of n rows and in
