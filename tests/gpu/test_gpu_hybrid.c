@@ -199,6 +199,12 @@ static void early_case(moet_model *cpu, moet_model *gpu)
 	float *ref = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
 	int16_t *own = malloc((size_t)(L * E) * sizeof(*own));
 	CHECK(ref && got && own, "memory");
+	if (!ref || !got || !own) {
+		free(ref);
+		free(got);
+		free(own);
+		return;
+	}
 	CHECK(moet_test_ragged_run(cpu, 8, 5, 1, ref) == 0, "early rows' reference: %s",
 	      moet_errmsg());
 	for (int64_t i = 0; i < L * E; i++)

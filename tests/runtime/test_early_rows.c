@@ -61,6 +61,8 @@ int main(void)
 	float *ref = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
 	int16_t *own = malloc((size_t)(L * E) * sizeof(*own));
 	CHECK(ref && got && own, "memory");
+	if (!ref || !got || !own)
+		goto done;
 	CHECK(moet_test_ragged_run(m, SEQS, STEPS, 1, ref) == 0, "reference: %s", moet_errmsg());
 	/* three experts of each MoE layer on the CPU tier, the rest on the simulated device */
 	for (int64_t l = 0; l < L; l++)
@@ -116,6 +118,7 @@ int main(void)
 	}
 	moet_kv_destroy(kv);
 	free(lg);
+done:
 	moet_model_close(m);
 	free(ref);
 	free(got);
