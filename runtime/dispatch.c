@@ -790,8 +790,7 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 	int64_t row = 0;
 	int rc, on_device = 0;
 	m->mg.ycur[m->mb_slot & 1] = NULL;
-	m->cpu_pairs_last = 0; /* early rows (early_rows.c): this call's CPU-tier pairs */
-	m->cpu_experts_last = 0;
+	m->early_n = 0; /* early rows (early_rows.c): none unless this call's CPU tier qualifies */
 	/* MOET_GPU_DEVGROUP=1 and every expert of the layer on GPU 0: no ids to the host */
 	if ((rc = moet_devgroup_dispatch(m, l, ids, n, h, y, slot, &on_device)) || on_device)
 		return rc;
@@ -819,6 +818,7 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 	const int64_t st_min = m->xtier ? 0 : moet_hybrid_stage_min(m->hy);
 	const int balance = !m->xtier && moet_hybrid_stage_balance(m->hy);
 	int64_t st_row = 0, st_cnt = 0, cpu_cnt = 0;
+	int cpu_exp = 0; /* the CPU tier's experts (not staged) */
 	int n_cold = 0;
 	double gpu0_ms = 0; /* the balance's floor: GPU 0's own expert calls of the layer */
 	for (int64_t q = 0, r = 1; q < P; q += r) {
@@ -854,7 +854,7 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 		if (m->owner[l * E + m->pairs[q].expert] >= 0)
 			continue;
 		const int staged = balance ? m->stage_pick[j++] : st_min && r >= st_min;
-		m->cpu_experts_last += !staged;
+		cpu_exp += !staged;
 		for (int64_t i = q; i < q + r; i++) {
 			const moet_expert_pair *pq = &m->pairs[i];
 			if (staged) {
@@ -869,8 +869,7 @@ int moet_moe_dispatch(moet_model *m, int64_t l, const int32_t *ids, int64_t n, c
 	/* the CPU tier's rows come down now; its jobs start here or after the device tiers'
 	 * launches (MOET_TIER_ORDER: m->gpu_first) */
 	const int go_late = cpu_cnt && !m->xtier && m->gpu_first;
-	m->cpu_pairs_last = cpu_cnt;
-	if (m->early_min && cpu_cnt && (rc = moet_early_note(m, n, cpu_cnt)))
+	if (m->early_min && cpu_cnt && (rc = moet_early_note(m, n, cpu_cnt, cpu_exp)))
 		return rc;
 	if (cpu_cnt) {
 		rc = m->xtier ? cpu_tier_xtier(m, l, cpu_cnt, k, h, n, y + cpu_row * c->hidden_size)

@@ -89,29 +89,24 @@ static int grow(moet_model *m, int64_t n)
 	return 0;
 }
 
-int moet_early_note(moet_model *m, int64_t n, int64_t cnt)
+int moet_early_note(moet_model *m, int64_t n, int64_t cnt, int experts)
 {
 	const int64_t k = m->cfg.num_experts_per_tok;
+	m->early_n = 0;
+	if (experts < m->early_min)
+		return 0;
 	int rc = grow(m, n);
 	if (rc)
 		return rc;
 	memset(m->early_mask, 0, (size_t)n);
 	for (int64_t i = 0; i < cnt; i++)
 		m->early_mask[m->tier_list[i].pair / k] = 1;
-	return 0;
-}
-
-/* The rows with CPU-tier pairs of the last dispatch (moet_early_note's mask) into
- * m->early_rows, ascending; 0 when the layer does not qualify. */
-static int64_t cold_rows(moet_model *m, int64_t n)
-{
-	if (m->cpu_experts_last < m->early_min || m->cpu_pairs_last < 1 || n > m->early_cap)
-		return 0;
 	int64_t c = 0;
 	for (int64_t t = 0; t < n; t++)
 		if (m->early_mask[t])
 			m->early_rows[c++] = t;
-	return 2 * c <= n ? c : 0;
+	m->early_n = 2 * c <= n ? c : 0;
+	return 0;
 }
 
 /* The early block on m->bufs[1]: x copied, the complete rows' combine and residual add (runs
@@ -153,7 +148,7 @@ int moet_early_begin(moet_model *m, moet_fwd_bufs *b, int64_t n, const moet_rows
 	*out_did = 0;
 	if (!m->layers[l].is_moe || n < 2)
 		return 0;
-	const int64_t nc = cold_rows(m, n);
+	const int64_t nc = m->early_n;
 	int rc = 0;
 	if (nc == 0)
 		return 0;
@@ -168,7 +163,6 @@ int moet_early_begin(moet_model *m, moet_fwd_bufs *b, int64_t n, const moet_rows
 					   m->cfg.num_hidden_layers, &m->early_tab)) ||
 	    (rc = early_block(m, b, n, rows, l)))
 		return rc;
-	m->early_n = nc;
 	m->early_layers++;
 	*out_did = 1;
 	return 0;

@@ -490,11 +490,10 @@ struct moet_model {
 	moet_tp *tp;              /* MOET_TP >= 2: the split dense matrices (tp.c), or NULL */
 	/* Early rows (MOET_EARLY_ROWS, early_rows.c) */
 	int early_min;            /* this pass: the CPU-tier experts a layer needs; 0: off */
-	int64_t cpu_pairs_last;   /* the last dispatch's CPU-tier pairs (m->tier_list) */
-	int cpu_experts_last;     /* and their experts */
 	int64_t *early_rows;      /* [early_cap]: a layer's rows with CPU-tier pairs, ascending */
 	uint8_t *early_mask;      /* [early_cap] */
-	int64_t early_cap, early_n;
+	int64_t early_cap;
+	int64_t early_n;          /* the last dispatch's early_rows; 0: its layer does not go early */
 	const moet_rows *early_tab; /* their row table (slot 1) */
 	uint64_t early_layers;    /* layers whose next attention ran early (moet_hybrid_stats) */
 };
@@ -607,9 +606,10 @@ int moet_early_switch(struct moet_model *m, int n_mb, int decode);
 int moet_early_begin(struct moet_model *m, moet_fwd_bufs *b, int64_t n, const moet_rows *rows,
 		     int64_t l, int *out_did);
 int moet_early_end(struct moet_model *m, moet_fwd_bufs *b, int64_t n, int64_t l);
-/* dispatch.c, with m->early_min: the rows of the CPU tier's cnt pairs (m->tier_list, before
- * the device tiers reuse it) of a call of n rows. */
-int moet_early_note(struct moet_model *m, int64_t n, int64_t cnt);
+/* dispatch.c, with m->early_min: from the CPU tier's cnt pairs (m->tier_list, before the
+ * device tiers reuse it) of `experts` experts in a call of n rows, m->early_rows and
+ * m->early_n (0 unless experts >= m->early_min and those rows are at most half of n). */
+int moet_early_note(struct moet_model *m, int64_t n, int64_t cnt, int experts);
 void moet_early_free(struct moet_model *m);
 /* forward.c, for early_rows.c: a layer's attention block on m->cur (norm, attention, residual
  * add, post-attention norm into h), the buffers and host row tables grown. */
