@@ -3,8 +3,9 @@
  * and every token t: the contract dot product, bit for bit what moet_dot_ref (cpu/expert_ref.c)
  * returns. It is one group of the contract row machinery (rows.cu: the mapping onto threads
  * and why it is exact), so the linear layers, the router logits and the LM head share the
- * expert kernel's arithmetic and never a second dot. Calls of a few tokens on a matrix of few
- * rows go to gpu/linear_ks.cu instead (MOET_GPU_LINEAR, below): the same bits.
+ * expert kernel's arithmetic and never a second dot. Calls of a few tokens may go to
+ * gpu/linear_ks.cu (K over the warps of a block: matrices of few rows) or gpu/linear_tall.cu
+ * (a warp per 8 rows: many rows) instead (MOET_GPU_LINEAR, below): the same bits.
  *
  * NOTE: a NaN output's payload may differ from the host's (the device's operations on a NaN
  * give the canonical 0x7FFFFFFF, x86 keeps the input's payload); non-NaN outputs are identical.
@@ -38,8 +39,9 @@ static bool aligned16(const void *p)
 }
 
 /* MOET_GPU_LINEAR: "auto" (unset or empty: the default), "rows" (the row machinery for every
- * call: the reference) or "ksplit" (gpu/linear_ks.cu for every call it can take). */
-enum { LIN_ROWS, LIN_KSPLIT, LIN_AUTO };
+ * call: the reference), "ksplit" (gpu/linear_ks.cu for every call it can take) or "tall"
+ * (gpu/linear_tall.cu for every call it can take). */
+enum { LIN_ROWS, LIN_KSPLIT, LIN_AUTO, LIN_TALL };
 static int linear_variant(int *out_v)
 {
 	const char *v = getenv("MOET_GPU_LINEAR");
@@ -54,7 +56,11 @@ static int linear_variant(int *out_v)
 		*out_v = LIN_KSPLIT;
 		return 0;
 	}
-	return moet_err(MOET_EINVAL, "MOET_GPU_LINEAR=%.40s (want auto, rows or ksplit)", v);
+	if (!strcmp(v, "tall")) {
+		*out_v = LIN_TALL;
+		return 0;
+	}
+	return moet_err(MOET_EINVAL, "MOET_GPU_LINEAR=%.40s (want auto, rows, ksplit or tall)", v);
 }
 
 /* MOET_GPU_LINEAR=auto sends a call that linear_ks can take there when its matrix has at most
@@ -63,28 +69,21 @@ static int linear_variant(int *out_v)
  * the GPU and linear_ks's 8-row blocks measured slower). */
 #define MOET_GPU_KS_AUTO_ROWS_PER_SM 16
 #define MOET_GPU_KS_FFN_AUTO_MAX_TOK 4
-static int auto_rows_max(int64_t *out)
-{
-	int n = 0, rc = moet_rows_sm_count(&n);
-	*out = (int64_t)n * MOET_GPU_KS_AUTO_ROWS_PER_SM;
-	return rc;
-}
+/* MOET_GPU_LINEAR=auto sends a call on a matrix of more rows (linear_ks's rule above) that
+ * linear_tall can take there when it has at most 2 tokens, or at most 4 and the matrix at most
+ * MOET_GPU_TALL_AUTO_ROWS_PER_SM rows per SM (the row machinery's 128-row tiles of 3-4 tokens
+ * then leave SMs idle). Measured on the H200 (docs/gpu.md "The dense path": Nsight Compute,
+ * Kimi-K2 shapes): at one token o_proj 28.4 against 39.6 us, q_b 12.1 against 15.3, kv_b 7.9
+ * against 8.9, a dense MLP 173 against 193; at four o_proj 65.2 against 84.5, q_b and kv_b
+ * even, while the LM head (163840 rows) and a dense MLP (18432) took longer. */
+#define MOET_GPU_TALL_AUTO_MAX_TOK 4
+#define MOET_GPU_TALL_AUTO_ROWS_PER_SM 128
 
-/* Whether variant v sends a call on matrix w that linear_ks can take there. */
-static int ks_wanted(int v, const moet_mat *w, bool *out)
-{
-	int64_t lim = 0;
-	int rc = 0;
-	*out = v == LIN_KSPLIT;
-	if (v == LIN_AUTO && !(rc = auto_rows_max(&lim)))
-		*out = w->rows <= lim;
-	return rc;
-}
-
-/* Whether gpu/linear_ks.cu takes W x (x_stride) for n_tok tokens: a supported dtype, the
- * row machinery's vec conditions, whole 128-column blocks, at most MOET_GPU_KS_MAX_TOK tokens
- * and MOET_GPU_KS_MAX_BYTES of weight reads over its token tiles. */
-static bool ks_fits(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok)
+/* Whether gpu/linear_ks.cu and gpu/linear_tall.cu take W x (x_stride) for n_tok tokens: a
+ * supported dtype, the row machinery's vec conditions, whole 128-column blocks and at least
+ * one token; linear_ks also at most MOET_GPU_KS_MAX_TOK tokens and MOET_GPU_KS_MAX_BYTES of
+ * weight reads over its token tiles, linear_tall at most MOET_GPU_TALL_MAX_TOK tokens. */
+static bool split_fits(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok)
 {
 	const moet_dtype dt = w->dtype;
 	if (dt != MOET_DT_F8_E4M3 && dt != MOET_DT_BF16 && dt != MOET_DT_F32)
@@ -92,22 +91,63 @@ static bool ks_fits(const moet_mat *w, const float *x, int64_t x_stride, int64_t
 	const int64_t K = w->cols, esz = (int64_t)moet_dtype_size(dt);
 	return (K * esz) % 16 == 0 && K % 128 == 0 && x_stride % 4 == 0 && aligned16(w->data) &&
 	       aligned16(x) && ((uintptr_t)w->scale_inv & 3u) == 0 && n_tok >= 1 &&
-	       n_tok <= MOET_GPU_KS_MAX_TOK && w->rows >= 1 && w->rows <= INT_MAX / 2 &&
-	       K <= INT_MAX / 2 &&
-	       w->rows * K * esz * moet_gpu_ks_tiles(moet_rows_dt(dt), n_tok) <=
+	       w->rows >= 1 && w->rows <= INT_MAX / 2 && K <= INT_MAX / 2;
+}
+
+static bool ks_fits(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok)
+{
+	const int64_t esz = (int64_t)moet_dtype_size(w->dtype);
+	return split_fits(w, x, x_stride, n_tok) && n_tok <= MOET_GPU_KS_MAX_TOK &&
+	       w->rows * w->cols * esz * moet_gpu_ks_tiles(moet_rows_dt(w->dtype), n_tok) <=
 		       MOET_GPU_KS_MAX_BYTES;
 }
 
-static int ks_run(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,
-		  int64_t y_stride, int epi, const float *g, void *stream)
+static bool tall_fits(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok)
 {
-	const moet_gpu_ks_args a = { moet_rows_dt(w->dtype), epi, g, w->data, w->scale_inv,
-				     w->rows, w->cols, x, x_stride, n_tok, y, y_stride };
-	return moet_gpu_linear_ks(&a, stream);
+	return split_fits(w, x, x_stride, n_tok) && n_tok <= MOET_GPU_TALL_MAX_TOK;
+}
+
+/* The kernel that variant v sends W x (x_stride) of n_tok tokens to. */
+enum { KER_ROWS, KER_KS, KER_TALL };
+static int kernel_of(int v, const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok,
+		     int *out)
+{
+	int sms = 0, rc = 0;
+	*out = KER_ROWS;
+	if (v == LIN_KSPLIT && ks_fits(w, x, x_stride, n_tok))
+		*out = KER_KS;
+	else if (v == LIN_TALL && tall_fits(w, x, x_stride, n_tok))
+		*out = KER_TALL;
+	else if (v == LIN_AUTO && !(rc = moet_rows_sm_count(&sms))) {
+		const int64_t R = w->rows;
+		if (R <= (int64_t)sms * MOET_GPU_KS_AUTO_ROWS_PER_SM)
+			*out = ks_fits(w, x, x_stride, n_tok) ? KER_KS : KER_ROWS;
+		else if (tall_fits(w, x, x_stride, n_tok) &&
+			 (n_tok <= 2 || (n_tok <= MOET_GPU_TALL_AUTO_MAX_TOK &&
+					  R <= (int64_t)sms * MOET_GPU_TALL_AUTO_ROWS_PER_SM)))
+			*out = KER_TALL;
+	}
+	return rc;
 }
 
 /* W x through the row machinery (the caller checked the arguments); canon: NaN outputs made
  * canonical (an expert's down pass). */
+static int rows_linear(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok,
+		       float *y, int64_t y_stride, int canon, void *stream);
+
+/* W x through kernel ker with epilogue epi (MOET_KS_*; never MOET_KS_SILU_MUL with the row
+ * machinery; g its gate outputs). */
+static int run_on(int ker, const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok,
+		  float *y, int64_t y_stride, int epi, const float *g, void *stream)
+{
+	if (ker == KER_ROWS)
+		return rows_linear(w, x, x_stride, n_tok, y, y_stride, epi == MOET_KS_CANON,
+				   stream);
+	const moet_gpu_ks_args a = { moet_rows_dt(w->dtype), epi, g, w->data, w->scale_inv,
+				     w->rows, w->cols, x, x_stride, n_tok, y, y_stride };
+	return ker == KER_KS ? moet_gpu_linear_ks(&a, stream) : moet_gpu_linear_tall(&a, stream);
+}
+
 static int rows_linear(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok,
 		       float *y, int64_t y_stride, int canon, void *stream)
 {
@@ -121,6 +161,15 @@ static int rows_linear(const moet_mat *w, const float *x, int64_t x_stride, int6
 					   NULL, n_tok, y, y_stride, vec, canon, wide);
 	linear_ctx c = { w, n_tok };
 	return moet_rows_run(&j, get_one, &c, 1, moet_stream(stream));
+}
+
+/* Whether the FFN path of variant v can take matrix w: every matrix must fit a kernel the
+ * variant may send it to (auto: either). */
+static bool ffn_fits(int v, const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok)
+{
+	return v == LIN_TALL     ? tall_fits(w, x, x_stride, n_tok)
+	       : v == LIN_KSPLIT ? ks_fits(w, x, x_stride, n_tok)
+				 : ks_fits(w, x, x_stride, n_tok) || tall_fits(w, x, x_stride, n_tok);
 }
 
 extern "C" int moet_gpu_ffn_ks(const moet_mat *gate, const moet_mat *up, const moet_mat *down,
@@ -137,8 +186,8 @@ extern "C" int moet_gpu_ffn_ks(const moet_mat *gate, const moet_mat *up, const m
 	    down->rows != H || down->cols != I || !x || !scratch || !out || x_stride < H ||
 	    out_stride < H || ((uintptr_t)out & 3u) ||
 	    (size_t)n_tok * (size_t)I * sizeof(float) > scratch_bytes ||
-	    !ks_fits(gate, x, x_stride, n_tok) || !ks_fits(up, x, x_stride, n_tok) ||
-	    !ks_fits(down, scratch, I, n_tok))
+	    !ffn_fits(v, gate, x, x_stride, n_tok) || !ffn_fits(v, up, x, x_stride, n_tok) ||
+	    !ffn_fits(v, down, scratch, I, n_tok))
 		return 0;
 	/* NOTE: auto takes the FFN only up to MOET_GPU_KS_FFN_AUTO_MAX_TOK tokens: a Kimi-K2
 	 * shared expert's gate and up through linear_ks, down through the row machinery, made the
@@ -148,19 +197,21 @@ extern "C" int moet_gpu_ffn_ks(const moet_mat *gate, const moet_mat *up, const m
 	 * 2026-12-01-linear-ks-h200-892564f.txt) */
 	if (v == LIN_AUTO && n_tok > MOET_GPU_KS_FFN_AUTO_MAX_TOK)
 		return 0;
-	bool want[3] = {};
-	for (int m = 0; m < 3 && !rc; m++)
-		rc = ks_wanted(v, m == 0 ? gate : m == 1 ? up : down, &want[m]);
-	if (rc || !want[0] || !want[1])
+	int ker[3] = {};
+	if ((rc = kernel_of(v, gate, x, x_stride, n_tok, &ker[0])) ||
+	    (rc = kernel_of(v, up, x, x_stride, n_tok, &ker[1])) ||
+	    (rc = kernel_of(v, down, scratch, I, n_tok, &ker[2])) || ker[0] == KER_ROWS ||
+	    ker[1] == KER_ROWS)
 		return rc;
-	/* g into scratch, then h = silu_c(g) * u over it, then the down pass (linear_ks where
-	 * wanted, else the row machinery: a shared expert's 7168-row down matrix), NaN made
-	 * canonical: E(x) of docs/numerics.md, as the rows kernel's two passes compute it */
-	if ((rc = ks_run(gate, x, x_stride, n_tok, scratch, I, MOET_KS_PLAIN, NULL, stream)) ||
-	    (rc = ks_run(up, x, x_stride, n_tok, scratch, I, MOET_KS_SILU_MUL, scratch, stream)) ||
-	    (rc = want[2] ? ks_run(down, scratch, I, n_tok, out, out_stride, MOET_KS_CANON, NULL,
-				   stream)
-			  : rows_linear(down, scratch, I, n_tok, out, out_stride, 1, stream)))
+	/* g into scratch, then h = silu_c(g) * u over it, then the down pass (where sent, else
+	 * the row machinery: a shared expert's 7168-row down matrix), NaN made canonical: E(x)
+	 * of docs/numerics.md, as the rows kernel's two passes compute it */
+	if ((rc = run_on(ker[0], gate, x, x_stride, n_tok, scratch, I, MOET_KS_PLAIN, NULL,
+			 stream)) ||
+	    (rc = run_on(ker[1], up, x, x_stride, n_tok, scratch, I, MOET_KS_SILU_MUL, scratch,
+			 stream)) ||
+	    (rc = run_on(ker[2], down, scratch, I, n_tok, out, out_stride, MOET_KS_CANON, NULL,
+			 stream)))
 		return rc;
 	*out_taken = 1;
 	return 0;
@@ -193,13 +244,8 @@ extern "C" int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stri
 				"%lldx%lld matrix: NULL, misaligned or strides too small",
 				(const void *)x, (long long)x_stride, (void *)y, (long long)y_stride,
 				(long long)R, (long long)K);
-	int v = 0, rc = linear_variant(&v);
-	bool ks = false;
-	if (!rc && v != LIN_ROWS && ks_fits(w, x, x_stride, n_tok))
-		rc = ks_wanted(v, w, &ks);
-	if (rc)
-		return rc;
-	if (ks)
-		return ks_run(w, x, x_stride, n_tok, y, y_stride, MOET_KS_PLAIN, NULL, stream);
-	return rows_linear(w, x, x_stride, n_tok, y, y_stride, 0, stream);
+	int v = 0, ker = KER_ROWS, rc = linear_variant(&v);
+	if (!rc)
+		rc = kernel_of(v, w, x, x_stride, n_tok, &ker);
+	return rc ? rc : run_on(ker, w, x, x_stride, n_tok, y, y_stride, MOET_KS_PLAIN, NULL, stream);
 }

@@ -143,21 +143,25 @@ int moet_gpu_gate_up(const moet_mat *gate, const moet_mat *up, const float *x, i
  * differ). W is a moet_mat whose data and scale_inv are device pointers (F8_E4M3 with F32
  * block scales, BF16 or F32; scale_inv NULL = 1.0f). Shares the expert kernel's row machinery;
  * calls of up to 16 tokens with K % 128 == 0 and aligned rows may go through gpu/linear_ks.cu
- * instead (the blocks of K over the warps, the same bits): MOET_GPU_LINEAR=auto (unset: the
- * default) sends those whose matrix has at most 16 rows per SM of the current device, ksplit
- * every one, rows none; other values give MOET_EINVAL naming it. Returns MOET_ESHAPE for an
- * empty or oversized matrix.
+ * (the blocks of K over the warps of a block) or gpu/linear_tall.cu (a warp per 8 rows)
+ * instead, the same bits: MOET_GPU_LINEAR=auto (unset: the default) sends to linear_ks those
+ * whose matrix has at most 16 rows per SM of the current device, ksplit every one to
+ * linear_ks, tall every one to linear_tall, rows none; other values give MOET_EINVAL naming
+ * it. Returns MOET_ESHAPE for an empty or oversized matrix.
  */
 int moet_gpu_linear(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,
 		    int64_t y_stride, void *stream);
 /* The calls moet_gpu_linear sent to gpu/linear_ks.cu so far (tests: the path was taken). */
 uint64_t moet_gpu_linear_ks_calls(void);
+/* ... and to gpu/linear_tall.cu (moet_gpu_ffn_ks's calls included in both). */
+uint64_t moet_gpu_linear_tall_calls(void);
 
 /*
  * The expert FFN E(x) of docs/numerics.md for n_tok tokens (one expert: a dense MLP or the
- * shared experts) through gpu/linear_ks.cu where MOET_GPU_LINEAR sends its gate and up
- * matrices there (moet_gpu_linear's conditions and rule; the down matrix too where sent, else
- * the row machinery; all three must fit linear_ks): gate's dot into scratch (n_tok x
+ * shared experts) through gpu/linear_ks.cu or gpu/linear_tall.cu where MOET_GPU_LINEAR sends
+ * its gate and up matrices there (moet_gpu_linear's conditions and rule; the down matrix too
+ * where sent, else the row machinery; all three must fit a kernel the variant may send them
+ * to, linear_ks under auto and ksplit, linear_tall under tall): gate's dot into scratch (n_tok x
  * gate->rows floats of scratch_bytes), then h = silu_c(g) * u over it, then the down pass into
  * out [n_tok][out_stride] with NaN made canonical: the bits of moet_gpu_expert_ffn.
  * *out_taken 1 when it ran; 0 (returning 0) where MOET_GPU_LINEAR=rows, a matrix does not

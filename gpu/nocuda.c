@@ -154,6 +154,11 @@ uint64_t moet_gpu_linear_ks_calls(void)
 	return 0;
 }
 
+uint64_t moet_gpu_linear_tall_calls(void)
+{
+	return 0;
+}
+
 int moet_gpu_ffn_ks(const moet_mat *gate, const moet_mat *up, const moet_mat *down,
 		    const float *x, int64_t x_stride, int64_t n_tok, float *scratch,
 		    size_t scratch_bytes, float *out, int64_t out_stride, void *stream,

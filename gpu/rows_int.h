@@ -194,6 +194,11 @@ struct moet_gpu_ks_args {
 	long long y_stride;
 };
 int moet_gpu_linear_ks(const moet_gpu_ks_args *a, void *stream);
+/* The same call for gpu/linear_tall.cu (one warp per 8 rows; gpu/linear.cu chooses): the
+ * conditions of linear_ks but at most MOET_GPU_TALL_MAX_TOK tokens (tiles of 4) and no cap on
+ * the weight bytes. */
+#define MOET_GPU_TALL_MAX_TOK 16
+int moet_gpu_linear_tall(const moet_gpu_ks_args *a, void *stream);
 
 /* The wide instance for (dt F8 or BF16, nmat, token class 4 or 5), or fn NULL. */
 moet_rows_kernel moet_rows_wide_pick(int dt, int nmat, int cl);

@@ -1,10 +1,11 @@
 /*
- * test_gpu_linear.c: the CUDA dense linear layer (gpu/linear.cu, gpu/linear_ks.cu) against the
- * CPU scalar reference moet_dot_ref, bit for bit (NaN payloads aside), on random data of small,
- * tiny-model and Kimi-K2 shapes, every token class, edge values: the row machinery's reference
- * variant (MOET_GPU_LINEAR=rows), the default (MOET_GPU_LINEAR=auto: linear_ks for matrices of
- * at most 16 rows per SM), repeated, and MOET_GPU_LINEAR=ksplit, with the calls linear_ks took
- * counted against the rule; and the single-expert FFN through linear_ks (moet_gpu_ffn_ks)
+ * test_gpu_linear.c: the CUDA dense linear layer (gpu/linear.cu, gpu/linear_ks.cu,
+ * gpu/linear_tall.cu) against the CPU scalar reference moet_dot_ref, bit for bit (NaN payloads
+ * aside), on random data of small, tiny-model and Kimi-K2 shapes, every token class, edge
+ * values: the row machinery's reference variant (MOET_GPU_LINEAR=rows), the default
+ * (MOET_GPU_LINEAR=auto: linear_ks for matrices of at most 16 rows per SM), repeated,
+ * MOET_GPU_LINEAR=ksplit and MOET_GPU_LINEAR=tall, with the calls linear_ks and linear_tall
+ * took counted against the rule; and the single-expert FFN through them (moet_gpu_ffn_ks)
  * against moet_expert_ffn_ref.
  * Large checks sample rows (always the first and last) so that the scalar reference stays
  * within a few seconds on the reference threads. Skips (77) without a CUDA device.
@@ -106,6 +107,18 @@ static int gpu_sms(void)
 	return n;
 }
 
+/* gpu/linear.cu's MOET_GPU_LINEAR=auto rule, written out, for a matrix of R rows and n tokens
+ * that linear_ks / linear_tall can take (ks_fits, tall_fits): 0 the row machinery, 1 linear_ks
+ * (at most 16 rows per SM), 2 linear_tall (more rows: at most 2 tokens, or at most 4 and at most
+ * 128 rows per SM). */
+static int auto_kernel(int64_t R, int ks_fits, int tall_fits, int64_t n)
+{
+	const int64_t sms = gpu_sms();
+	if (R <= 16 * sms)
+		return ks_fits ? 1 : 0;
+	return tall_fits && (n <= 2 || (n <= 4 && R <= 128 * sms)) ? 2 : 0;
+}
+
 /* One linear case: R x K of dtype dt, n_tok tokens, strides padded by pad floats; at most
  * budget scalar multiply-adds of reference work (rows sampled beyond it). */
 static void linear_case(const char *name, moet_dtype dt, int64_t R, int64_t K, int64_t n_tok,
@@ -139,11 +152,15 @@ static void linear_case(const char *name, moet_dtype dt, int64_t R, int64_t K, i
 		goto out;
 	moet_mat hm = { dt, R, K, w, s }, dm = { dt, R, K, dw, ds };
 	/* The reference variant of the row kernels (MOET_GPU_ROWS_KERNEL=ref, MOET_GPU_LINEAR=
-	 * rows), the default (wide rows where it applies; MOET_GPU_LINEAR=auto), twice, and the
+	 * rows), the default (wide rows where it applies; MOET_GPU_LINEAR=auto), twice, the
 	 * blocks of K over the warps wherever they take the call (MOET_GPU_LINEAR=ksplit,
-	 * gpu/linear_ks.cu; counted): all bit-identical, and the first checked below. */
-	static const char *const var[4] = { "ref", "", "", "" };
-	static const char *const lin[4] = { "rows", "", "", "ksplit" };
+	 * gpu/linear_ks.cu) and a warp per 8 rows wherever it takes the call (MOET_GPU_LINEAR=
+	 * tall, gpu/linear_tall.cu; both counted): all bit-identical, and the first checked
+	 * below. */
+	static const char *const var[5] = { "ref", "", "", "", "" };
+	static const char *const lin[5] = { "rows", "", "", "ksplit", "tall" };
+	static const char *const what[5] = { "ref", "default", "repeated default", "ksplit",
+					     "tall" };
 	/* gpu/linear.cu's conditions, written out: at most 16 tokens, whole 128-column blocks,
 	 * aligned rows, and at most 256 MiB of weight reads over the token tiles (8 tokens for F8,
 	 * else 4) */
@@ -151,26 +168,33 @@ static void linear_case(const char *name, moet_dtype dt, int64_t R, int64_t K, i
 	const int ks_fits = K % 128 == 0 && n_tok <= 16 && (K * (int64_t)esz) % 16 == 0 &&
 			    xs % 4 == 0 &&
 			    R * K * (int64_t)esz * ((n_tok + ks_tb - 1) / ks_tb) <= (256ll << 20);
-	/* ... and the default takes it there for at most 16 rows per SM */
-	const int ks_auto = ks_fits && R <= 16 * (int64_t)gpu_sms();
-	for (int v = 0; v < 4; v++) {
+	/* ... linear_tall the same without the byte bound; the default by auto_kernel */
+	const int tall_fits = K % 128 == 0 && n_tok <= 16 && (K * (int64_t)esz) % 16 == 0 &&
+			      xs % 4 == 0;
+	const int ker_auto = auto_kernel(R, ks_fits, tall_fits, n_tok);
+	const int ks_auto = ker_auto == 1, tall_auto = ker_auto == 2;
+	for (int v = 0; v < 5; v++) {
 		setenv("MOET_GPU_ROWS_KERNEL", var[v], 1);
 		setenv("MOET_GPU_LINEAR", lin[v], 1);
 		const uint64_t ks0 = moet_gpu_linear_ks_calls();
+		const uint64_t tl0 = moet_gpu_linear_tall_calls();
 		int bad = dev_fail(moet_gpu_linear(&dm, dx, xs, n_tok, dy, ys, NULL), name) ||
 			  down(v ? y2 : y, dy, (size_t)(n_tok * ys) * sizeof(float));
 		const uint64_t ks_n = moet_gpu_linear_ks_calls() - ks0;
+		const uint64_t tl_n = moet_gpu_linear_tall_calls() - tl0;
 		unsetenv("MOET_GPU_ROWS_KERNEL");
 		unsetenv("MOET_GPU_LINEAR");
 		if (bad)
 			goto out;
-		CHECK(ks_n == (uint64_t)(v == 3 ? ks_fits : v ? ks_auto : 0), "%s: %llu calls "
-		      "through linear_ks (variant %d, fits %d, auto %d)", name,
-		      (unsigned long long)ks_n, v, ks_fits, ks_auto);
+		CHECK(ks_n == (uint64_t)(v == 3 ? ks_fits : v == 1 || v == 2 ? ks_auto : 0),
+		      "%s: %llu calls through linear_ks (variant %s, fits %d, auto %d)", name,
+		      (unsigned long long)ks_n, what[v], ks_fits, ks_auto);
+		CHECK(tl_n == (uint64_t)(v == 4 ? tall_fits : v == 1 || v == 2 ? tall_auto : 0),
+		      "%s: %llu calls through linear_tall (variant %s, fits %d, auto %d)", name,
+		      (unsigned long long)tl_n, what[v], tall_fits, tall_auto);
 		if (v)
 			CHECK(!memcmp(y, y2, (size_t)(n_tok * ys) * sizeof(float)),
-			      "%s: %s run differs from the ref variant", name,
-			      v == 1 ? "default" : v == 2 ? "repeated default" : "ksplit");
+			      "%s: %s run differs from the ref variant", name, what[v]);
 	}
 	/* Rows to check: all within the budget, else a sample with the first and the last. */
 	int64_t n_rows = R;
@@ -229,6 +253,9 @@ static void test_linear(void)
 	linear_case("kimi-kv_a", MOET_DT_F8_E4M3, 576, 7168, 2, 0, 0, 3e8);
 	linear_case("kimi-kv_a", MOET_DT_F8_E4M3, 576, 7168, 100, 0, 0, 3e8);
 	linear_case("kimi-kv_b", MOET_DT_F8_E4M3, 64 * 256, 512, 8, 0, 0, 3e8);
+	linear_case("kimi-kv_b", MOET_DT_F8_E4M3, 64 * 256, 512, 1, 0, 1, 3e8);
+	linear_case("kimi-o", MOET_DT_F8_E4M3, 7168, 64 * 128, 4, 0, 0, 3e8);
+	linear_case("kimi-shared-down", MOET_DT_F8_E4M3, 7168, 2048, 3, 0, 1, 3e8);
 	linear_case("kimi-o", MOET_DT_F8_E4M3, 7168, 64 * 128, 1, 0, 0, 3e8);
 	/* 2 tokens on few 256-row tiles: the default runs them as 1-token tiles (split2) */
 	linear_case("kimi-o", MOET_DT_F8_E4M3, 7168, 64 * 128, 2, 0, 1, 3e8);
@@ -246,7 +273,9 @@ static void test_linear(void)
 	linear_case("kimi-lm_head", MOET_DT_BF16, 163840, 7168, 512, 0, 0, 3e8);
 	linear_case("f32-wide", MOET_DT_F32, 1000, 7168, 9, 0, 1, 3e8);
 	/* MOET_GPU_LINEAR=ksplit's edges: rows past a block's 8, a last round of fewer than 8
-	 * blocks, one block, every token tile (1, 2, 4, 8; BF16 and F32 at most 4) and two tiles */
+	 * blocks, one block, every token tile (1, 2, 4, 8; BF16 and F32 at most 4) and two tiles;
+	 * for MOET_GPU_LINEAR=tall rows past a warp's 8, fewer blocks than its stages (1, 2) and
+	 * more (9, 16, 56), token tiles of 1, 2 and 4 with a partial last one */
 	static const int64_t ksc[][3] = { { 13, 1152, 16 }, { 129, 128, 3 }, { 8, 256, 1 },
 					  { 200, 1024, 7 }, { 61, 2048, 2 }, { 576, 7168, 12 } };
 	for (int i = 0; i < 6; i++)
@@ -257,6 +286,10 @@ static void test_linear(void)
 	const int64_t edge_rows = 16 * (int64_t)gpu_sms();
 	linear_case("auto-edge", MOET_DT_F8_E4M3, edge_rows, 1024, 4, 0, 0, 3e8);
 	linear_case("auto-edge", MOET_DT_F8_E4M3, edge_rows + 8, 1024, 4, 0, 0, 3e8);
+	/* ... and linear_tall's: 128 rows per SM at 3-4 tokens, 8 more keep the rows there */
+	linear_case("auto-edge-tall", MOET_DT_F8_E4M3, 8 * edge_rows, 256, 3, 0, 0, 3e8);
+	linear_case("auto-edge-tall", MOET_DT_F8_E4M3, 8 * edge_rows + 8, 256, 4, 0, 0, 3e8);
+	linear_case("auto-edge-tall", MOET_DT_F8_E4M3, 8 * edge_rows + 8, 256, 2, 0, 0, 3e8);
 	printf("linear: %lld cases, %lld (row, token) dots compared bit for bit\n",
 	       (long long)n_lin_cases, (long long)n_lin_dots);
 }
@@ -264,10 +297,11 @@ static void test_linear(void)
 /* ---- the expert FFN through gpu/linear_ks.cu (moet_gpu_ffn_ks) ---------------------------- */
 
 /* One case: gate/up [I x H], down [H x I] of dtype dt, n tokens: with MOET_GPU_LINEAR=ksplit
- * taken where every matrix qualifies (want_taken) and then bit-equal to the CPU scalar
- * reference moet_expert_ffn_ref (NaN canonical on both sides); by default (auto) only up to
- * 4 tokens and where gate and up also have at most 16 rows per SM (down through linear_ks
- * only where it has); never with MOET_GPU_LINEAR=rows. */
+ * and =tall taken where every matrix qualifies (want_taken: both take these cases alike) and
+ * then bit-equal to the CPU scalar reference moet_expert_ffn_ref (NaN canonical on both
+ * sides); by default (auto) only up to 4 tokens and where auto_kernel sends gate and up to
+ * linear_ks or linear_tall (down where it sends it, else the row machinery); never with
+ * MOET_GPU_LINEAR=rows. */
 static void ffn_ks_case(moet_dtype dt, int64_t I, int64_t H, int64_t n, int edge, int want_taken)
 {
 	const size_t esz = dt == MOET_DT_F8_E4M3 ? 1 : dt == MOET_DT_BF16 ? 2 : 4;
@@ -326,31 +360,40 @@ static void ffn_ks_case(moet_dtype dt, int64_t I, int64_t H, int64_t n, int edge
 	for (int64_t t = 0; t < n; t++)
 		CHECK(moet_expert_ffn_ref(&hm[0], &hm[1], &hm[2], x + t * H, 1, hs, ref + t * H) == 0,
 		      "ffn reference");
-	const int64_t lim = 16 * (int64_t)gpu_sms();
-	const int want_auto = want_taken && I <= lim && n <= 4;
-	for (int v = 0; v < 2; v++) {
+	const int kg = auto_kernel(I, want_taken, want_taken, n);
+	const int kd = auto_kernel(H, want_taken, want_taken, n);
+	const int want_auto = want_taken && n <= 4 && kg;
+	static const char *const lin[3] = { "", "ksplit", "tall" };
+	static const char *const what[3] = { "ffn_ks (auto) against moet_expert_ffn_ref",
+					     "ffn_ks (ksplit) against moet_expert_ffn_ref",
+					     "ffn_ks (tall) against moet_expert_ffn_ref" };
+	for (int v = 0; v < 3; v++) {
 		const int want = v ? want_taken : want_auto;
-		const uint64_t want_calls = !want ? 0 : v || H <= lim ? 3 : 2;
+		/* the kernel calls through linear_ks, then through linear_tall */
+		const uint64_t want_ks = !want || v == 2 ? 0 : v ? 3 : 2 * (kg == 1) + (kd == 1);
+		const uint64_t want_tl = !want || v == 1 ? 0 : v ? 3 : 2 * (kg == 2) + (kd == 2);
 		memset(got, 0xFF, (size_t)(n * H) * sizeof(float));
 		if (dev_fail(moet_gpu_copy_h2d(dy, got, (size_t)(n * H) * sizeof(float)), "poison"))
 			goto out;
-		setenv("MOET_GPU_LINEAR", v ? "ksplit" : "", 1);
-		const uint64_t k0 = moet_gpu_linear_ks_calls();
+		setenv("MOET_GPU_LINEAR", lin[v], 1);
+		const uint64_t k0 = moet_gpu_linear_ks_calls(), t0 = moet_gpu_linear_tall_calls();
 		int rc = moet_gpu_ffn_ks(&dm[0], &dm[1], &dm[2], dx, H, n, dscr,
 					 (size_t)(n * I) * 4, dy, H, NULL, &taken);
-		const uint64_t calls = moet_gpu_linear_ks_calls() - k0;
+		const uint64_t ks = moet_gpu_linear_ks_calls() - k0;
+		const uint64_t tl = moet_gpu_linear_tall_calls() - t0;
 		unsetenv("MOET_GPU_LINEAR");
 		if (dev_fail(rc, "ffn_ks"))
 			goto out;
-		CHECK(taken == want && calls == want_calls,
-		      "ffn_ks %s %lldx%lld, %lld tokens, %s: taken %d (want %d), %llu kernel calls "
-		      "(want %llu)", dt == MOET_DT_F8_E4M3 ? "F8" : dt == MOET_DT_BF16 ? "BF16" : "F32",
-		      (long long)I, (long long)H, (long long)n, v ? "ksplit" : "auto", taken, want,
-		      (unsigned long long)calls, (unsigned long long)want_calls);
+		CHECK(taken == want && ks == want_ks && tl == want_tl,
+		      "ffn_ks %s %lldx%lld, %lld tokens, %s: taken %d (want %d), %llu + %llu kernel "
+		      "calls (want %llu + %llu)",
+		      dt == MOET_DT_F8_E4M3 ? "F8" : dt == MOET_DT_BF16 ? "BF16" : "F32",
+		      (long long)I, (long long)H, (long long)n, v ? lin[v] : "auto", taken, want,
+		      (unsigned long long)ks, (unsigned long long)tl, (unsigned long long)want_ks,
+		      (unsigned long long)want_tl);
 		if (!taken || down(got, dy, (size_t)(n * H) * sizeof(float)))
 			continue;
-		same_bits(v ? "ffn_ks (ksplit) against moet_expert_ffn_ref"
-			    : "ffn_ks (auto) against moet_expert_ffn_ref", got, ref, (size_t)(n * H), 0);
+		same_bits(what[v], got, ref, (size_t)(n * H), 0);
 	}
 out:
 	for (int m = 0; m < 3; m++) {
@@ -377,11 +420,13 @@ static void test_ffn_ks(void)
 	ffn_ks_case(MOET_DT_F8_E4M3, 2048, 7168, 8, 0, 1);   /* ksplit only */
 	ffn_ks_case(MOET_DT_F8_E4M3, 256, 384, 9, 0, 1);     /* two token tiles: ksplit only */
 	ffn_ks_case(MOET_DT_F8_E4M3, 2048, 7168, 16, 1, 1);
+	ffn_ks_case(MOET_DT_F8_E4M3, 18432, 7168, 2, 0, 1); /* Kimi-K2's dense MLP */
 	ffn_ks_case(MOET_DT_BF16, 384, 256, 5, 1, 1);
 	ffn_ks_case(MOET_DT_F32, 128, 128, 2, 0, 1);
 	ffn_ks_case(MOET_DT_F8_E4M3, 200, 256, 2, 0, 0);    /* down's K: not whole blocks */
 	ffn_ks_case(MOET_DT_F8_E4M3, 256, 256, 17, 0, 0);   /* too many tokens */
-	printf("ffn through linear_ks: bit-equal to moet_expert_ffn_ref where taken\n");
+	printf("ffn through linear_ks and linear_tall: bit-equal to moet_expert_ffn_ref where "
+	       "taken\n");
 }
 
 int main(void)
