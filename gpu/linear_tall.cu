@@ -5,14 +5,14 @@
  *
  * NOTE (why). At a decode batch of 1-4 rows a tall matrix (o_proj 7168 x 8192, q_b 12288 x
  * 1536, kv_b 16384 x 512, a shared expert's down 7168 x 2048 of Kimi-K2) gives the row
- * machinery's 64-row tiles one block of 8 warps per SM (112 blocks for o_proj on 132 SMs),
- * each stepping through K one 128-column chunk after the other behind a block barrier: the
- * H200 took 63-114 us per o_proj call where its 58.7 MB take ~14 us at the copy bandwidth
- * (docs/gpu.md "The dense path"), and linear_ks, which splits K over the warps of a block,
- * was slower still there (8-row blocks restage the activations for every 8 rows). Here each
- * warp owns 8 rows and walks their K alone: its own ring of shared-memory stages fed by
- * cp.async (NS - 1 blocks of 128 columns in flight per warp), no block barrier (the warp
- * syncs itself), so that a 7168-row matrix makes 896 independent warps.
+ * machinery's 64- or 128-row tiles about one block of 8 warps per SM (112 blocks for o_proj at
+ * one token, 56 at four, on 132 SMs), each stepping through K one 128-column chunk after the
+ * other behind a block barrier: the H200 took 40-85 us per o_proj call at 1-4 tokens where
+ * its 58.7 MB take ~14 us at the copy bandwidth (docs/gpu.md "The dense path"), and linear_ks,
+ * which splits K over the warps of a block, was slower still there (8-row blocks restage the
+ * activations for every 8 rows). Here each warp owns 8 rows and walks their K alone: its own
+ * ring of shared-memory stages fed by cp.async, no block barrier (the warp syncs itself), so
+ * that a 7168-row matrix makes 896 independent warps (28-65 us for o_proj at 1-4 tokens).
  *
  * NOTE (why it is exact). The mapping is the row machinery's quad (rows.cu): thread (q, j) of
  * the warp, q = lane / 4, j = lane % 4, holds lanes 4j .. 4j + 3 of row row0 + q for each token
@@ -22,18 +22,20 @@
  * quad (moet_rows_quad_tree). Every fma of the contract with the same operands in the same
  * order: the tiling changes speed, never bits.
  *
- * Shared memory per warp: NS stages of its 8 rows' 128-column block, rows 16 bytes apart
- * beyond their width so that the warp's 8 rows x 4 threads read 32 banks, and of the tile's
- * tokens' 128 activations and of the rows' block scale. NOTE: the activations and the scale
- * go through the same pipeline: read from L1 / L2 in the step loop (the first version), their
- * latency held each warp to about one block a microsecond (H200, Nsight Compute: o_proj at
- * one token 63 us against the row machinery's 38, 0.9 TB/s with 7 blocks in flight per warp).
- * Rows past R are
- * staged as +0 and never written; tokens past n_tok read the last token's row and are never
- * written. Eligible (gpu/linear.cu): F8_E4M3 (block scales or none), BF16 or F32; K % 128 ==
- * 0; 16-byte aligned rows of W and x (the row machinery's vec conditions); at most
+ * Shared memory per warp: NS stages of BPS 128-column blocks of its 8 rows, rows 16 bytes
+ * apart beyond their width so that the warp's 8 rows x 4 threads read 32 banks, and of the
+ * tile's tokens' activations over those columns. NOTE: the activations go through the same
+ * pipeline: read from L1 / L2 in the step loop (the first version), their latency held each
+ * warp to about one block a microsecond (H200, Nsight Compute: o_proj at one token 63 us
+ * against the row machinery's 38-40, 0.9 TB/s with 7 blocks in flight per warp). The block
+ * scale is an L1 load: staged too it measured slower (docs/gpu.md). Rows past R and columns
+ * past K are staged as +0 and never written; tokens past n_tok read the last token's row and
+ * are never written. Eligible (gpu/linear.cu): F8_E4M3 (block scales or none), BF16 or F32;
+ * K % 128 == 0; 16-byte aligned rows of W and x (the row machinery's vec conditions); at most
  * MOET_GPU_TALL_MAX_TOK tokens (tiles of TB = 1, 2 or 4 tokens, each reading the matrix: the
  * tiles of a row group run next to each other, so the bytes come from L2 after the first).
+ * The stage shapes were measured on the H200 only (sm_120's 100 KB of shared memory per SM
+ * holds fewer warps of them: not measured there).
  */
 #include "moet_gpu.h"
 
@@ -211,13 +213,14 @@ static int tall_launch5(const moet_gpu_ks_args *a, cudaStream_t st)
 }
 
 /* The configuration of a token tile, as measured on the H200 (Nsight Compute, F8, record
- * 2026-12-02-session26-h200-*.txt): at one token 4 stages of 2 blocks per warp took o_proj
+ * 2026-12-02-session26-h200-03a2566.txt): at one token 4 stages of 2 blocks per warp took o_proj
  * (7168 x 8192) in 28.4 us, against 30.3 with 8 stages of 1 block, 30.4 with 4 of 4 and 46.7
  * with 3 of 8 (the row machinery: 39.6); at 4 tokens 4 stages of 1 block in blocks of 4 warps,
  * whose smaller stages let twice the warps stay resident on an SM, took q_b (12288 x 1536) in
  * 20.7 us against 29.9 with 8 stages (the row machinery: 20.7). Two tokens take the one-token
- * form (not measured apart). */
-template <int DT, int TB, int EPI> static int tall_launch3(const moet_gpu_ks_args *a, cudaStream_t st)
+ * form (not measured apart; whole decode steps at batch 2 were 5.1% shorter with it). */
+template <int DT, int TB, int EPI>
+static int tall_launch3(const moet_gpu_ks_args *a, cudaStream_t st)
 {
 	if constexpr (TB == 4) /* F32: 2 warps a block (4 pass sm_120's 99 KB) */
 		return tall_launch5<DT, TB, EPI, 4, 1, DT == MOET_ROWS_F32 ? 2 : 4>(a, st);
