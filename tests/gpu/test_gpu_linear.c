@@ -3,7 +3,8 @@
  * gpu/linear_tall.cu) against the CPU scalar reference moet_dot_ref, bit for bit (NaN payloads
  * aside), on random data of small, tiny-model and Kimi-K2 shapes, every token class, edge
  * values: the row machinery's reference variant (MOET_GPU_LINEAR=rows), the default
- * (MOET_GPU_LINEAR=auto: linear_ks for matrices of at most 16 rows per SM), repeated,
+ * (MOET_GPU_LINEAR=auto: linear_ks for matrices of at most 16 rows per SM, linear_tall for
+ * larger ones at 1-4 tokens by auto_kernel's rule), repeated,
  * MOET_GPU_LINEAR=ksplit and MOET_GPU_LINEAR=tall, with the calls linear_ks and linear_tall
  * took counted against the rule; and the single-expert FFN through them (moet_gpu_ffn_ks)
  * against moet_expert_ffn_ref.
