@@ -133,22 +133,6 @@ static int kernel_of(int v, const moet_mat *w, const float *x, int64_t x_stride,
 /* W x through the row machinery (the caller checked the arguments); canon: NaN outputs made
  * canonical (an expert's down pass). */
 static int rows_linear(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok,
-		       float *y, int64_t y_stride, int canon, void *stream);
-
-/* W x through kernel ker with epilogue epi (MOET_KS_*; never MOET_KS_SILU_MUL with the row
- * machinery; g its gate outputs). */
-static int run_on(int ker, const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok,
-		  float *y, int64_t y_stride, int epi, const float *g, void *stream)
-{
-	if (ker == KER_ROWS)
-		return rows_linear(w, x, x_stride, n_tok, y, y_stride, epi == MOET_KS_CANON,
-				   stream);
-	const moet_gpu_ks_args a = { moet_rows_dt(w->dtype), epi, g, w->data, w->scale_inv,
-				     w->rows, w->cols, x, x_stride, n_tok, y, y_stride };
-	return ker == KER_KS ? moet_gpu_linear_ks(&a, stream) : moet_gpu_linear_tall(&a, stream);
-}
-
-static int rows_linear(const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok,
 		       float *y, int64_t y_stride, int canon, void *stream)
 {
 	const int64_t K = w->cols, esz = (int64_t)moet_dtype_size(w->dtype);
@@ -161,6 +145,19 @@ static int rows_linear(const moet_mat *w, const float *x, int64_t x_stride, int6
 					   NULL, n_tok, y, y_stride, vec, canon, wide);
 	linear_ctx c = { w, n_tok };
 	return moet_rows_run(&j, get_one, &c, 1, moet_stream(stream));
+}
+
+/* W x through kernel ker with epilogue epi (MOET_KS_*; never MOET_KS_SILU_MUL with the row
+ * machinery; g its gate outputs). */
+static int run_on(int ker, const moet_mat *w, const float *x, int64_t x_stride, int64_t n_tok,
+		  float *y, int64_t y_stride, int epi, const float *g, void *stream)
+{
+	if (ker == KER_ROWS)
+		return rows_linear(w, x, x_stride, n_tok, y, y_stride, epi == MOET_KS_CANON,
+				   stream);
+	const moet_gpu_ks_args a = { moet_rows_dt(w->dtype), epi, g, w->data, w->scale_inv,
+				     w->rows, w->cols, x, x_stride, n_tok, y, y_stride };
+	return ker == KER_KS ? moet_gpu_linear_ks(&a, stream) : moet_gpu_linear_tall(&a, stream);
 }
 
 /* Whether the FFN path of variant v can take matrix w: every matrix must fit a kernel the
